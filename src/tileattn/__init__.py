@@ -1,0 +1,7 @@
+"""tileattn: FlashAttention kernels written by hand in CUDA C++, compiled at run time by NVRTC."""
+
+from .api import flash_attn_func, scaled_dot_product_attention
+from .versions import VERSIONS
+
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "VERSIONS"]
+__version__ = "0.1.0"

@@ -1,0 +1,171 @@
+"""python -m tileattn {info, check, bench}"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .versions import VERSIONS
+
+SEED_LADDER = ["v1", "v1_br48", "v1.1", "v2"]
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cmd_info(args) -> int:
+    import torch
+
+    from . import _nvrtc
+
+    print(f"tileattn: NVRTC {_nvrtc.nvrtc_version()}, CUDA headers {_nvrtc.cuda_include_dir()}")
+    print(f"kernel cache: {_nvrtc.cache_dir()}")
+    if _has_gpu():
+        cc = torch.cuda.get_device_capability()
+        print(f"GPU: {torch.cuda.get_device_name()} (sm_{cc[0]}{cc[1]}), torch {torch.__version__}")
+    else:
+        print(f"GPU: none found (torch {torch.__version__}); kernels still compile, they cannot run")
+    print("rungs:")
+    for v in VERSIONS.values():
+        tiles = ", ".join(f"D={d}: Br={br} Bc={bc}" for d, (br, bc) in v.tiles.items())
+        print(f"  {v.name:8s} {v.kind:5s} {'/'.join(v.dtypes):8s} sm_{v.min_arch}+  {tiles}\n           {v.summary}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    if not _has_gpu():
+        print("tileattn check: no CUDA GPU found; nothing to check (the CPU tests are `pytest`)")
+        return 1
+    import torch
+    from tqdm import tqdm
+
+    from .testing import check_cases, passed, run_case
+
+    cases = check_cases(args.versions or list(VERSIONS))
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    failures = 0
+    lines = []
+    for case in tqdm(cases, desc="check", file=sys.stderr):
+        try:
+            res = run_case(case, gen)
+            ok = passed(case, res)
+            msg = f"rel_err {res['rel_err']:.1e}  lse_err {res['lse_err']:.1e}" + ("" if ok else f"  {res}")
+        except Exception as e:  # a crash is a failure to report, not a reason to stop checking
+            ok, msg = False, f"{type(e).__name__}: {e}"
+        failures += not ok
+        lines.append(f"{'PASS' if ok else 'FAIL'}  {case.label():60s} {msg}")
+    print("\n".join(lines))
+    print(f"{len(cases) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+def _compile_one(job):
+    from . import _nvrtc
+
+    file, expr, arch = job
+    cubin = _nvrtc.compile_kernel(file, expr, arch)
+    return expr, cubin.compile_seconds, cubin.resources
+
+
+def cmd_compile(args) -> int:
+    """Fill the disk cache with every instantiation of the chosen rungs, NVRTC runs in parallel."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from . import _nvrtc
+
+    if args.arch:
+        arch_for = lambda v: args.arch  # noqa: E731
+        cc_num = int("".join(ch for ch in args.arch if ch.isdigit()))
+    elif _has_gpu():
+        import torch
+
+        cc = torch.cuda.get_device_capability()
+        arch_for = lambda v: _nvrtc.arch_string(cc, arch_specific=v.arch_specific)  # noqa: E731
+        cc_num = cc[0] * 10 + cc[1]
+    else:
+        print("tileattn compile: no GPU found; pass --arch (e.g. sm_90a)")
+        return 1
+    jobs = [(v.file, v.name_expression(dt, D, causal), arch_for(v))
+            for v in VERSIONS.values() if (not args.versions or v.name in args.versions) and cc_num >= v.min_arch
+            for dt in v.dtypes for D in v.head_dims for causal in (False, True)]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for expr, seconds, res in pool.map(_compile_one, jobs):
+            print(f"{expr:60s} {seconds:6.1f} s  {res}")
+    print(f"{len(jobs)} kernels in {_nvrtc.cache_dir()}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    if not _has_gpu():
+        return _cpu_fallback()
+    from tqdm import tqdm
+
+    from . import bench
+
+    versions = args.versions or SEED_LADDER
+    cases = [bench.Case(args.batch, args.heads, n, d, args.dtype, causal)
+             for n in args.seqlen for d in args.headdim for causal in args.causal]
+    peers = [] if args.no_peers else args.peers
+    total = sum(len([v for v in versions if VERSIONS[v].supports(c.dtype, c.D, bench._arch())]) + len(peers)
+                for c in cases)
+    with tqdm(total=total, desc="bench", file=sys.stderr) as bar:
+        rows = bench.run(cases, versions, peers, progress=bar.update)
+    bench.add_ratios(rows)
+    result = dict(**bench.environment(), command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows)
+    out = Path(args.out)
+    bench.save(result, out)
+    print(bench.markdown_table(result))
+    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def _cpu_fallback() -> int:
+    import numpy as np
+
+    from .reference import attention_naive, attention_tiled
+
+    print("tileattn bench: no CUDA GPU found, so no kernel can run here.\n"
+          "Running the NumPy reference of the v2 loop nest on a small shape instead (B=1, H=2, N=300, D=64).")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 300, 64)) for _ in range(3))
+    for causal in (None, "top_left"):
+        O, _ = attention_tiled(q, k, v, causal=causal, Br=128, Bc=32)
+        ref, _ = attention_naive(q, k, v, causal=causal)
+        err = np.linalg.norm(O - ref) / np.linalg.norm(ref)
+        print(f"  tiled (Br=128, Bc=32, float32) vs naive (float64), causal={causal}: rel. error {err:.1e}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tileattn", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="GPU, arch, NVRTC, cache dir, rungs")
+    c = sub.add_parser("check", help="every rung on awkward shapes vs float64")
+    c.add_argument("--versions", nargs="*", choices=list(VERSIONS))
+    c.add_argument("--seed", type=int, default=0)
+    k = sub.add_parser("compile", help="compile every rung into the disk cache (parallel)")
+    k.add_argument("--versions", nargs="*", choices=list(VERSIONS))
+    k.add_argument("--arch", help="e.g. sm_90a; default: this GPU's")
+    k.add_argument("--jobs", type=int, default=None)
+    b = sub.add_parser("bench", help="the ladder beside PyTorch's attention backends")
+    b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help=f"default: {SEED_LADDER}")
+    b.add_argument("--batch", type=int, default=4)
+    b.add_argument("--heads", type=int, default=8)
+    b.add_argument("--seqlen", type=int, nargs="+", default=[8192])
+    b.add_argument("--headdim", type=int, nargs="+", default=[64])
+    b.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    b.add_argument("--causal", type=lambda s: s.lower() in ("1", "true", "yes"), nargs="+", default=[False, True])
+    b.add_argument("--peers", nargs="*", default=["sdpa_efficient", "sdpa_math", "flex_attention"])
+    b.add_argument("--no-peers", action="store_true")
+    b.add_argument("--out", default="bench/results/ladder_fp32.json")
+    args = p.parse_args(argv)
+    return {"info": cmd_info, "check": cmd_check, "compile": cmd_compile, "bench": cmd_bench}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Public entry points: validate -> allocate -> dispatch -> compile once -> launch.
+
+Shape legend: B batch, Nq / Nk query / key length, H query heads, H_kv key/value heads
+(H % H_kv == 0: GQA/MQA), D head dim.  ``flash_attn_func`` takes flash-attn's layout
+(B, N, H, D); ``scaled_dot_product_attention`` takes PyTorch's (B, H, N, D).  Both are views onto
+one core that works on (B, H, N, D) strided views, so neither layout is ever copied.
+
+Supported: FP32 on CUDA-core rungs (v1, v1_br48, v1.1, v2); head dims 32, 64, 128; any Nq, Nk >= 1;
+any B*H; arbitrary strides with a contiguous head dim; causal masks aligned top-left or
+bottom-right; GQA/MQA; the log-sum-exp of each row.
+Not yet: fp16/bf16, backward, dropout, arbitrary masks, variable-length batches, KV cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from . import _nvrtc
+from .reference import CAUSAL_MODES, causal_offset
+from .versions import VERSIONS, Version, select
+
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_GRID_Y_MAX = 65535  # gridDim.y limit: B*H above it is split over several launches
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, return_lse=False):
+    """Attention in flash-attn's layout.
+
+    Args:
+        q: (B, Nq, H, D) CUDA tensor.
+        k, v: (B, Nk, H_kv, D), same dtype and device as q; H % H_kv == 0.
+        softmax_scale: multiplies q.k before the softmax; default 1/sqrt(D).
+        causal: False, True (= "bottom_right", flash-attn's convention: query i sees keys
+            j <= i + Nk - Nq), "bottom_right" or "top_left" (j <= i).
+        version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.
+        return_lse: also return the float32 log-sum-exp of each row, (B, H, Nq); -inf for a row
+            that sees no key (its output is 0).
+
+    Returns:
+        O (B, Nq, H, D) in q's dtype, or (O, lse) when return_lse.
+    """
+    mode = _causal_mode(causal, default_true="bottom_right")
+    _check_rank(q=q, k=k, v=v)
+    out, lse = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, mode,
+                          version, out_layout="bnhd")
+    return (out, lse) if return_lse else out
+
+
+def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None, *, version=None):
+    """Attention in PyTorch's SDPA layout.
+
+    Args:
+        q: (B, H, Nq, D) CUDA tensor; k, v: (B, H_kv, Nk, D).
+        is_causal: False, True (= "top_left", SDPA's convention: query i sees keys j <= i),
+            "top_left" or "bottom_right".
+        scale: softmax scale, default 1/sqrt(D).
+        version: as in ``flash_attn_func``.
+
+    Returns:
+        O (B, H, Nq, D) in q's dtype.
+    """
+    mode = _causal_mode(is_causal, default_true="top_left", arg="is_causal")
+    _check_rank(q=q, k=k, v=v)
+    out, _ = _attention(q, k, v, scale, mode, version, out_layout="bhnd")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _causal_mode(causal, *, default_true: str, arg: str = "causal") -> str | None:
+    if isinstance(causal, str):
+        if causal not in CAUSAL_MODES:
+            raise ValueError(f"{arg} must be a bool or one of {CAUSAL_MODES}, got {causal!r}")
+        return causal
+    if isinstance(causal, (bool, np.bool_)):
+        return default_true if causal else None
+    raise TypeError(f"{arg} must be a bool or one of {CAUSAL_MODES}, got {type(causal).__name__}")
+
+
+def _check_rank(**tensors):
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims, got {t.dim()} (shape {tuple(t.shape)})")
+
+
+def _validate(q, k, v, softmax_scale, version) -> tuple[str, float]:
+    """Checks on (B, H, N, D) views.  Device is checked last so CPU tests reach every other check."""
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; supported: {', '.join(map(str, _DTYPES))}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    dtype = _DTYPES[q.dtype]
+    B, H, Nq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if k.shape[0] != B:
+        raise ValueError(f"k and v must have q's batch size {B}, got {k.shape[0]}")
+    if k.shape[-1] != D:
+        raise ValueError(f"k and v must have q's head dim {D}, got {k.shape[-1]}")
+    H_kv = k.shape[1]
+    if H_kv == 0 or H % H_kv != 0:
+        raise ValueError(f"q's number of heads {H} must be a multiple of k/v's number of heads, got {H_kv}")
+    dtype_dims = sorted({d for e in VERSIONS.values() if dtype in e.dtypes for d in e.head_dims})
+    if not dtype_dims:
+        raise TypeError(f"no rung takes dtype {q.dtype} yet; supported: float32")
+    if D not in dtype_dims:
+        raise ValueError(f"head dim {D} is not supported for {q.dtype}; supported: {dtype_dims}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name} must have a contiguous last (head) dim, stride 1; got stride "
+                             f"{t.stride(-1)}: call .contiguous() first")
+    if version is not None:
+        if version not in VERSIONS:
+            raise ValueError(f"unknown version {version!r}; known: {list(VERSIONS)}")
+        entry = VERSIONS[version]
+        if dtype not in entry.dtypes:
+            raise TypeError(f"version {version!r} takes {entry.dtypes}, got {dtype}")
+        if D not in entry.tiles:
+            raise ValueError(f"version {version!r} supports head dims {list(entry.head_dims)}, got {D}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(D)
+    elif not isinstance(softmax_scale, numbers.Real) or not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite real number or None, got {softmax_scale!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be a CUDA tensor, got device '{t.device}'"
+                             + ("" if torch.cuda.is_available() else " (and no CUDA device is present)"))
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all must share one device")
+    return dtype, float(softmax_scale)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """The kernels copy 16-byte vectors (cp.async), so rows must start on 16-byte boundaries.
+    A view that breaks that (an odd offset or stride) is copied once; the user's tensor is untouched."""
+    elems = 16 // t.element_size()
+    ok = t.data_ptr() % 16 == 0 and all(s % elems == 0 for s in t.stride()[:-1])
+    return t if ok else t.contiguous()
+
+
+@functools.cache
+def _kernel(version: str, dtype: str, head_dim: int, causal: bool, device_index: int):
+    """Compile (or fetch from cache) and load one instantiation; check it fits this device."""
+    entry = VERSIONS[version]
+    cc = _nvrtc.device_arch(device_index)
+    smem = entry.smem(head_dim)
+    limit = _nvrtc.max_dynamic_smem(device_index)
+    if smem > limit:
+        raise ValueError(f"version {version!r} at head dim {head_dim} needs {smem} bytes of shared memory; "
+                         f"this GPU allows {limit}")
+    arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, head_dim, causal), arch)
+    return _nvrtc.load(cubin, device_index), smem
+
+
+def _dispatch(version, dtype: str, head_dim: int, device: torch.device) -> Version:
+    cc = _nvrtc.device_arch(device.index)
+    arch = cc[0] * 10 + cc[1]
+    if version is None:
+        entry = select(dtype, head_dim, arch)
+        if entry is None:
+            raise ValueError(f"no rung takes {dtype} at head dim {head_dim} on sm_{arch}")
+        return entry
+    entry = VERSIONS[version]
+    if arch < entry.min_arch:
+        raise ValueError(f"version {version!r} needs sm_{entry.min_arch} or newer, this GPU is sm_{arch}")
+    return entry
+
+
+def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layout: str, out=None, lse=None):
+    """The one core: q (B, H, Nq, D), k/v (B, H_kv, Nk, D) views.  Returns (O, lse), O in out_layout.
+    ``out``/``lse`` let the tests hand in NaN-poisoned buffers of the right shape."""
+    dtype, softmax_scale = _validate(q, k, v, softmax_scale, version)
+    B, H, Nq, D = q.shape
+    H_kv, Nk = k.shape[1], k.shape[2]
+
+    # Allocate.  O is written in the caller's layout through a (B, H, N, D) view of it.
+    shape = (B, Nq, H, D) if out_layout == "bnhd" else (B, H, Nq, D)
+    if out is None:
+        out = torch.empty(shape, dtype=q.dtype, device=q.device)
+    o = out.transpose(1, 2) if out_layout == "bnhd" else out
+    if lse is None:
+        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    if B * H * Nq == 0:
+        return out, lse
+    if Nk == 0:  # no key at all: every row's output is 0 and its lse -inf
+        return out.zero_(), lse.fill_(-math.inf)
+
+    # Dispatch and compile (cached per instantiation and device).
+    entry = _dispatch(version, dtype, D, q.device)
+    offset = causal_offset(Nq, Nk, causal)
+    lk, smem = _kernel(entry.name, dtype, D, causal is not None, q.device.index)
+    workspace = (torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=q.device)
+                 if entry.workspace_per_row else lse)
+
+    # Launch on torch's current stream.
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    Br = entry.tiles[D][0]
+    i32, i64 = np.int32, np.int64
+    head_args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), workspace.data_ptr(),
+                 i32(Nq), i32(Nk), i32(H), i32(H // H_kv),
+                 *(i64(s) for t in (q, k, v, o) for s in t.stride()[:3]),
+                 np.float32(softmax_scale), i32(offset or 0))
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    BH = B * H
+    if entry.grid_style == "per_head":  # gridDim.x reaches 2^31 - 1: one launch
+        _nvrtc.launch(lk, q.device.index, stream, (BH,), (entry.threads(D),), smem, (*head_args, i32(0)))
+    else:
+        Tr = -(-Nq // Br)
+        for bh_offset in range(0, BH, _GRID_Y_MAX):
+            grid = (Tr, min(_GRID_Y_MAX, BH - bh_offset))
+            _nvrtc.launch(lk, q.device.index, stream, grid, (entry.threads(D),), smem, (*head_args, i32(bh_offset)))
+    return out, lse

@@ -1,0 +1,211 @@
+"""The one benchmark harness: every rung and every peer timed by the same code in the same run.
+
+Timing: ``triton.testing.do_bench`` (CUDA events, L2 flushed before each run, warm-up, median).
+FLOPs = 4*B*H*Nq*Nk*D, halved for causal.  Each rung is validated against float64 before it is
+timed (rel_err = ||O - O_ref|| / ||O_ref|| over the first two heads of batch 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from . import _nvrtc, api
+from .versions import VERSIONS
+
+FP32_PEAK_TFLOPS = 67.0  # H100/H200 SXM datasheet, non-tensor FP32 (../shared/anchors)
+PEERS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex_attention")
+_DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    B: int
+    H: int
+    N: int
+    D: int
+    dtype: str
+    causal: bool
+
+    @property
+    def flops(self) -> float:
+        return 4 * self.B * self.H * self.N * self.N * self.D / (2 if self.causal else 1)
+
+
+def _peer_fn(name: str, q, k, v, causal: bool):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    if name == "flex_attention":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        flex = torch.compile(flex_attention, dynamic=False)
+        block_mask = None
+        if causal:
+            block_mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, q.shape[2], k.shape[2])
+        return lambda: flex(q, k, v, block_mask=block_mask)
+    backend = {
+        "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+        "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+        "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "sdpa_math": SDPBackend.MATH,
+    }[name]
+
+    def fn():
+        with sdpa_kernel([backend]):
+            return sdpa(q, k, v, is_causal=causal)
+
+    return fn
+
+
+def rel_err(out: torch.Tensor, q, k, v, causal: bool) -> float:
+    """||O - O_ref|| / ||O_ref|| against float64 on heads (0, 0) and (0, 1): (B, H, N, D) layout."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    sl = (slice(0, 1), slice(0, 2))
+    ref = sdpa(*(t[sl].double() for t in (q, k, v)), is_causal=causal)
+    return ((out[sl].double() - ref).norm() / ref.norm()).item()
+
+
+def _time(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def run(cases: list[Case], versions: list[str], peers: list[str], progress=None) -> list[dict]:
+    rows = []
+    for case in cases:
+        dt = _DTYPE[case.dtype]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(case.B, case.H, case.N, case.D, device="cuda", dtype=dt, generator=gen)
+                   for _ in range(3))
+        base = dict(B=case.B, H=case.H, Nq=case.N, Nk=case.N, D=case.D, dtype=case.dtype, causal=case.causal)
+        for name in versions:
+            entry = VERSIONS[name]
+            if not entry.supports(case.dtype, case.D, _arch()):
+                continue
+            t0 = time.perf_counter()
+            fn = lambda: api.scaled_dot_product_attention(q, k, v, is_causal=case.causal, version=name)  # noqa: E731
+            out = fn()
+            torch.cuda.synchronize()
+            first_call_s = time.perf_counter() - t0
+            err = rel_err(out, q, k, v, case.causal)
+            ms = _time(fn)
+            rows.append(dict(impl=name, kind=entry.kind, **base, ms=ms, tflops=case.flops / ms / 1e9,
+                             rel_err=err, compile_s=_compile_seconds(name, case)))
+            rows[-1]["first_call_s"] = first_call_s
+            if progress:
+                progress()
+        for name in peers:
+            try:
+                fn = _peer_fn(name, q, k, v, case.causal)
+                fn()
+                torch.cuda.synchronize()
+                ms = _time(fn)
+                rows.append(dict(impl=name, **base, ms=ms, tflops=case.flops / ms / 1e9))
+            except Exception as e:  # e.g. flash/cuDNN reject fp32: record why, keep going
+                rows.append(dict(impl=name, **base, ms=None, tflops=None, error=f"{type(e).__name__}: {e}"[:200]))
+            if progress:
+                progress()
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _arch() -> int:
+    cc = torch.cuda.get_device_capability()
+    return cc[0] * 10 + cc[1]
+
+
+def _compile_seconds(name: str, case: Case) -> float | None:
+    entry = VERSIONS[name]
+    cc = torch.cuda.get_device_capability()
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(case.dtype, case.D, case.causal),
+                                  _nvrtc.arch_string(cc, arch_specific=entry.arch_specific))
+    return cubin.compile_seconds
+
+
+def environment() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                    text=True, cwd=Path(__file__).parent).stdout.strip())
+    except OSError:
+        commit, dirty = None, False
+    import triton
+
+    return dict(gpu=torch.cuda.get_device_name(), commit=commit, dirty=dirty, torch=torch.__version__,
+                triton=triton.__version__, cuda=torch.version.cuda, nvrtc=_nvrtc.nvrtc_version(),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """speedup_vs_prev: each rung over the rung before it in the list (same shape); vs_<peer>: time ratio."""
+    by_shape: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by_shape.setdefault((r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]), []).append(r)
+    for group in by_shape.values():
+        rungs = [r for r in group if "kind" in r and r["ms"]]
+        for prev, cur in zip(rungs, rungs[1:]):
+            cur["speedup_vs_prev"] = prev["ms"] / cur["ms"]
+        peers = [r for r in group if "kind" not in r and r["ms"]]
+        for r in rungs:
+            for p in peers:
+                r[f"vs_{p['impl']}"] = p["ms"] / r["ms"]
+
+
+def save(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    chart(result, out.with_suffix(".png"))
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r.get("tflops")]
+    shapes = sorted({(r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]) for r in rows})
+    fig, axes = plt.subplots(len(shapes), 1, figsize=(9, 1.2 + 0.45 * max(len([r for r in rows if
+                             (r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]) == s]) for s in shapes)
+                             * len(shapes)), squeeze=False)
+    for ax, s in zip(axes[:, 0], shapes):
+        group = [r for r in rows if (r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]) == s]
+        names = [r["impl"] for r in group]
+        vals = [r["tflops"] for r in group]
+        colors = ["tab:blue" if "kind" in r else "tab:gray" for r in group]
+        ax.barh(names, vals, color=colors)
+        ax.invert_yaxis()
+        for y, val in enumerate(vals):
+            ax.text(val, y, f" {val:.1f}", va="center", fontsize=8)
+        ax.set_title(f"B={s[0]} H={s[1]} N={s[2]} D={s[3]} {s[4]} {'causal' if s[5] else 'non-causal'}", fontsize=9)
+        ax.set_xlabel("TFLOP/s (blue: tileattn, grey: peers)")
+    fig.suptitle(f"tileattn forward on {result['gpu']} ({result['commit']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown_table(result: dict) -> str:
+    """The README's table, generated from a results JSON."""
+    lines = ["| impl | B | H | N | D | dtype | causal | ms | TFLOP/s | % FP32 peak | speed-up vs previous rung | rel. err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r.get("ms") is None:
+            continue
+        lines.append("| {impl} | {B} | {H} | {Nq} | {D} | {dtype} | {c} | {ms:.2f} | {tflops:.1f} | {peak:.0f}% | {su} | {err} |".format(
+            **r, c="yes" if r["causal"] else "no", peak=100 * r["tflops"] / FP32_PEAK_TFLOPS,
+            su=f"{r['speedup_vs_prev']:.2f}x" if "speedup_vs_prev" in r else "",
+            err=f"{r['rel_err']:.1e}" if "rel_err" in r else ""))
+    return "\n".join(lines)

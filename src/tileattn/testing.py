@@ -1,0 +1,125 @@
+"""Correctness harness shared by ``python -m tileattn check`` and the GPU tests: fresh random
+inputs, NaN-poisoned outputs, a float64 reference computed by torch on the same device."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from . import api
+from .reference import causal_offset
+
+_DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Relative-error bound vs float64 per input dtype: FP32 rungs must stay at FP32 level.
+TOLERANCE = {"float32": 1e-5}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    version: str
+    B: int = 2
+    H: int = 3
+    Nq: int = 128
+    Nk: int | None = None  # None: same as Nq
+    D: int = 64
+    causal: str | None = None  # None, "top_left", "bottom_right"
+    H_kv: int | None = None
+    dtype: str = "float32"
+    layout: str = "bhnd"  # "bhnd" (SDPA) or "bnhd" (flash-attn)
+    noncontiguous: bool = False  # q/k/v as strided views into one packed qkv tensor
+
+    def label(self) -> str:
+        nk = self.Nk if self.Nk is not None else self.Nq
+        return (f"{self.version} B={self.B} H={self.H}{'/' + str(self.H_kv) if self.H_kv else ''} "
+                f"Nq={self.Nq} Nk={nk} D={self.D} {self.dtype} {self.causal or 'full'} {self.layout}"
+                f"{' strided' if self.noncontiguous else ''}")
+
+
+def reference(q, k, v, softmax_scale: float, causal: str | None):
+    """float64 (O, lse) for (B, H, N, D) inputs; GQA by repeating k/v heads."""
+    q, k, v = (t.double() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    S = (q @ k.transpose(-1, -2)) * softmax_scale
+    offset = causal_offset(q.shape[2], k.shape[2], causal)
+    if offset is not None:
+        i = torch.arange(q.shape[2], device=q.device)[:, None]
+        j = torch.arange(k.shape[2], device=q.device)[None, :]
+        S = S.masked_fill(j > i + offset, -math.inf)
+    lse = torch.logsumexp(S, dim=-1)
+    P = torch.exp(S - lse[..., None].nan_to_num(neginf=0.0))
+    P = torch.where(torch.isfinite(lse)[..., None], P, torch.zeros_like(P))  # rows seeing no key: 0
+    return P @ v, lse
+
+
+def make_inputs(case: Case, generator: torch.Generator | None = None):
+    """Fresh random q, k, v as (B, H, N, D) views, laid out as the case asks."""
+    Nk = case.Nk if case.Nk is not None else case.Nq
+    H_kv = case.H_kv or case.H
+    dt = _DTYPE[case.dtype]
+    kw = dict(device="cuda", dtype=dt, generator=generator)
+    if case.noncontiguous:
+        # One packed (B, N, H + 2*H_kv, D) buffer, with an extra padding head: q, k, v are
+        # strided views of it (the layout of a fused QKV projection).
+        assert case.Nq == Nk
+        qkv = torch.randn(case.B, case.Nq, case.H + 2 * H_kv + 1, case.D, **kw)
+        q, k, v = qkv[:, :, : case.H], qkv[:, :, case.H : case.H + H_kv], qkv[:, :, case.H + H_kv : -1]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    q = torch.randn(case.B, case.H, case.Nq, case.D, **kw)
+    k = torch.randn(case.B, H_kv, Nk, case.D, **kw)
+    v = torch.randn(case.B, H_kv, Nk, case.D, **kw)
+    return q, k, v
+
+
+def run_case(case: Case, generator: torch.Generator | None = None) -> dict:
+    """Run one case through the public API with NaN-poisoned outputs.  Returns errors vs float64."""
+    q, k, v = make_inputs(case, generator)
+    scale = 1.0 / math.sqrt(case.D)
+    B, H, Nq, D = q.shape
+    if case.layout == "bnhd":
+        out = torch.full((B, Nq, H, D), math.nan, dtype=q.dtype, device="cuda")
+    else:
+        out = torch.full((B, H, Nq, D), math.nan, dtype=q.dtype, device="cuda")
+    lse = torch.full((B, H, Nq), math.nan, dtype=torch.float32, device="cuda")
+    inputs_before = [t.clone() for t in (q, k, v)]
+    o, lse = api._attention(q, k, v, None, case.causal, case.version, out_layout=case.layout, out=out, lse=lse)
+    torch.cuda.synchronize()
+    o = o.transpose(1, 2) if case.layout == "bnhd" else o
+    ref_o, ref_lse = reference(q, k, v, scale, case.causal)
+    finite = torch.isfinite(ref_lse)
+    err = ((o.double() - ref_o).norm() / ref_o.norm().clamp_min(1e-30)).item()
+    lse_err = (lse.double()[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    return dict(
+        rel_err=err,
+        lse_err=lse_err,
+        nan=bool(torch.isnan(o).any() or torch.isnan(lse).any()),
+        lse_inf_ok=bool((torch.isinf(lse) == ~finite).all()),
+        inputs_unchanged=all(torch.equal(a, b) for a, b in zip(inputs_before, (q, k, v))),
+    )
+
+
+def passed(case: Case, result: dict) -> bool:
+    return (not result["nan"] and result["rel_err"] <= TOLERANCE[case.dtype] and result["lse_err"] <= 1e-4
+            and result["lse_inf_ok"] and result["inputs_unchanged"])
+
+
+def check_cases(versions) -> list[Case]:
+    """The awkward shapes ``python -m tileattn check`` runs for each rung."""
+    from .versions import VERSIONS
+
+    cases = []
+    for name in versions:
+        entry = VERSIONS[name]
+        for D in entry.head_dims:
+            for N in (1, 17, 129, 1000):
+                for causal in (None, "top_left"):
+                    cases.append(Case(name, Nq=N, D=D, causal=causal))
+        cases += [
+            Case(name, Nq=100, Nk=300, causal="bottom_right"),
+            Case(name, Nq=300, Nk=100, causal="bottom_right"),  # rows < 200 see no key: 0 and -inf
+            Case(name, Nq=257, causal="top_left", layout="bnhd", noncontiguous=True),
+            Case(name, B=1, H=8, H_kv=2, Nq=200, causal=None),
+        ]
+    return cases

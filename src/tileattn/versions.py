@@ -1,0 +1,110 @@
+"""The registry: one entry per rung of the ladder.  It drives the API's dispatch, the tests and
+the benchmark; nothing else keeps a list of versions.
+
+Every kernel is a template ``tileattn::<kernel><T, HEAD_DIM, Br, Bc, CAUSAL>`` with the uniform
+argument list of ``csrc/common.cuh`` (TILEATTN_FWD_PARAMS).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Literal
+
+Kind = Literal["simt", "tensor_fp32", "mma"]
+GridStyle = Literal["per_head", "q_outer"]
+_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+    name: str
+    file: str  # under csrc/
+    kernel: str  # template name inside namespace tileattn
+    kind: Kind
+    tiles: dict[int, tuple[int, int]]  # head dim -> (Br, Bc); its keys are the supported head dims
+    smem_bytes: Callable[[int, int, int], int]  # (D, Br, Bc) -> dynamic shared memory
+    grid_style: GridStyle  # per_head: grid = B*H (K/V outer); q_outer: grid = (Tr, B*H)
+    dtypes: tuple[str, ...] = ("float32",)
+    min_arch: int = 80  # compute capability major*10 + minor
+    arch_specific: bool = False  # compile for sm_XYa (wgmma, setmaxnreg)
+    workspace_per_row: int = 0  # float32 scratch per (b, h, query row): v1's m_i, l_i in HBM
+    priority: int = 0  # version=None picks the highest-priority rung that takes the inputs
+    summary: str = ""
+
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        return tuple(sorted(self.tiles))
+
+    def threads(self, head_dim: int) -> int:
+        return self.tiles[head_dim][0]  # every ladder rung so far: one thread per query row
+
+    def name_expression(self, dtype: str, head_dim: int, causal: bool) -> str:
+        Br, Bc = self.tiles[head_dim]
+        return f"tileattn::{self.kernel}<{_CTYPE[dtype]}, {head_dim}, {Br}, {Bc}, {str(causal).lower()}>"
+
+    def smem(self, head_dim: int) -> int:
+        return self.smem_bytes(head_dim, *self.tiles[head_dim])
+
+    def supports(self, dtype: str, head_dim: int, arch: int) -> bool:
+        return dtype in self.dtypes and head_dim in self.tiles and arch >= self.min_arch
+
+
+_F32 = 4
+VERSIONS: dict[str, Version] = {
+    v.name: v
+    for v in [
+        Version(
+            name="v1",
+            file="v1_kv_outer.cu",
+            kernel="v1_fwd",
+            kind="simt",
+            tiles={32: (32, 32), 64: (32, 32), 128: (32, 32)},
+            smem_bytes=lambda D, Br, Bc: (Br * D + 2 * Bc * D + Br * Bc) * _F32,
+            grid_style="per_head",
+            workspace_per_row=2,
+            summary="K/V outer, Q inner, grid = B*H; O, m, l round-trip HBM per K/V block",
+        ),
+        Version(
+            name="v1_br48",
+            file="v1_kv_outer.cu",
+            kernel="v1_fwd",
+            kind="simt",
+            tiles={32: (48, 48), 64: (48, 48), 128: (48, 48)},
+            smem_bytes=lambda D, Br, Bc: (Br * D + 2 * Bc * D + Br * Bc) * _F32,
+            grid_style="per_head",
+            workspace_per_row=2,
+            priority=1,
+            summary="v1 with Br=Bc=48, the largest tile under 48 KB of static shared memory at D=64",
+        ),
+        Version(
+            name="v1.1",
+            file="v1_1_kv_outer_async.cu",
+            kernel="v1_1_fwd",
+            kind="simt",
+            tiles={32: (64, 64), 64: (64, 64), 128: (64, 32)},
+            smem_bytes=lambda D, Br, Bc: (Br * D + 4 * Bc * D + Br * Bc) * _F32,
+            grid_style="per_head",
+            workspace_per_row=2,
+            priority=2,
+            summary="v1 + cp.async double-buffered K/V, Br=64",
+        ),
+        Version(
+            name="v2",
+            file="v2_q_outer.cu",
+            kernel="v2_fwd",
+            kind="simt",
+            tiles={32: (128, 32), 64: (128, 32), 128: (128, 32)},
+            smem_bytes=lambda D, Br, Bc: (4 * Bc * D + 2 * Br * (D + 1)) * _F32,
+            grid_style="q_outer",
+            priority=3,
+            summary="Q outer, one thread per row, Q/Oacc in shared, m/l in registers, deferred "
+            "normalisation, cp.async double buffer, two-level causal mask",
+        ),
+    ]
+}
+
+
+def select(dtype: str, head_dim: int, arch: int) -> Version | None:
+    """The fastest registered rung that takes these inputs on this arch, or None."""
+    candidates = [v for v in VERSIONS.values() if v.supports(dtype, head_dim, arch)]
+    return max(candidates, key=lambda v: v.priority, default=None)

@@ -1,0 +1,98 @@
+"""Bad input raises a ValueError/TypeError naming the argument, what was expected and what came.
+These run on CPU tensors: every check except the device one comes before any GPU is touched."""
+
+import pytest
+import torch
+
+import tileattn
+from tileattn import flash_attn_func, scaled_dot_product_attention
+
+
+def qkv(B=2, N=16, H=4, D=64, dtype=torch.float32, Nk=None, H_kv=None):
+    q = torch.randn(B, N, H, D, dtype=dtype)
+    k = torch.randn(B, Nk or N, H_kv or H, D, dtype=dtype)
+    return q, k, torch.randn_like(k)
+
+
+@pytest.mark.parametrize("fn", [flash_attn_func, scaled_dot_product_attention])
+def test_cpu_tensor_names_device(fn):
+    with pytest.raises(ValueError, match=r"q must be a CUDA tensor, got device 'cpu'"):
+        fn(*qkv())
+
+
+def test_not_a_tensor():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"k must be a torch.Tensor, got ndarray"):
+        flash_attn_func(q, k.numpy(), v)
+
+
+def test_rank():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"v must have 4 dims, got 3 \(shape \(2, 16, 64\)\)"):
+        flash_attn_func(q, k, v[:, :, 0])
+
+
+def test_dtype_unsupported_and_mixed():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"q has dtype torch.float64; supported"):
+        flash_attn_func(q.double(), k.double(), v.double())
+    with pytest.raises(TypeError, match=r"k must have q's dtype torch.float32, got torch.float16"):
+        flash_attn_func(q, k.half(), v)
+
+
+def test_head_dim_lists_supported():
+    with pytest.raises(ValueError, match=r"head dim 48 is not supported for torch.float32; supported: \[32, 64, 128\]"):
+        flash_attn_func(*qkv(D=48))
+
+
+def test_mismatched_shapes():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"k and v must have the same shape"):
+        flash_attn_func(q, k, v[:, :8])
+    with pytest.raises(ValueError, match=r"batch size 2, got 1"):
+        flash_attn_func(q, k[:1], v[:1])
+    with pytest.raises(ValueError, match=r"head dim 64, got 32"):
+        flash_attn_func(q, k[..., :32], v[..., :32])
+    with pytest.raises(ValueError, match=r"number of heads 4 must be a multiple of k/v's number of heads, got 3"):
+        flash_attn_func(*qkv(H=4, H_kv=3))
+
+
+def test_strided_last_dim():
+    q = torch.randn(2, 16, 4, 128)[..., ::2]
+    _, k, v = qkv()
+    with pytest.raises(ValueError, match=r"q must have a contiguous last \(head\) dim, stride 1; got stride 2"):
+        flash_attn_func(q, k, v)
+
+
+def test_unknown_version_lists_known():
+    with pytest.raises(ValueError, match=r"unknown version 'v9'; known: \['v1', "):
+        flash_attn_func(*qkv(), version="v9")
+
+
+def test_causal_values():
+    with pytest.raises(ValueError, match=r"causal must be a bool or one of \('top_left', 'bottom_right'\), got 'diag'"):
+        flash_attn_func(*qkv(), causal="diag")
+    with pytest.raises(ValueError, match=r"is_causal must be a bool"):
+        scaled_dot_product_attention(*qkv(), is_causal="lower")
+
+
+def test_softmax_scale():
+    with pytest.raises(ValueError, match=r"softmax_scale must be a finite real number or None, got nan"):
+        flash_attn_func(*qkv(), softmax_scale=float("nan"))
+
+
+def test_inputs_not_modified_by_failed_call():
+    q, k, v = qkv()
+    before = [t.clone() for t in (q, k, v)]
+    with pytest.raises(ValueError):
+        flash_attn_func(q, k, v)
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
+
+
+def test_registry_is_public_and_consistent():
+    assert list(tileattn.VERSIONS)[:4] == ["v1", "v1_br48", "v1.1", "v2"]
+    for v in tileattn.VERSIONS.values():
+        assert (tileattn.api._nvrtc.CSRC / v.file).exists()
+        for D in v.head_dims:
+            Br, Bc = v.tiles[D]
+            assert v.threads(D) <= 1024 and v.smem(D) <= 227 * 1024

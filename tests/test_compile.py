@@ -1,0 +1,71 @@
+"""Every rung compiles under NVRTC without a GPU, keeps its arrays in registers, and its SASS holds
+the instructions the rung exists for."""
+
+import functools
+
+import pytest
+
+from tileattn import _nvrtc
+from tileattn.versions import VERSIONS
+
+ARCHS = ["sm_80", "sm_90a"]
+# (rung, head dim, causal): every head dim non-causal, plus the causal instantiation at D=64.
+INSTANCES = [(name, D, False) for name, v in VERSIONS.items() for D in v.head_dims] + [
+    (name, 64, True) for name in VERSIONS
+]
+# What each rung must show in SASS: LDGSTS is cp.async.
+MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"]}
+
+
+@functools.cache
+def compiled(name, D, causal, arch):
+    v = VERSIONS[name]
+    return _nvrtc.compile_kernel(v.file, v.name_expression("float32", D, causal), arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name,D,causal", INSTANCES, ids=lambda x: str(x))
+def test_compiles_without_stack_or_spills(name, D, causal, arch):
+    res = compiled(name, D, causal, arch).resources
+    assert res["registers"] is not None, "ptxas -v report missing"
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0 and res["spill_loads"] == 0, res
+    assert res["registers"] <= 65536 // VERSIONS[name].threads(D), "block would not fit the register file"
+
+
+@pytest.mark.parametrize("name,D,causal", INSTANCES, ids=lambda x: str(x))
+def test_sass(name, D, causal):
+    sass = _nvrtc.sass(compiled(name, D, causal, "sm_90a"))
+    assert "FFMA" in sass
+    for op in MUST_HAVE.get(name, []):
+        assert op in sass, f"{name} D={D}: no {op} in SASS"
+    # Local memory means a register array was demoted: the rungs promise none.
+    assert "LDL" not in sass and "STL" not in sass, f"{name} D={D}: local memory in SASS"
+
+
+def test_compile_error_carries_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(_nvrtc, "CSRC", tmp_path)
+    (tmp_path / "bad.cu").write_text("template <typename T> __global__ void k(T x) { undefined_thing; }\n")
+    with pytest.raises(_nvrtc.CompileError, match="undefined_thing"):
+        _nvrtc.compile_kernel("bad.cu", "k<float>", "sm_90a")
+
+
+def test_disk_cache_roundtrip_and_corruption(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEATTN_CACHE_DIR", str(tmp_path))
+    v = VERSIONS["v1"]
+    expr = v.name_expression("float32", 32, False)
+    first = _nvrtc.compile_kernel(v.file, expr, "sm_80", use_cache=True)
+    _nvrtc._memory_cache.clear()
+    again = _nvrtc.compile_kernel(v.file, expr, "sm_80")
+    assert again.data == first.data and again.lowered_name == first.lowered_name
+    # Truncate the cubin: the checksum fails, the entry is recompiled and rewritten, no crash.
+    (cubin_file,) = tmp_path.glob("*.cubin")
+    cubin_file.write_bytes(cubin_file.read_bytes()[:100])
+    _nvrtc._memory_cache.clear()
+    healed = _nvrtc.compile_kernel(v.file, expr, "sm_80")
+    assert healed.data == first.data and cubin_file.read_bytes() == first.data
+    # Garbage metadata: same story.
+    (meta,) = tmp_path.glob("*.json")
+    meta.write_text("{not json")
+    _nvrtc._memory_cache.clear()
+    assert _nvrtc.compile_kernel(v.file, expr, "sm_80").data == first.data
+    assert not list(tmp_path.glob("*.tmp"))

@@ -1,0 +1,114 @@
+"""Every rung against float64 on awkward shapes, outputs poisoned with NaN before each launch.
+Fresh random inputs each run; the seed is in the failure message."""
+
+import math
+import os
+
+import pytest
+
+from tileattn.testing import Case, TOLERANCE, passed, run_case
+from tileattn.versions import VERSIONS
+
+pytestmark = pytest.mark.gpu
+
+RUNGS = list(VERSIONS)
+
+
+def _check(case: Case):
+    import torch
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    res = run_case(case, gen)
+    assert passed(case, res), f"{case.label()} seed={seed}: {res} (tolerance {TOLERANCE[case.dtype]})"
+
+
+@pytest.mark.parametrize("causal", [None, "top_left"])
+@pytest.mark.parametrize("N", [1, 17, 127, 128, 129, 1000, 4097])
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("version", RUNGS)
+def test_awkward_lengths(version, D, N, causal):
+    if D not in VERSIONS[version].tiles:
+        pytest.skip(f"{version} has no head dim {D}")
+    _check(Case(version, B=1, H=2, Nq=N, D=D, causal=causal))
+
+
+@pytest.mark.parametrize("version", RUNGS)
+@pytest.mark.parametrize("Nq,Nk,causal", [(100, 300, "bottom_right"), (300, 100, "bottom_right"),
+                                          (100, 300, "top_left"), (300, 100, "top_left"), (33, 1, None)])
+def test_nq_ne_nk(version, Nq, Nk, causal):
+    _check(Case(version, Nq=Nq, Nk=Nk, causal=causal))
+
+
+@pytest.mark.parametrize("version", RUNGS)
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_noncontiguous_packed_qkv(version, layout):
+    _check(Case(version, B=2, H=4, Nq=203, D=64, causal="top_left", layout=layout, noncontiguous=True))
+
+
+@pytest.mark.parametrize("version", RUNGS)
+def test_gqa(version):
+    _check(Case(version, B=2, H=8, H_kv=2, Nq=150, D=64, causal="bottom_right"))
+
+
+@pytest.mark.parametrize("version", RUNGS)
+def test_many_heads_beyond_grid_limit(version):
+    # B*H = 70000 > 65535, the gridDim.y limit.
+    _check(Case(version, B=7, H=10000, Nq=17, D=32, causal="top_left"))
+
+
+def test_public_wrappers_agree_and_default_dispatch():
+    import torch
+
+    import tileattn
+
+    q, k, v = (torch.randn(2, 300, 4, 64, device="cuda") for _ in range(3))
+    o_flash, lse = tileattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    o_sdpa = tileattn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   is_causal=True)
+    assert o_flash.shape == (2, 300, 4, 64) and lse.shape == (2, 4, 300) and lse.dtype == torch.float32
+    torch.testing.assert_close(o_flash.transpose(1, 2), o_sdpa, rtol=0, atol=0)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2).double(), k.transpose(1, 2).double(),
+                                                           v.transpose(1, 2).double(), is_causal=True)
+    assert ((o_sdpa.double() - ref).norm() / ref.norm()).item() < 1e-5
+    # softmax_scale is honoured
+    o2 = tileattn.flash_attn_func(q, k, v, softmax_scale=0.3)
+    ref2 = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2).double() for t in (q, k, v)), scale=0.3)
+    assert ((o2.transpose(1, 2).double() - ref2).norm() / ref2.norm()).item() < 1e-5
+
+
+def test_zero_length_inputs():
+    import torch
+
+    import tileattn
+
+    q = torch.randn(2, 0, 4, 64, device="cuda")
+    assert tileattn.flash_attn_func(q, q, q).shape == (2, 0, 4, 64)
+    q1 = torch.randn(2, 5, 4, 64, device="cuda")
+    o, lse = tileattn.flash_attn_func(q1, q, q, return_lse=True)
+    assert torch.all(o == 0) and torch.all(torch.isneginf(lse))
+
+
+def test_wrong_device_index_or_cpu_mix():
+    import torch
+
+    import tileattn
+
+    q = torch.randn(1, 8, 2, 64, device="cuda")
+    with pytest.raises(ValueError, match="k must be a CUDA tensor, got device 'cpu'"):
+        tileattn.flash_attn_func(q, q.cpu(), q)
+
+
+def test_runs_on_current_stream():
+    import torch
+
+    import tileattn
+
+    q = torch.randn(1, 2048, 8, 64, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        o = tileattn.flash_attn_func(q, q, q)
+    s.synchronize()
+    ref = tileattn.flash_attn_func(q, q, q)
+    torch.testing.assert_close(o, ref, rtol=0, atol=0)
+    assert math.isfinite(o.sum().item())
