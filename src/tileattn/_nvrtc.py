@@ -260,8 +260,10 @@ def load(cubin: Cubin, device_index: int) -> LoadedKernel:
         from cuda.core import Device, ObjectCode
 
         Device(device_index).set_current()
-        obj = ObjectCode.from_cubin(cubin.data, symbol_mapping={cubin.name_expression: cubin.lowered_name})
-        _loaded[key] = LoadedKernel(obj.get_kernel(cubin.name_expression))
+        # Look the kernel up by its mangled name: cuda.core versions differ in the types their
+        # symbol_mapping takes (str or bytes), the mangled name works in all of them.
+        obj = ObjectCode.from_cubin(cubin.data)
+        _loaded[key] = LoadedKernel(obj.get_kernel(cubin.lowered_name))
     return _loaded[key]
 
 
