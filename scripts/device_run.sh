@@ -2,6 +2,7 @@
 # One call on a GPU machine: compile every rung (parallel), GPU tests, `check`, benchmark.
 # Installs nothing: runs the working tree with the machine's own python3 (torch, triton,
 # cuda.core, nvrtc wheels).  Stages: any of  compile tests check bench  (default: all).
+# Set TILEATTN_COMMIT to the commit under test when the copy has no .git.
 # Writes logs and results JSON/PNG under $OUT (default ./out); prints the tables last.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -141,6 +141,28 @@ def _cpu_fallback() -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    """Regenerate README.md's result tables from the committed JSON under bench/results/.
+    Each table sits between <!-- results:NAME --> and <!-- /results:NAME --> markers."""
+    import re
+
+    from .bench import markdown_table
+
+    readme = Path(args.readme)
+    text = readme.read_text()
+    for path in sorted(Path(args.results).glob("*.json")):
+        result = json.loads(path.read_text())
+        block = (f"<!-- results:{path.stem} -->\n{markdown_table(result)}\n\n"
+                 f"{result['gpu']}, commit {result['commit']}, torch {result['torch']}, {result['date'][:10]}; "
+                 f"`{result['command']}`; chart: [{path.stem}.png](bench/results/{path.stem}.png)\n"
+                 f"<!-- /results:{path.stem} -->")
+        pattern = re.compile(rf"<!-- results:{re.escape(path.stem)} -->.*?<!-- /results:{re.escape(path.stem)} -->", re.S)
+        text, n = pattern.subn(lambda _: block, text)
+        print(f"{path.name}: {'updated' if n else 'no markers in README, skipped'}")
+    readme.write_text(text)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tileattn", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -163,8 +185,12 @@ def main(argv=None) -> int:
     b.add_argument("--peers", nargs="*", default=["sdpa_efficient", "sdpa_math", "flex_attention"])
     b.add_argument("--no-peers", action="store_true")
     b.add_argument("--out", default="bench/results/ladder_fp32.json")
+    r = sub.add_parser("report", help="regenerate README tables from bench/results/*.json")
+    r.add_argument("--readme", default="README.md")
+    r.add_argument("--results", default="bench/results")
     args = p.parse_args(argv)
-    return {"info": cmd_info, "check": cmd_check, "compile": cmd_compile, "bench": cmd_bench}[args.cmd](args)
+    return {"info": cmd_info, "check": cmd_check, "compile": cmd_compile, "bench": cmd_bench,
+            "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":
