@@ -10,7 +10,7 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 stages=${*:-compile tests check bench}
-BENCH_ARGS=${BENCH_ARGS:-}
+SUITES=${SUITES:-ladder_fp32}  # which `bench --suite` to run
 rc=0
 has() { [[ " $stages " == *" $1 "* ]]; }
 
@@ -26,7 +26,7 @@ if has check; then
   grep FAIL "$OUT/check.log" | head -20; tail -1 "$OUT/check.log"
 fi
 if has bench; then
-  python3 -m tileattn bench --out "$OUT/ladder_fp32.json" $BENCH_ARGS 2> "$OUT/bench.err" || rc=1
+  python3 -m tileattn bench --suite $SUITES --out-dir "$OUT" 2> "$OUT/bench.err" || rc=1
   tail -5 "$OUT/bench.err"
 fi
 exit $rc

@@ -96,3 +96,20 @@ def test_registry_is_public_and_consistent():
         for D in v.head_dims:
             Br, Bc = v.tiles[D]
             assert v.threads(D) <= 1024 and v.smem(D) <= 227 * 1024
+
+
+def test_precision_values():
+    with pytest.raises(ValueError, match=r"precision must be None, 'fp32' or 'tf32', got 'fp16'"):
+        flash_attn_func(*qkv(), precision="fp16")
+    with pytest.raises(ValueError, match=r"version 'v2.2_tf32' computes with TF32 products .* pass precision='tf32'"):
+        flash_attn_func(*qkv(), version="v2.2_tf32")
+    with pytest.raises(ValueError, match=r"version 'v2' computes at FP32 precision"):
+        flash_attn_func(*qkv(), version="v2", precision="tf32")
+
+
+def test_default_dispatch_never_picks_tf32():
+    from tileattn.versions import select
+
+    for D in (32, 64, 128):
+        assert select("float32", D, 90).precision == "fp32"
+        assert select("float32", D, 90, "tf32").precision == "tf32"

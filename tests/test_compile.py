@@ -14,13 +14,14 @@ INSTANCES = [(name, D, False) for name, v in VERSIONS.items() for D in v.head_di
     (name, 64, True) for name in VERSIONS
 ]
 # What each rung must show in SASS: LDGSTS is cp.async.
-MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"]}
+MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.2": ["LDGSTS", "HMMA"], "v2.2_tf32": ["LDGSTS", "HMMA"]}
+MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 
 
 @functools.cache
 def compiled(name, D, causal, arch):
     v = VERSIONS[name]
-    return _nvrtc.compile_kernel(v.file, v.name_expression("float32", D, causal), arch)
+    return _nvrtc.compile_kernel(v.file, v.name_expression(v.dtypes[0], D, causal), arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -38,6 +39,8 @@ def test_sass(name, D, causal):
     assert "FFMA" in sass
     for op in MUST_HAVE.get(name, []):
         assert op in sass, f"{name} D={D}: no {op} in SASS"
+    for op in MUST_NOT_HAVE.get(VERSIONS[name].kind, []):
+        assert op not in sass, f"{name} D={D}: {op} in SASS"
     # Local memory means a register array was demoted: the rungs promise none.
     assert "LDL" not in sass and "STL" not in sass, f"{name} D={D}: local memory in SASS"
 

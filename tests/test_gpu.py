@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tileattn.testing import Case, TOLERANCE, passed, run_case
+from tileattn.testing import Case, passed, run_case, tolerance
 from tileattn.versions import VERSIONS
 
 pytestmark = pytest.mark.gpu
@@ -20,7 +20,7 @@ def _check(case: Case):
     seed = int.from_bytes(os.urandom(4), "little")
     gen = torch.Generator(device="cuda").manual_seed(seed)
     res = run_case(case, gen)
-    assert passed(case, res), f"{case.label()} seed={seed}: {res} (tolerance {TOLERANCE[case.dtype]})"
+    assert passed(case, res), f"{case.label()} seed={seed}: {res} (tolerance {tolerance(case)})"
 
 
 @pytest.mark.parametrize("causal", [None, "top_left"])

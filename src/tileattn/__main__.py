@@ -9,7 +9,6 @@ from pathlib import Path
 
 from .versions import VERSIONS
 
-SEED_LADDER = ["v1", "v1_br48", "v1.1", "v2"]
 
 
 def _has_gpu() -> bool:
@@ -107,21 +106,28 @@ def cmd_bench(args) -> int:
 
     from . import bench
 
-    versions = args.versions or SEED_LADDER
-    cases = [bench.Case(args.batch, args.heads, n, d, args.dtype, causal)
-             for n in args.seqlen for d in args.headdim for causal in args.causal]
-    peers = [] if args.no_peers else args.peers
-    total = sum(len([v for v in versions if VERSIONS[v].supports(c.dtype, c.D, bench._arch())]) + len(peers)
-                for c in cases)
-    with tqdm(total=total, desc="bench", file=sys.stderr) as bar:
-        rows = bench.run(cases, versions, peers, progress=bar.update)
-    bench.add_ratios(rows)
-    result = dict(**bench.environment(), command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows)
-    out = Path(args.out)
-    bench.save(result, out)
-    print(bench.markdown_table(result))
-    print(f"\nwrote {out} and {out.with_suffix('.png')}")
-    return 0
+    total_rc = 0
+    for suite_name in args.suite:
+        suite = bench.SUITES[suite_name]
+        versions = [v for v in (args.versions or suite.versions) if v in VERSIONS]
+        cases = suite.cases()
+        if args.seqlen or args.headdim:  # narrow a suite to some lengths / head dims
+            cases = [c for c in cases if (not args.seqlen or c.N in args.seqlen)
+                     and (not args.headdim or c.D in args.headdim)]
+        peers = [] if args.no_peers else list(suite.peers)
+        total = sum(len([v for v in versions if VERSIONS[v].supports(c.dtype, c.D, bench._arch(),
+                                                                      VERSIONS[v].precision)]) + len(peers)
+                    for c in cases)
+        with tqdm(total=total, desc=f"bench {suite_name}", file=sys.stderr) as bar:
+            rows = bench.run(cases, versions, peers, progress=bar.update)
+        bench.add_ratios(rows)
+        result = dict(**bench.environment(), suite=suite_name,
+                      command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows)
+        out = Path(args.out_dir) / f"{suite_name}.json"
+        bench.save(result, out)
+        print(bench.markdown_table(result))
+        print(f"\nwrote {out} and {out.with_suffix('.png')}\n")
+    return total_rc
 
 
 def _cpu_fallback() -> int:
@@ -163,6 +169,12 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _suites():
+    from .bench import SUITES  # bench imports torch lazily enough; names only
+
+    return SUITES
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tileattn", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -174,17 +186,14 @@ def main(argv=None) -> int:
     k.add_argument("--versions", nargs="*", choices=list(VERSIONS))
     k.add_argument("--arch", help="e.g. sm_90a; default: this GPU's")
     k.add_argument("--jobs", type=int, default=None)
-    b = sub.add_parser("bench", help="the ladder beside PyTorch's attention backends")
-    b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help=f"default: {SEED_LADDER}")
-    b.add_argument("--batch", type=int, default=4)
-    b.add_argument("--heads", type=int, default=8)
-    b.add_argument("--seqlen", type=int, nargs="+", default=[8192])
-    b.add_argument("--headdim", type=int, nargs="+", default=[64])
-    b.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    b.add_argument("--causal", type=lambda s: s.lower() in ("1", "true", "yes"), nargs="+", default=[False, True])
-    b.add_argument("--peers", nargs="*", default=["sdpa_efficient", "sdpa_math", "flex_attention"])
+    b = sub.add_parser("bench", help="rungs beside PyTorch's attention backends, one suite at a time")
+    b.add_argument("--suite", nargs="+", default=["ladder_fp32"], choices=list(_suites()),
+                   help="ladder_fp32: the seed's table; fp32: fast FP32 rungs; mma: fp16/bf16 tensor cores")
+    b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help="override the suite's rungs")
+    b.add_argument("--seqlen", type=int, nargs="*", help="keep only these lengths of the suite")
+    b.add_argument("--headdim", type=int, nargs="*", help="keep only these head dims of the suite")
     b.add_argument("--no-peers", action="store_true")
-    b.add_argument("--out", default="bench/results/ladder_fp32.json")
+    b.add_argument("--out-dir", default="bench/results")
     r = sub.add_parser("report", help="regenerate README tables from bench/results/*.json")
     r.add_argument("--readme", default="README.md")
     r.add_argument("--results", default="bench/results")

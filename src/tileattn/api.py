@@ -28,7 +28,7 @@ _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "
 _GRID_Y_MAX = 65535  # gridDim.y limit: B*H above it is split over several launches
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, return_lse=False):
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, return_lse=False, precision=None):
     """Attention in flash-attn's layout.
 
     Args:
@@ -40,6 +40,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, 
         version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.
         return_lse: also return the float32 log-sum-exp of each row, (B, H, Nq); -inf for a row
             that sees no key (its output is 0).
+        precision: FP32 inputs only.  None or "fp32" (default): FP32-level accuracy (relative error
+            ~1e-6 vs float64; tensor-core rungs get it by 3xTF32).  "tf32": opt in to plain TF32
+            tensor-core products, faster but with ~1e-3 relative error (10-bit mantissas).
 
     Returns:
         O (B, Nq, H, D) in q's dtype, or (O, lse) when return_lse.
@@ -47,11 +50,11 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, 
     mode = _causal_mode(causal, default_true="bottom_right")
     _check_rank(q=q, k=k, v=v)
     out, lse = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, mode,
-                          version, out_layout="bnhd")
+                          version, out_layout="bnhd", precision=precision)
     return (out, lse) if return_lse else out
 
 
-def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None, *, version=None):
+def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None, *, version=None, precision=None):
     """Attention in PyTorch's SDPA layout.
 
     Args:
@@ -59,14 +62,14 @@ def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None, *, versio
         is_causal: False, True (= "top_left", SDPA's convention: query i sees keys j <= i),
             "top_left" or "bottom_right".
         scale: softmax scale, default 1/sqrt(D).
-        version: as in ``flash_attn_func``.
+        version, precision: as in ``flash_attn_func``.
 
     Returns:
         O (B, H, Nq, D) in q's dtype.
     """
     mode = _causal_mode(is_causal, default_true="top_left", arg="is_causal")
     _check_rank(q=q, k=k, v=v)
-    out, _ = _attention(q, k, v, scale, mode, version, out_layout="bhnd")
+    out, _ = _attention(q, k, v, scale, mode, version, out_layout="bhnd", precision=precision)
     return out
 
 
@@ -91,7 +94,7 @@ def _check_rank(**tensors):
             raise ValueError(f"{name} must have 4 dims, got {t.dim()} (shape {tuple(t.shape)})")
 
 
-def _validate(q, k, v, softmax_scale, version) -> tuple[str, float]:
+def _validate(q, k, v, softmax_scale, version, precision) -> tuple[str, float]:
     """Checks on (B, H, N, D) views.  Device is checked last so CPU tests reach every other check."""
     if q.dtype not in _DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; supported: {', '.join(map(str, _DTYPES))}")
@@ -118,6 +121,10 @@ def _validate(q, k, v, softmax_scale, version) -> tuple[str, float]:
         if t.stride(-1) != 1 and t.shape[-1] > 1:
             raise ValueError(f"{name} must have a contiguous last (head) dim, stride 1; got stride "
                              f"{t.stride(-1)}: call .contiguous() first")
+    if precision not in (None, "fp32", "tf32"):
+        raise ValueError(f"precision must be None, 'fp32' or 'tf32', got {precision!r}")
+    if precision is not None and dtype != "float32":
+        raise ValueError(f"precision applies to float32 inputs only, got precision={precision!r} with {q.dtype}")
     if version is not None:
         if version not in VERSIONS:
             raise ValueError(f"unknown version {version!r}; known: {list(VERSIONS)}")
@@ -126,6 +133,12 @@ def _validate(q, k, v, softmax_scale, version) -> tuple[str, float]:
             raise TypeError(f"version {version!r} takes {entry.dtypes}, got {dtype}")
         if D not in entry.tiles:
             raise ValueError(f"version {version!r} supports head dims {list(entry.head_dims)}, got {D}")
+        if entry.precision == "tf32" and precision != "tf32":
+            raise ValueError(f"version {version!r} computes with TF32 products (~1e-3 error); "
+                             "pass precision='tf32' to opt in")
+        if entry.precision == "fp32" and precision == "tf32":
+            raise ValueError(f"version {version!r} computes at FP32 precision; precision='tf32' asks for a "
+                             "TF32 rung: leave version=None or name one")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(D)
     elif not isinstance(softmax_scale, numbers.Real) or not math.isfinite(softmax_scale):
@@ -162,13 +175,16 @@ def _kernel(version: str, dtype: str, head_dim: int, causal: bool, device_index:
     return _nvrtc.load(cubin, device_index), smem
 
 
-def _dispatch(version, dtype: str, head_dim: int, device: torch.device) -> Version:
+def _dispatch(version, dtype: str, head_dim: int, device: torch.device, precision: str | None) -> Version:
     cc = _nvrtc.device_arch(device.index)
     arch = cc[0] * 10 + cc[1]
     if version is None:
-        entry = select(dtype, head_dim, arch)
+        entry = select(dtype, head_dim, arch, precision)
         if entry is None:
-            raise ValueError(f"no rung takes {dtype} at head dim {head_dim} on sm_{arch}")
+            alternatives = sorted({v.name for v in VERSIONS.values() if dtype in v.dtypes})
+            raise ValueError(f"no rung takes {dtype} at head dim {head_dim} on sm_{arch}"
+                             f"{f' with precision={precision!r}' if precision else ''}; rungs for {dtype}: "
+                             f"{alternatives} (see tileattn.VERSIONS for their minimum arch)")
         return entry
     entry = VERSIONS[version]
     if arch < entry.min_arch:
@@ -176,10 +192,11 @@ def _dispatch(version, dtype: str, head_dim: int, device: torch.device) -> Versi
     return entry
 
 
-def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layout: str, out=None, lse=None):
+def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layout: str, precision=None, out=None,
+               lse=None):
     """The one core: q (B, H, Nq, D), k/v (B, H_kv, Nk, D) views.  Returns (O, lse), O in out_layout.
     ``out``/``lse`` let the tests hand in NaN-poisoned buffers of the right shape."""
-    dtype, softmax_scale = _validate(q, k, v, softmax_scale, version)
+    dtype, softmax_scale = _validate(q, k, v, softmax_scale, version, precision)
     B, H, Nq, D = q.shape
     H_kv, Nk = k.shape[1], k.shape[2]
 
@@ -196,7 +213,7 @@ def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layou
         return out.zero_(), lse.fill_(-math.inf)
 
     # Dispatch and compile (cached per instantiation and device).
-    entry = _dispatch(version, dtype, D, q.device)
+    entry = _dispatch(version, dtype, D, q.device, precision)
     offset = causal_offset(Nq, Nk, causal)
     lk, smem = _kernel(entry.name, dtype, D, causal is not None, q.device.index)
     workspace = (torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=q.device)

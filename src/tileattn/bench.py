@@ -39,6 +39,34 @@ class Case:
         return 4 * self.B * self.H * self.N * self.N * self.D / (2 if self.causal else 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """A named benchmark: which rungs and peers, on which shapes, into which results file."""
+
+    versions: tuple[str, ...]
+    shapes: tuple[tuple[int, int, int, int], ...]  # (B, H, N, D)
+    dtypes: tuple[str, ...]
+    peers: tuple[str, ...]
+    causal: tuple[bool, ...] = (False, True)
+
+    def cases(self) -> list[Case]:
+        return [Case(B, H, N, D, dt, c) for dt in self.dtypes for (B, H, N, D) in self.shapes for c in self.causal]
+
+
+SUITES = {
+    # The seed's table: its ladder at B=4, H=8, N=8192, D=64, FP32.
+    "ladder_fp32": Suite(("v1", "v1_br48", "v1.1", "v2"), ((4, 8, 8192, 64),), ("float32",),
+                         ("sdpa_efficient", "sdpa_math", "flex_attention")),
+    # The fast FP32 rungs across head dims and lengths (B*N = 32768 tokens).
+    "fp32": Suite(("v2", "v2.1", "v2.2", "v2.2_tf32"),
+                  ((4, 8, 8192, 64), (4, 8, 8192, 32), (4, 8, 8192, 128), (32, 8, 1024, 64), (1, 8, 32768, 64)),
+                  ("float32",), ("sdpa_efficient", "sdpa_math", "flex_attention")),
+    # Tensor-core fp16/bf16: H=16, B*N = 32768.
+    "mma": Suite(("v3",), tuple((32768 // N, 16, N, D) for D in (64, 128) for N in (1024, 4096, 8192, 32768)),
+                 ("bfloat16", "float16"), ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex_attention")),
+}
+
+
 def _peer_fn(name: str, q, k, v, causal: bool):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -90,10 +118,12 @@ def run(cases: list[Case], versions: list[str], peers: list[str], progress=None)
         base = dict(B=case.B, H=case.H, Nq=case.N, Nk=case.N, D=case.D, dtype=case.dtype, causal=case.causal)
         for name in versions:
             entry = VERSIONS[name]
-            if not entry.supports(case.dtype, case.D, _arch()):
+            if not entry.supports(case.dtype, case.D, _arch(), entry.precision):
                 continue
             t0 = time.perf_counter()
-            fn = lambda: api.scaled_dot_product_attention(q, k, v, is_causal=case.causal, version=name)  # noqa: E731
+            precision = "tf32" if entry.precision == "tf32" else None
+            fn = lambda: api.scaled_dot_product_attention(q, k, v, is_causal=case.causal, version=name,  # noqa: E731
+                                                          precision=precision)
             out = fn()
             torch.cuda.synchronize()
             first_call_s = time.perf_counter() - t0

@@ -11,6 +11,9 @@ import dataclasses
 from typing import Callable, Literal
 
 Kind = Literal["simt", "tensor_fp32", "mma"]
+# What a rung computes at: "fp32" (FP32-level error, the default for FP32 inputs), "tf32" (one
+# TF32 product per multiply, ~1e-3 error, only with precision="tf32"), "native" (fp16/bf16 inputs).
+Precision = Literal["fp32", "tf32", "native"]
 GridStyle = Literal["per_head", "q_outer"]
 _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
@@ -28,6 +31,8 @@ class Version:
     min_arch: int = 80  # compute capability major*10 + minor
     arch_specific: bool = False  # compile for sm_XYa (wgmma, setmaxnreg)
     workspace_per_row: int = 0  # float32 scratch per (b, h, query row): v1's m_i, l_i in HBM
+    threads_per_block: Callable[[int, int, int], int] = lambda D, Br, Bc: Br  # one thread per query row
+    precision: Precision = "fp32"
     priority: int = 0  # version=None picks the highest-priority rung that takes the inputs
     summary: str = ""
 
@@ -36,7 +41,7 @@ class Version:
         return tuple(sorted(self.tiles))
 
     def threads(self, head_dim: int) -> int:
-        return self.tiles[head_dim][0]  # every ladder rung so far: one thread per query row
+        return self.threads_per_block(head_dim, *self.tiles[head_dim])
 
     def name_expression(self, dtype: str, head_dim: int, causal: bool) -> str:
         Br, Bc = self.tiles[head_dim]
@@ -45,8 +50,11 @@ class Version:
     def smem(self, head_dim: int) -> int:
         return self.smem_bytes(head_dim, *self.tiles[head_dim])
 
-    def supports(self, dtype: str, head_dim: int, arch: int) -> bool:
-        return dtype in self.dtypes and head_dim in self.tiles and arch >= self.min_arch
+    def supports(self, dtype: str, head_dim: int, arch: int, precision: str | None = None) -> bool:
+        """precision None means the default: FP32-level accuracy for FP32 inputs."""
+        wanted = precision or ("fp32" if dtype == "float32" else "native")
+        return (dtype in self.dtypes and head_dim in self.tiles and arch >= self.min_arch
+                and (self.precision == wanted or self.precision == "native"))
 
 
 _F32 = 4
@@ -100,11 +108,37 @@ VERSIONS: dict[str, Version] = {
             summary="Q outer, one thread per row, Q/Oacc in shared, m/l in registers, deferred "
             "normalisation, cp.async double buffer, two-level causal mask",
         ),
+        Version(
+            name="v2.2",
+            file="v2_2_tf32x3.cu",
+            kernel="v2_2_fwd",
+            kind="tensor_fp32",
+            tiles={32: (64, 64), 64: (64, 64), 128: (64, 32)},
+            smem_bytes=lambda D, Br, Bc: (Br + 4 * Bc) * (D + 4) * _F32,
+            grid_style="q_outer",
+            threads_per_block=lambda D, Br, Bc: 2 * Br,  # one warp per 16 query rows
+            priority=5,
+            summary="FA2 warp layout on mma.sync m16n8k8 TF32 tensor cores, each FP32 operand split "
+            "hi + lo and 3 products summed (3xTF32): FP32-level error",
+        ),
+        Version(
+            name="v2.2_tf32",
+            file="v2_2_tf32x3.cu",
+            kernel="v2_2_tf32_fwd",
+            kind="tensor_fp32",
+            tiles={32: (64, 64), 64: (64, 64), 128: (64, 32)},
+            smem_bytes=lambda D, Br, Bc: (Br + 4 * Bc) * (D + 4) * _F32,
+            grid_style="q_outer",
+            threads_per_block=lambda D, Br, Bc: 2 * Br,
+            precision="tf32",
+            priority=5,
+            summary="v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
+        ),
     ]
 }
 
 
-def select(dtype: str, head_dim: int, arch: int) -> Version | None:
-    """The fastest registered rung that takes these inputs on this arch, or None."""
-    candidates = [v for v in VERSIONS.values() if v.supports(dtype, head_dim, arch)]
+def select(dtype: str, head_dim: int, arch: int, precision: str | None = None) -> Version | None:
+    """The fastest registered rung that takes these inputs on this arch at this precision, or None."""
+    candidates = [v for v in VERSIONS.values() if v.supports(dtype, head_dim, arch, precision)]
     return max(candidates, key=lambda v: v.priority, default=None)

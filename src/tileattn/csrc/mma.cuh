@@ -1,0 +1,149 @@
+// Tensor-core helpers for the mma.sync rungs (sm_80+): warp-level 16x8x16 MMA on fp16/bf16 with
+// fp32 accumulators, ldmatrix loads of its operands from shared memory, fp32 -> 16-bit packing,
+// and the XOR-swizzled shared-memory tile layout that makes those ldmatrix loads conflict-free.
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type").
+// In a warp, lane = 4 * g + t: g = lane / 4 (groupID, 0..7), t = lane % 4 (threadID_in_group).
+// A register holds two 16-bit elements, the lower column index in the lower half.
+//   A (16x16, row-major), 4 regs:  a[0] = A[g    ][2t, 2t+1]      a[1] = A[g + 8][2t, 2t+1]
+//                                  a[2] = A[g    ][2t+8, 2t+9]    a[3] = A[g + 8][2t+8, 2t+9]
+//   B (16x8, "col": B[k][n]), 2 regs: b[0] = B[2t, 2t+1][g]       b[1] = B[2t+8, 2t+9][g]
+//   C/D (16x8, fp32), 4 floats:    c[0], c[1] = C[g][2t, 2t+1]     c[2], c[3] = C[g + 8][2t, 2t+1]
+// So the C fragments of two neighbouring n-tiles (columns 0-7 and 8-15), packed pairwise to 16
+// bits, are exactly the A fragment of a 16x16 tile: {c0c1 of tile 0, c2c3 of tile 0, c0c1 of
+// tile 1, c2c3 of tile 1}.  FlashAttention-2 uses that to feed P = exp(S - m) straight back
+// into P V without leaving registers.
+//
+// ldmatrix.m8n8.x4 loads four 8x8 matrices of 16-bit elements.  Lanes 8i..8i+7 give the
+// addresses of the 8 rows (16 bytes each) of matrix i; register i of every lane receives
+// matrix i's elements [lane / 4][2 (lane % 4), +1], i.e. exactly one A/B/C-style fragment
+// register.  With .trans it receives [2 (lane % 4), +1][lane / 4] instead: the transpose, which
+// turns row-major V (keys x head dim) into the "col" B operand of P V.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace tileattn {
+
+// ---- ldmatrix: four 8x8 16-bit matrices, shared memory -> registers. ----
+// smem_addr is a shared-state-space byte address (__cvta_generic_to_shared), 16-byte aligned.
+// volatile: the compiler must not hoist these reads above the __syncthreads that publishes
+// the cp.async data they read (the asm has no other tie to that barrier).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+
+// ---- mma.sync m16n8k16, fp32 accumulate: d += A (16x16) * B (16x8), fragments as above. ----
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                             unsigned b1);
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], const unsigned (&a)[4],
+                                                     unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const unsigned (&a)[4],
+                                                            unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- Two fp32 values -> one register of two 16-bit T, lo in the lower half (round to nearest). ----
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi);
+
+template <>
+__device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);  // .x = lo sits in the lower 16 bits
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+template <>
+__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// 2^x on the SFU (MUFU.EX2), one instruction.  exp2f without fast math wraps the same
+// instruction in a denormal-range fix-up; here results below 2^-126 flush to 0, which is
+// harmless for softmax weights (they are added to sums >= 1).  ex2(-inf) = +0, the weight a
+// masked score must get.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- Swizzled shared-memory tile of 16-bit elements ----
+//
+// A [ROWS][COLS] tile (COLS % 16 == 0) is stored as 16-byte chunks (8 elements).  Shared memory
+// has 32 banks of 4 bytes, so one 128-byte line holds 8 chunks, one per "bank group".  An
+// ldmatrix phase reads 8 rows x one 16-byte chunk; with a plain row-major layout whose row
+// pitch is a multiple of 128 bytes, all 8 rows hit the same bank group: an 8-way conflict.
+//
+// Layout: the columns are split into panels of 64, 32 or 16 elements (rows of 128, 64 or 32
+// bytes, W = 8, 4 or 2 chunks): as many 64-column panels as fit, then the rest (16, 32 or 48
+// columns) as a 32- and/or a 16-column panel.  Each panel is its own row-major [ROWS][W chunks]
+// block, so 8 / W consecutive rows share one 128-byte line, and the chunk index inside the
+// panel is XORed with bits of the row:
+//     physical chunk = chunk ^ swz(row),  swz(row) = (row / (8 / W)) % W
+//   W = 8: swz = row % 8         (rows of 128 B: one row per line)
+//   W = 4: swz = (row / 2) % 4   (rows of  64 B: two rows per line, row % 2 picks the half)
+//   W = 2: swz = (row / 4) % 2   (rows of  32 B: four rows per line)
+// For any 8 consecutive rows starting at a multiple of 8 and one logical chunk, the 8 physical
+// chunks land on 8 distinct bank groups: ldmatrix (and the row-major cp.async fill, and the
+// epilogue's 4-byte stores) are conflict-free.  swz depends on row % 8 only.
+// Panels are padded by nothing, so the tile is exactly ROWS * COLS * 2 bytes.
+template <int ROWS, int COLS>
+struct SwizzledTile {
+  static_assert(COLS % 16 == 0 && COLS > 0, "ldmatrix k-steps need whole 16-column blocks");
+  static_assert(ROWS % 8 == 0, "swizzle pattern repeats every 8 rows");
+  static constexpr int CHUNKS = COLS / 8;  // 16-byte chunks per row
+  static constexpr int FULL = CHUNKS / 8;  // 64-column panels
+  static constexpr int REM = CHUNKS % 8;   // 0, 2, 4 or 6 chunks in the narrow panels
+  static constexpr int NPANELS = FULL + ((REM & 4) ? 1 : 0) + ((REM & 2) ? 1 : 0);
+  static constexpr int BYTES = ROWS * COLS * 2;
+
+  // Width (in chunks) and first logical chunk of panel p.
+  __host__ __device__ static constexpr int panel_width(int p) {
+    return p < FULL ? 8 : (p == FULL && (REM & 4)) ? 4 : 2;
+  }
+  __host__ __device__ static constexpr int panel_chunk0(int p) {
+    return p < FULL ? 8 * p : (p == FULL) ? 8 * FULL : 8 * FULL + ((REM & 4) ? 4 : 0);
+  }
+  __host__ __device__ static constexpr int panel_of(int c) {
+    return c < 8 * FULL ? c / 8 : ((REM & 4) && c < 8 * FULL + 4) ? FULL : NPANELS - 1;
+  }
+  __host__ __device__ static constexpr int swz(int row, int W) { return (row / (8 / W)) % W; }
+
+  // Byte offset of logical chunk c of row r.  Earlier panels hold ROWS * chunk0 chunks; c0 is a
+  // multiple of W, so XORing c itself with swz < W stays inside the panel.
+  __device__ __forceinline__ static int offset(int r, int c) {
+    const int p = panel_of(c), W = panel_width(p), c0 = panel_chunk0(p);
+    return (ROWS * c0 + r * W + ((c ^ swz(r, W)) - c0)) * 16;
+  }
+  // Byte offset of element (r, col), col even: the 4-byte pair store of the epilogue.
+  __device__ __forceinline__ static int offset_elem(int r, int col) {
+    return offset(r, col / 8) + (col % 8) * 2;
+  }
+};
+
+}  // namespace tileattn

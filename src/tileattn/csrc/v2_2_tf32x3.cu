@@ -1,0 +1,281 @@
+// v2.2: FP32-accurate attention on tensor cores by 3xTF32 (and, as an opt-in, plain TF32).
+//
+// What changes from v2: the two matrix products S = Q K^T and O += P V move from FFMA to
+// mma.sync.m16n8k8 with TF32 operands and FP32 accumulators, FA2's warp layout replaces one
+// thread per row: each warp owns 16 query rows, S and O live in registers as mma accumulator
+// fragments, and softmax runs on those fragments.
+//
+// Accuracy (why 3 products): TF32 keeps 10 mantissa bits, so one TF32 product carries ~1e-3
+// relative error.  Each FP32 operand x is split as x = hi + lo with hi = x with its low 13 mantissa
+// bits cleared (exactly representable in TF32) and lo = x - hi (exact in FP32; the tensor core
+// truncates it to TF32, costing ~2^-21 relative).  a*b ~= hi_a*hi_b + hi_a*lo_b + lo_a*hi_b; the
+// dropped lo_a*lo_b is ~2^-22 relative.  Three mma per product, FP32 accumulation: FP32-level error.
+// The TF32 variant (SPLIT = false) issues only hi_a*hi_b on raw operands: 3x fewer mma, ~1e-3 error.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k8 .tf32; lane = 4*g + t, g = lane/4 in 0..7, t = lane%4):
+//   A 16x8 (row-major):  a0 = (g, t)  a1 = (g+8, t)  a2 = (g, t+4)  a3 = (g+8, t+4)
+//   B 8x8  (k x n):      b0 = (k=t, n=g)             b1 = (k=t+4, n=g)
+//   C 16x8 (fp32):       c0 = (g, 2t)  c1 = (g, 2t+1)  c2 = (g+8, 2t)  c3 = (g+8, 2t+1)
+// P*V without a shared-memory round trip: the C fragment of S holds keys 2t and 2t+1 of each
+// 8-key block, the A fragment wants k-indices t and t+4.  The k index of P*V is a sum over keys,
+// so any permutation works if V's rows follow it: k-index t <-> key 2t, k-index t+4 <-> key 2t+1.
+// Then a0..a3 = c0, c2, c1, c3 and b0 = V[2t][n], b1 = V[2t+1][n].
+//
+// Shared memory: Qs [Br][D+4], Ks and Vs [2][Bc][D+4] (cp.async double buffer).  The row stride
+// D+4 = 4 (mod 32) words makes every fragment load conflict-free: K reads word 4g+t of a 32-word
+// window, V reads 8t+g (rows 2t, 2t+1), Q reads 4g+t.
+#include "common.cuh"
+
+namespace tileattn {
+
+__device__ __forceinline__ void mma_tf32_m16n8k8(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// x = hi + lo, hi exactly representable in TF32 (low 13 mantissa bits cleared), lo = x - hi exact.
+__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// acc += a*b with FP32 operands, by 3 TF32 products (SPLIT) or 1 (plain TF32).
+template <int N, bool SPLIT>
+struct Operand {  // N fp32 values as TF32 hi (and lo) registers
+  unsigned hi[N], lo[N];
+  __device__ __forceinline__ void set(int i, float x) {
+    if (SPLIT) split_tf32(x, hi[i], lo[i]);
+    else hi[i] = __float_as_uint(x);  // the tensor core truncates to TF32
+  }
+};
+
+template <bool SPLIT>
+__device__ __forceinline__ void mma_fp32(float (&c)[4], const Operand<4, SPLIT>& a, const Operand<2, SPLIT>& b) {
+  if (SPLIT) {  // small terms first, so they are accumulated before the large one
+    mma_tf32_m16n8k8(c, a.lo, b.hi);
+    mma_tf32_m16n8k8(c, a.hi, b.lo);
+  }
+  mma_tf32_m16n8k8(c, a.hi, b.hi);
+}
+
+// Rows [row0, row0 + ROWS) of a (rows x HEAD_DIM) FP32 matrix into shared memory with row stride
+// SSTRIDE floats, 16-byte cp.async copies; rows >= nrows are zero-filled without being read.
+template <int ROWS, int HEAD_DIM, int SSTRIDE, int NTHREADS>
+__device__ __forceinline__ void rows_async_copy(const float* src, long long src_sn, float* dst, int row0, int nrows) {
+  constexpr int VEC_PER_ROW = HEAD_DIM / 4;
+  for (int i = threadIdx.x; i < ROWS * VEC_PER_ROW; i += NTHREADS) {
+    const int r = i / VEC_PER_ROW, c4 = (i % VEC_PER_ROW) * 4;
+    const bool ok = row0 + r < nrows;
+    cp_async_16(dst + r * SSTRIDE + c4, src + (ok ? row0 + r : 0) * src_sn + c4, ok);
+  }
+}
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool SPLIT>
+__device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
+  static_assert(sizeof(T) == 4, "v2.2 is an FP32 rung");
+  static_assert(Br % 16 == 0 && Bc % 8 == 0 && HEAD_DIM % 8 == 0, "mma.m16n8k8 tiling");
+  constexpr int WARPS = Br / 16;
+  constexpr int NTHREADS = WARPS * 32;
+  constexpr int SSTRIDE = HEAD_DIM + 4;  // = 4 (mod 32) words: conflict-free fragment loads
+  constexpr int KSTEPS_D = HEAD_DIM / 8;  // k-steps of S = Q K^T (over d)
+  constexpr int NTILES_S = Bc / 8;        // 8-key column tiles of S
+  constexpr int NTILES_O = HEAD_DIM / 8;  // 8-wide column tiles of O
+  // Q's A fragments stay in registers when they fit beside the accumulators (D <= 64).
+  constexpr bool Q_IN_REGS = HEAD_DIM <= 64;
+
+  extern __shared__ __align__(16) float smem[];
+  float* Qs = smem;                        // [Br][SSTRIDE]
+  float* Ks = Qs + Br * SSTRIDE;           // [2][Bc][SSTRIDE]
+  float* Vs = Ks + 2 * Bc * SSTRIDE;       // [2][Bc][SSTRIDE]
+
+  const int bh = blockIdx.y + bh_offset;
+  const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int q_start = blockIdx.x * Br;
+  const int wrow = warp * 16;  // this warp's first row in the Q tile
+  const int row_a = q_start + wrow + g, row_b = row_a + 8;  // the two query rows this thread holds
+  const float scale_log2 = softmax_scale * TILEATTN_LOG2E;
+
+  const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
+  const int Tc = (kv_limit + Bc - 1) / Bc;
+
+  rows_async_copy<Br, HEAD_DIM, SSTRIDE, NTHREADS>(hs.q, q_sn, Qs, q_start, Nq);
+  if (Tc > 0) {
+    rows_async_copy<Bc, HEAD_DIM, SSTRIDE, NTHREADS>(hs.k, k_sn, Ks, 0, Nk);
+    rows_async_copy<Bc, HEAD_DIM, SSTRIDE, NTHREADS>(hs.v, v_sn, Vs, 0, Nk);
+  }
+  cp_async_commit();
+
+  // Per thread: rows g and g+8 of the warp's slice.  m_i in the log2 domain; l_i is this thread's
+  // partial row sum (its 2 columns of every 8), reduced across the quad once at the end.
+  float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
+  float l_i[2] = {0.0f, 0.0f};
+  float acc[NTILES_O][4];  // O accumulator, C layout
+#pragma unroll
+  for (int n = 0; n < NTILES_O; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[n][r] = 0.0f;
+
+  Operand<4, SPLIT> q_frag[Q_IN_REGS ? KSTEPS_D : 1];
+  const float* q_s = Qs + (wrow + g) * SSTRIDE + t;  // a0 of k-step 0
+  auto load_q = [&](Operand<4, SPLIT>& a, int kk) {
+    a.set(0, q_s[kk * 8]);
+    a.set(1, q_s[8 * SSTRIDE + kk * 8]);
+    a.set(2, q_s[kk * 8 + 4]);
+    a.set(3, q_s[8 * SSTRIDE + kk * 8 + 4]);
+  };
+
+  for (int j = 0; j < Tc; ++j) {
+    const int cur = j & 1;
+    const int kv_start = j * Bc;
+    if (j + 1 < Tc) {  // prefetch block j+1 into the other buffer while block j is used
+      rows_async_copy<Bc, HEAD_DIM, SSTRIDE, NTHREADS>(hs.k, k_sn, Ks + (cur ^ 1) * Bc * SSTRIDE, kv_start + Bc, Nk);
+      rows_async_copy<Bc, HEAD_DIM, SSTRIDE, NTHREADS>(hs.v, v_sn, Vs + (cur ^ 1) * Bc * SSTRIDE, kv_start + Bc, Nk);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (Q_IN_REGS && j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS_D; ++kk) load_q(q_frag[kk], kk);
+    }
+    const float* Kj = Ks + cur * Bc * SSTRIDE;
+    const float* Vj = Vs + cur * Bc * SSTRIDE;
+
+    // 1. S = Q K^T for this warp's 16 rows x Bc keys, FP32 accumulators.
+    float S[NTILES_S][4];
+#pragma unroll
+    for (int n = 0; n < NTILES_S; ++n)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) S[n][r] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS_D; ++kk) {
+      Operand<4, SPLIT> a;
+      if constexpr (Q_IN_REGS) a = q_frag[kk];
+      else load_q(a, kk);
+#pragma unroll
+      for (int n = 0; n < NTILES_S; ++n) {
+        Operand<2, SPLIT> b;  // b0 = K[n*8+g][kk*8+t], b1 = K[n*8+g][kk*8+t+4]
+        const float* k_s = Kj + (n * 8 + g) * SSTRIDE + kk * 8 + t;
+        b.set(0, k_s[0]);
+        b.set(1, k_s[4]);
+        mma_fp32<SPLIT>(S[n], a, b);
+      }
+    }
+
+    // 2. Scale into the log2 domain and mask: keys past Nk, and above the diagonal on the
+    //    block(s) that straddle it.  Only those blocks pay for the compares.
+    const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
+    const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
+    const int kend_b = key_end<CAUSAL>(row_b, Nk, causal_offset);
+    float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
+#pragma unroll
+    for (int n = 0; n < NTILES_S; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = kv_start + n * 8 + 2 * t + (r & 1);
+        float s = S[n][r] * scale_log2;
+        if (needs_mask && key >= (r < 2 ? kend_a : kend_b)) s = TILEATTN_NEG_INF;
+        S[n][r] = s;
+        m_tile[r / 2] = fmaxf(m_tile[r / 2], s);
+      }
+    }
+    // Row max across the quad (the 4 threads holding one row's 8-key slices).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_tile[h] = fmaxf(m_tile[h], __shfl_xor_sync(0xffffffffu, m_tile[h], 1));
+      m_tile[h] = fmaxf(m_tile[h], __shfl_xor_sync(0xffffffffu, m_tile[h], 2));
+    }
+
+    // 3. Online softmax: rebase to m_new, P = exp2(S - m_new) in place, rescale l_i and acc.
+    float scale_old[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m_i[h], m_tile[h]);
+      scale_old[h] = exp2f(m_i[h] - safe_max(m_new));  // exp2(-inf) = 0 on the first block
+      m_i[h] = m_new;
+      l_i[h] *= scale_old[h];
+    }
+#pragma unroll
+    for (int n = 0; n < NTILES_S; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        S[n][r] = exp2f(S[n][r] - safe_max(m_i[r / 2]));
+        l_i[r / 2] += S[n][r];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NTILES_O; ++n) {
+      acc[n][0] *= scale_old[0];
+      acc[n][1] *= scale_old[0];
+      acc[n][2] *= scale_old[1];
+      acc[n][3] *= scale_old[1];
+    }
+
+    // 4. acc += P V: P's C fragments become A fragments under the key permutation (header).
+#pragma unroll
+    for (int ks = 0; ks < NTILES_S; ++ks) {
+      Operand<4, SPLIT> a;
+      a.set(0, S[ks][0]);
+      a.set(1, S[ks][2]);
+      a.set(2, S[ks][1]);
+      a.set(3, S[ks][3]);
+      const float* v_s = Vj + (ks * 8 + 2 * t) * SSTRIDE + g;
+#pragma unroll
+      for (int n = 0; n < NTILES_O; ++n) {
+        Operand<2, SPLIT> b;  // b0 = V[ks*8+2t][n*8+g], b1 = V[ks*8+2t+1][n*8+g]
+        b.set(0, v_s[n * 8]);
+        b.set(1, v_s[SSTRIDE + n * 8]);
+        mma_fp32<SPLIT>(acc[n], a, b);
+      }
+    }
+    __syncthreads();  // buffer `cur` is refilled by the prefetch of the next iteration
+  }
+
+  cp_async_wait<0>();  // with Tc = 0 the Q copy was never waited for: none may outlive the block
+
+  // Epilogue: finish l_i across the quad, one reciprocal per row, write O and lse.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 1);
+    l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 2);
+  }
+  constexpr float LN2 = 0.6931471805599453f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = h == 0 ? row_a : row_b;
+    if (row >= Nq) continue;
+    const float inv_l = l_i[h] > 0.0f ? 1.0f / l_i[h] : 0.0f;  // a row that saw no key outputs 0
+    T* o_row = hs.o + row * o_sn;
+#pragma unroll
+    for (int n = 0; n < NTILES_O; ++n) {
+      const float2 val = make_float2(acc[n][2 * h] * inv_l, acc[n][2 * h + 1] * inv_l);
+      *reinterpret_cast<float2*>(o_row + n * 8 + 2 * t) = val;
+    }
+    if (t == 0) hs.lse[row] = l_i[h] > 0.0f ? (m_i[h] + __log2f(l_i[h])) * LN2 : TILEATTN_NEG_INF;
+  }
+}
+
+// 3xTF32: FP32-level accuracy.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(Br * 2) v2_2_fwd(TILEATTN_FWD_PARAMS(T)) {
+  v2_2_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/true>(
+      q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn,
+      o_sb, o_sh, o_sn, softmax_scale, causal_offset, bh_offset);
+}
+
+// Plain TF32 (opt-in, precision="tf32"): one product per mma, ~1e-3 relative error.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(Br * 2) v2_2_tf32_fwd(TILEATTN_FWD_PARAMS(T)) {
+  v2_2_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/false>(
+      q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn,
+      o_sb, o_sh, o_sn, softmax_scale, causal_offset, bh_offset);
+}
+
+}  // namespace tileattn
