@@ -88,7 +88,7 @@ __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
 // masked score must get.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  asm volatile("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 
@@ -139,6 +139,17 @@ struct SwizzledTile {
   __device__ __forceinline__ static int offset(int r, int c) {
     const int p = panel_of(c), W = panel_width(p), c0 = panel_chunk0(p);
     return (ROWS * c0 + r * W + ((c ^ swz(r, W)) - c0)) * 16;
+  }
+  // Byte offset of the row address one lane gives to ldmatrix: row row_base + lane_r, chunk
+  // 2 kb + lane_c (kb: 16-column block, lane_c 0 or 1).  row_base must be a multiple of 8, so
+  // the swizzle depends on the lane alone; then everything that varies with the unrolled
+  // (row_base, kb) is either a compile-time constant (folded into the instruction's immediate
+  // offset) or one of W/2 per-lane values of ((2 kb - c0) ^ x), so the compiler keeps a handful
+  // of address registers instead of one per ldmatrix.
+  __device__ __forceinline__ static int ldsm_offset(int lane_r, int lane_c, int row_base, int kb) {
+    const int c = 2 * kb, p = panel_of(c), W = panel_width(p), c0 = panel_chunk0(p);
+    const int x = lane_c ^ swz(lane_r, W);  // (c0 + 2 kb' + lane_c) ^ swz = c0 + ((2 kb') ^ x)
+    return (ROWS * c0 + row_base * W + lane_r * W + ((c - c0) ^ x)) * 16;
   }
   // Byte offset of element (r, col), col even: the 4-byte pair store of the epilogue.
   __device__ __forceinline__ static int offset_elem(int r, int col) {

@@ -21,9 +21,17 @@
 // so any permutation works if V's rows follow it: k-index t <-> key 2t, k-index t+4 <-> key 2t+1.
 // Then a0..a3 = c0, c2, c1, c3 and b0 = V[2t][n], b1 = V[2t+1][n].
 //
-// Shared memory: Qs [Br][D+4], Ks and Vs [2][Bc][D+4] (cp.async double buffer).  The row stride
-// D+4 = 4 (mod 32) words makes every fragment load conflict-free: K reads word 4g+t of a 32-word
-// window, V reads 8t+g (rows 2t, 2t+1), Q reads 4g+t.
+// Per-tile FP32 accumulation: the tensor core's own FP32 accumulation is not IEEE round-to-nearest
+// (measured: relative error grew linearly with N, 3e-5 at N=4097 and 2.3e-4 at N=32768, when O
+// accumulated inside mma across all K/V blocks).  So P*V of one K/V block is accumulated by mma
+// from zero (Bc products), and the blocks are merged with FFMA: acc = scale_old*acc + pv.
+//
+// Operand splitting once per block, not per warp: after a K/V block lands (cp.async, raw FP32),
+// one cooperative pass writes K_hi, K_lo [Bc][D+4] and V transposed V_hi, V_lo [D][Bc+4], V's keys
+// stored in the permuted order above, so every B fragment is one ldmatrix (the 8x8 b16 matrix
+// of ldmatrix is an 8x4 FP32 matrix whose lane (g, t) word is element (g, t): an m16n8k8 TF32
+// fragment).  Row strides D+4 and Bc+4 floats put the 8 rows of each ldmatrix in 8 different
+// 16-byte bank groups (conflict-free).  8 warps (Br=128) share each split, one block per SM.
 #include "common.cuh"
 
 namespace tileattn {
@@ -42,23 +50,34 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) 
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
-// acc += a*b with FP32 operands, by 3 TF32 products (SPLIT) or 1 (plain TF32).
-template <int N, bool SPLIT>
-struct Operand {  // N fp32 values as TF32 hi (and lo) registers
-  unsigned hi[N], lo[N];
+// Four 8x8 b16 matrices (= four 8x4 FP32 matrices) from shared memory; lane L gives the address
+// of row L%8 of matrix L/8 and receives word (L/4, L%4) of each matrix in r[0..3].
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const float* row_ptr) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// An FP32 A fragment (4 values) as TF32 hi (and lo) registers.
+template <bool SPLIT>
+struct FragA {
+  unsigned hi[4], lo[4];
   __device__ __forceinline__ void set(int i, float x) {
     if (SPLIT) split_tf32(x, hi[i], lo[i]);
     else hi[i] = __float_as_uint(x);  // the tensor core truncates to TF32
   }
 };
 
+// c += a*b with FP32 operands: 3 TF32 products (SPLIT) or 1.  b_hi/b_lo are pre-split B fragments.
 template <bool SPLIT>
-__device__ __forceinline__ void mma_fp32(float (&c)[4], const Operand<4, SPLIT>& a, const Operand<2, SPLIT>& b) {
-  if (SPLIT) {  // small terms first, so they are accumulated before the large one
-    mma_tf32_m16n8k8(c, a.lo, b.hi);
-    mma_tf32_m16n8k8(c, a.hi, b.lo);
+__device__ __forceinline__ void mma_fp32(float (&c)[4], const FragA<SPLIT>& a, const unsigned (&b_hi)[2],
+                                         const unsigned (&b_lo)[2]) {
+  if (SPLIT) {  // the small terms first
+    mma_tf32_m16n8k8(c, a.lo, b_hi);
+    mma_tf32_m16n8k8(c, a.hi, b_lo);
   }
-  mma_tf32_m16n8k8(c, a.hi, b.hi);
+  mma_tf32_m16n8k8(c, a.hi, b_hi);
 }
 
 // Rows [row0, row0 + ROWS) of a (rows x HEAD_DIM) FP32 matrix into shared memory with row stride
@@ -73,28 +92,38 @@ __device__ __forceinline__ void rows_async_copy(const float* src, long long src_
   }
 }
 
+// Position of key `key` (within its group of 8) in the permuted V layout: k-index t holds key 2t,
+// k-index t+4 holds key 2t+1 (see the header).
+__device__ __forceinline__ int permuted_key(int key) { return (key & ~7) | ((key & 1) << 2) | ((key & 7) >> 1); }
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool SPLIT>
 __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
   static_assert(sizeof(T) == 4, "v2.2 is an FP32 rung");
-  static_assert(Br % 16 == 0 && Bc % 8 == 0 && HEAD_DIM % 8 == 0, "mma.m16n8k8 tiling");
+  static_assert(Br % 16 == 0 && Bc % 16 == 0 && HEAD_DIM % 16 == 0, "ldmatrix.x4 loads fragment pairs");
   constexpr int WARPS = Br / 16;
   constexpr int NTHREADS = WARPS * 32;
-  constexpr int SSTRIDE = HEAD_DIM + 4;  // = 4 (mod 32) words: conflict-free fragment loads
+  constexpr int SK = HEAD_DIM + 4;        // row stride of Q, K (floats): conflict-free ldmatrix
+  constexpr int SV = Bc + 4;              // row stride of transposed V
   constexpr int KSTEPS_D = HEAD_DIM / 8;  // k-steps of S = Q K^T (over d)
-  constexpr int NTILES_S = Bc / 8;        // 8-key column tiles of S
+  constexpr int NTILES_S = Bc / 8;        // 8-key column tiles of S (= k-steps of P V)
   constexpr int NTILES_O = HEAD_DIM / 8;  // 8-wide column tiles of O
   // Q's A fragments stay in registers when they fit beside the accumulators (D <= 64).
   constexpr bool Q_IN_REGS = HEAD_DIM <= 64;
 
   extern __shared__ __align__(16) float smem[];
-  float* Qs = smem;                        // [Br][SSTRIDE]
-  float* Ks = Qs + Br * SSTRIDE;           // [2][Bc][SSTRIDE]
-  float* Vs = Ks + 2 * Bc * SSTRIDE;       // [2][Bc][SSTRIDE]
+  float* Qs = smem;                          // [Br][SK]
+  float* Kraw = Qs + Br * SK;                // [2][Bc][SK]  cp.async landing, double buffered
+  float* Vraw = Kraw + 2 * Bc * SK;          // [2][Bc][SK]
+  float* Khi = Vraw + 2 * Bc * SK;           // [Bc][SK]
+  float* Klo = Khi + Bc * SK;                // [Bc][SK]     (SPLIT only)
+  float* Vhi = Klo + (SPLIT ? Bc * SK : 0);  // [D][SV]      transposed, keys permuted
+  float* Vlo = Vhi + HEAD_DIM * SV;          // [D][SV]      (SPLIT only)
 
   const int bh = blockIdx.y + bh_offset;
   const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
+  const int lm = lane / 8, lr = lane % 8;  // ldmatrix: which matrix / which row this lane addresses
   const int q_start = blockIdx.x * Br;
   const int wrow = warp * 16;  // this warp's first row in the Q tile
   const int row_a = q_start + wrow + g, row_b = row_a + 8;  // the two query rows this thread holds
@@ -103,10 +132,10 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
   const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
   const int Tc = (kv_limit + Bc - 1) / Bc;
 
-  rows_async_copy<Br, HEAD_DIM, SSTRIDE, NTHREADS>(hs.q, q_sn, Qs, q_start, Nq);
+  rows_async_copy<Br, HEAD_DIM, SK, NTHREADS>(hs.q, q_sn, Qs, q_start, Nq);
   if (Tc > 0) {
-    rows_async_copy<Bc, HEAD_DIM, SSTRIDE, NTHREADS>(hs.k, k_sn, Ks, 0, Nk);
-    rows_async_copy<Bc, HEAD_DIM, SSTRIDE, NTHREADS>(hs.v, v_sn, Vs, 0, Nk);
+    rows_async_copy<Bc, HEAD_DIM, SK, NTHREADS>(hs.k, k_sn, Kraw, 0, Nk);
+    rows_async_copy<Bc, HEAD_DIM, SK, NTHREADS>(hs.v, v_sn, Vraw, 0, Nk);
   }
   cp_async_commit();
 
@@ -120,52 +149,87 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[n][r] = 0.0f;
 
-  Operand<4, SPLIT> q_frag[Q_IN_REGS ? KSTEPS_D : 1];
-  const float* q_s = Qs + (wrow + g) * SSTRIDE + t;  // a0 of k-step 0
-  auto load_q = [&](Operand<4, SPLIT>& a, int kk) {
-    a.set(0, q_s[kk * 8]);
-    a.set(1, q_s[8 * SSTRIDE + kk * 8]);
-    a.set(2, q_s[kk * 8 + 4]);
-    a.set(3, q_s[8 * SSTRIDE + kk * 8 + 4]);
+  // A fragment of Q for k-step kk: matrices (rows 0-7, cols 0-3), (rows 8-15, cols 0-3),
+  // (rows 0-7, cols 4-7), (rows 8-15, cols 4-7) give a0..a3.
+  const float* q_lane = Qs + (wrow + (lm & 1) * 8 + lr) * SK + (lm >> 1) * 4;
+  auto load_q = [&](FragA<SPLIT>& a, int kk) {
+    unsigned r[4];
+    ldmatrix_x4(r, q_lane + kk * 8);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.set(i, __uint_as_float(r[i]));
   };
+  FragA<SPLIT> q_frag[Q_IN_REGS ? KSTEPS_D : 1];
 
   for (int j = 0; j < Tc; ++j) {
     const int cur = j & 1;
     const int kv_start = j * Bc;
-    if (j + 1 < Tc) {  // prefetch block j+1 into the other buffer while block j is used
-      rows_async_copy<Bc, HEAD_DIM, SSTRIDE, NTHREADS>(hs.k, k_sn, Ks + (cur ^ 1) * Bc * SSTRIDE, kv_start + Bc, Nk);
-      rows_async_copy<Bc, HEAD_DIM, SSTRIDE, NTHREADS>(hs.v, v_sn, Vs + (cur ^ 1) * Bc * SSTRIDE, kv_start + Bc, Nk);
+    cp_async_wait<0>();  // block j (and, at j = 0, Q) has landed in Kraw/Vraw[cur]
+    __syncthreads();     // ... for every thread; and everyone is done with Khi..Vlo of block j-1
+    if (j + 1 < Tc) {    // prefetch block j+1 into the other landing buffer
+      rows_async_copy<Bc, HEAD_DIM, SK, NTHREADS>(hs.k, k_sn, Kraw + (cur ^ 1) * Bc * SK, kv_start + Bc, Nk);
+      rows_async_copy<Bc, HEAD_DIM, SK, NTHREADS>(hs.v, v_sn, Vraw + (cur ^ 1) * Bc * SK, kv_start + Bc, Nk);
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+    }
+    // Split pass: K as [Bc][SK] hi/lo (float4 in, float4 out); V transposed to [D][SV] hi/lo with
+    // permuted keys.  Consecutive lanes take consecutive keys of V: the float4 reads hit 8 distinct
+    // 16-byte groups per phase and the transposed scalar writes 32 distinct banks.
+    {
+      const float* Kc = Kraw + cur * Bc * SK;
+      const float* Vc = Vraw + cur * Bc * SK;
+      for (int i = threadIdx.x; i < Bc * HEAD_DIM / 4; i += NTHREADS) {
+        const int r = i / (HEAD_DIM / 4), c = (i % (HEAD_DIM / 4)) * 4;
+        const float4 x = *reinterpret_cast<const float4*>(Kc + r * SK + c);
+        uint4 hi, lo;
+        split_tf32(x.x, hi.x, lo.x);
+        split_tf32(x.y, hi.y, lo.y);
+        split_tf32(x.z, hi.z, lo.z);
+        split_tf32(x.w, hi.w, lo.w);
+        *reinterpret_cast<uint4*>(Khi + r * SK + c) = SPLIT ? hi : make_uint4(__float_as_uint(x.x),
+            __float_as_uint(x.y), __float_as_uint(x.z), __float_as_uint(x.w));
+        if (SPLIT) *reinterpret_cast<uint4*>(Klo + r * SK + c) = lo;
+      }
+      for (int i = threadIdx.x; i < Bc * HEAD_DIM / 4; i += NTHREADS) {
+        const int key = i % Bc, d = (i / Bc) * 4;
+        const float4 x = *reinterpret_cast<const float4*>(Vc + key * SK + d);
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+        const int pos = permuted_key(key);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          unsigned hi, lo;
+          split_tf32(xs[e], hi, lo);
+          Vhi[(d + e) * SV + pos] = SPLIT ? __uint_as_float(hi) : xs[e];
+          if (SPLIT) Vlo[(d + e) * SV + pos] = __uint_as_float(lo);
+        }
+      }
     }
     __syncthreads();
-    if (Q_IN_REGS && j == 0) {
+    if constexpr (Q_IN_REGS) {
+      if (j == 0) {
 #pragma unroll
-      for (int kk = 0; kk < KSTEPS_D; ++kk) load_q(q_frag[kk], kk);
+        for (int kk = 0; kk < KSTEPS_D; ++kk) load_q(q_frag[kk], kk);
+      }
     }
-    const float* Kj = Ks + cur * Bc * SSTRIDE;
-    const float* Vj = Vs + cur * Bc * SSTRIDE;
 
-    // 1. S = Q K^T for this warp's 16 rows x Bc keys, FP32 accumulators.
+    // 1. S = Q K^T for this warp's 16 rows x Bc keys, FP32 accumulators.  One ldmatrix.x4 gives
+    //    (b0, b1) of two 8-key tiles: matrices (keys n..n+7, d 0-3), (n.., d 4-7), (n+8.., ...).
     float S[NTILES_S][4];
 #pragma unroll
     for (int n = 0; n < NTILES_S; ++n)
 #pragma unroll
       for (int r = 0; r < 4; ++r) S[n][r] = 0.0f;
+    const int k_lane = ((lm >> 1) * 8 + lr) * SK + (lm & 1) * 4;
 #pragma unroll
     for (int kk = 0; kk < KSTEPS_D; ++kk) {
-      Operand<4, SPLIT> a;
+      FragA<SPLIT> a;
       if constexpr (Q_IN_REGS) a = q_frag[kk];
       else load_q(a, kk);
 #pragma unroll
-      for (int n = 0; n < NTILES_S; ++n) {
-        Operand<2, SPLIT> b;  // b0 = K[n*8+g][kk*8+t], b1 = K[n*8+g][kk*8+t+4]
-        const float* k_s = Kj + (n * 8 + g) * SSTRIDE + kk * 8 + t;
-        b.set(0, k_s[0]);
-        b.set(1, k_s[4]);
-        mma_fp32<SPLIT>(S[n], a, b);
+      for (int n = 0; n < NTILES_S; n += 2) {
+        unsigned bh4[4], bl4[4];
+        ldmatrix_x4(bh4, Khi + n * 8 * SK + k_lane + kk * 8);
+        if (SPLIT) ldmatrix_x4(bl4, Klo + n * 8 * SK + k_lane + kk * 8);
+        mma_fp32<SPLIT>(S[n], a, {bh4[0], bh4[1]}, {bl4[0], bl4[1]});
+        mma_fp32<SPLIT>(S[n + 1], a, {bh4[2], bh4[3]}, {bl4[2], bl4[3]});
       }
     }
 
@@ -193,7 +257,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
       m_tile[h] = fmaxf(m_tile[h], __shfl_xor_sync(0xffffffffu, m_tile[h], 2));
     }
 
-    // 3. Online softmax: rebase to m_new, P = exp2(S - m_new) in place, rescale l_i and acc.
+    // 3. Online softmax: rebase to m_new, P = exp2(S - m_new) in place, rescale l_i.
     float scale_old[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -210,34 +274,40 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
         l_i[r / 2] += S[n][r];
       }
     }
-#pragma unroll
-    for (int n = 0; n < NTILES_O; ++n) {
-      acc[n][0] *= scale_old[0];
-      acc[n][1] *= scale_old[0];
-      acc[n][2] *= scale_old[1];
-      acc[n][3] *= scale_old[1];
-    }
 
-    // 4. acc += P V: P's C fragments become A fragments under the key permutation (header).
+    // 4. pv = P V of this block (mma from zero), then acc = scale_old*acc + pv in FFMA.
+    //    P's C fragments are A fragments under the key permutation: a0..a3 = c0, c2, c1, c3.
+    //    V^T rows are d, columns permuted keys: one ldmatrix.x4 = (b0, b1) of two d-tiles.
+    float pv[NTILES_O][4];
+#pragma unroll
+    for (int n = 0; n < NTILES_O; ++n)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pv[n][r] = 0.0f;
+    const int v_lane = ((lm >> 1) * 8 + lr) * SV + (lm & 1) * 4;
 #pragma unroll
     for (int ks = 0; ks < NTILES_S; ++ks) {
-      Operand<4, SPLIT> a;
+      FragA<SPLIT> a;
       a.set(0, S[ks][0]);
       a.set(1, S[ks][2]);
       a.set(2, S[ks][1]);
       a.set(3, S[ks][3]);
-      const float* v_s = Vj + (ks * 8 + 2 * t) * SSTRIDE + g;
 #pragma unroll
-      for (int n = 0; n < NTILES_O; ++n) {
-        Operand<2, SPLIT> b;  // b0 = V[ks*8+2t][n*8+g], b1 = V[ks*8+2t+1][n*8+g]
-        b.set(0, v_s[n * 8]);
-        b.set(1, v_s[SSTRIDE + n * 8]);
-        mma_fp32<SPLIT>(acc[n], a, b);
+      for (int n = 0; n < NTILES_O; n += 2) {
+        unsigned bh4[4], bl4[4];
+        ldmatrix_x4(bh4, Vhi + n * 8 * SV + v_lane + ks * 8);
+        if (SPLIT) ldmatrix_x4(bl4, Vlo + n * 8 * SV + v_lane + ks * 8);
+        mma_fp32<SPLIT>(pv[n], a, {bh4[0], bh4[1]}, {bl4[0], bl4[1]});
+        mma_fp32<SPLIT>(pv[n + 1], a, {bh4[2], bh4[3]}, {bl4[2], bl4[3]});
       }
     }
-    __syncthreads();  // buffer `cur` is refilled by the prefetch of the next iteration
+#pragma unroll
+    for (int n = 0; n < NTILES_O; ++n) {
+      acc[n][0] = fmaf(scale_old[0], acc[n][0], pv[n][0]);
+      acc[n][1] = fmaf(scale_old[0], acc[n][1], pv[n][1]);
+      acc[n][2] = fmaf(scale_old[1], acc[n][2], pv[n][2]);
+      acc[n][3] = fmaf(scale_old[1], acc[n][3], pv[n][3]);
+    }
   }
-
   cp_async_wait<0>();  // with Tc = 0 the Q copy was never waited for: none may outlive the block
 
   // Epilogue: finish l_i across the quad, one reciprocal per row, write O and lse.
@@ -264,7 +334,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
 
 // 3xTF32: FP32-level accuracy.
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(Br * 2) v2_2_fwd(TILEATTN_FWD_PARAMS(T)) {
+__global__ void __launch_bounds__(Br * 2, 1) v2_2_fwd(TILEATTN_FWD_PARAMS(T)) {
   v2_2_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/true>(
       q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn,
       o_sb, o_sh, o_sn, softmax_scale, causal_offset, bh_offset);
@@ -272,7 +342,7 @@ __global__ void __launch_bounds__(Br * 2) v2_2_fwd(TILEATTN_FWD_PARAMS(T)) {
 
 // Plain TF32 (opt-in, precision="tf32"): one product per mma, ~1e-3 relative error.
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(Br * 2) v2_2_tf32_fwd(TILEATTN_FWD_PARAMS(T)) {
+__global__ void __launch_bounds__(Br * 2, 1) v2_2_tf32_fwd(TILEATTN_FWD_PARAMS(T)) {
   v2_2_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/false>(
       q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn,
       o_sb, o_sh, o_sn, softmax_scale, causal_offset, bh_offset);
