@@ -14,7 +14,7 @@ INSTANCES = [(name, D, False) for name, v in VERSIONS.items() for D in v.head_di
     (name, 64, True) for name in VERSIONS
 ]
 # What each rung must show in SASS: LDGSTS is cp.async.
-MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.2": ["LDGSTS", "HMMA"], "v2.2_tf32": ["LDGSTS", "HMMA"]}
+MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.1": ["LDGSTS", "LDS.128"], "v2.2": ["LDGSTS", "HMMA"], "v2.2_tf32": ["LDGSTS", "HMMA"]}
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 
 

@@ -109,6 +109,20 @@ VERSIONS: dict[str, Version] = {
             "normalisation, cp.async double buffer, two-level causal mask",
         ),
         Version(
+            name="v2.1",
+            file="v2_1_register_tiled.cu",
+            kernel="v2_1_fwd",
+            kind="simt",
+            tiles={32: (128, 64), 64: (128, 64), 128: (64, 32)},
+            # Qs [Br][D+4], Ks [Bc][D+4], Vs [Bc][D], Ps [Br][Bc+4]
+            smem_bytes=lambda D, Br, Bc: (Br * (D + 4) + Bc * (D + 4) + Bc * D + Br * (Bc + 4)) * _F32,
+            grid_style="q_outer",
+            threads_per_block=lambda D, Br, Bc: 2 * Br,  # 4 rows x Bc/8 keys per thread, 8 threads per row
+            priority=4,
+            summary="v2 register-tiled like an SGEMM: 4 rows x Bc/8 keys of S and 4 rows x D/8 of O per "
+            "thread in registers, LDS.128 reads, exp2 with folded scale, 16 warps per SM",
+        ),
+        Version(
             name="v2.2",
             file="v2_2_tf32x3.cu",
             kernel="v2_2_fwd",

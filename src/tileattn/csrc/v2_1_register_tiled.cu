@@ -7,13 +7,15 @@
 //    of S = Q K^T, and the same 4 rows x D/8 head-dim columns of acc (the unnormalised O~), both in
 //    registers.  A float4 of Q (4 rows) and of K (TN keys) feeds 4*4*TN FFMAs, so shared-memory
 //    traffic per FFMA drops from ~1 load per FFMA (v2: one Qs scalar per FFMA) to ~0.09 LDS.128.
-//  * acc in registers, not shared: v2's Oacc [Br][D+1] was half its 97 KB of shared memory and a
-//    shared read-modify-write per FFMA group.  Freed shared memory buys occupancy.
-//  * Occupancy designed for: D=64 (Br=128, Bc=64, 256 threads, 101 KB, <=128 registers): 2 blocks
-//    = 16 warps per SM, 4 per scheduler, instead of v2's 1.  Each warp also has 32 independent
-//    accumulators of ILP, so a ~30-cycle LDS is covered by the other warps' FFMAs, and a block
-//    stalled at __syncthreads is covered by the other block.  D=32: 3 blocks (24 warps);
-//    D=128 (Br=64, Bc=32, 128 threads, 74.5 KB): 3 blocks = 12 warps.
+//  * acc in registers, not shared: v2's Oacc [Br][D+1] was a third of its 97 KB of shared memory
+//    and a shared read-modify-write of every output element every tile.  The freed shared memory
+//    buys occupancy.
+//  * Occupancy designed for (sm_90, 228 KB shared per SM): D=64 (Br=128, Bc=64, 256 threads,
+//    101 KB, 128 registers): 2 blocks = 16 warps per SM, 4 per scheduler instead of v2's 1.  Each
+//    warp also has 32 independent accumulators of ILP, so a ~30-cycle LDS is covered by the other
+//    warps' FFMAs, and a block stalled at __syncthreads by the other block.  D=32 (Br=128, Bc=64,
+//    69 KB): 2 blocks = 16 warps, register-bound.  D=128 (Br=64, Bc=32, 128 threads, 74.5 KB,
+//    <= 170 registers): 3 blocks = 12 warps.  (sm_80's 164 KB fit only 1 block at D=64.)
 //  * Conflict-free wide loads: every shared read is an LDS.128 that a warp serves in one wavefront
 //    (layouts below).
 //  * Softmax statistics in the log2 domain: scale_log2 = softmax_scale * log2(e) is folded into S,
@@ -29,9 +31,9 @@
 //    blocks fit per SM at D=64.  Two __syncthreads per tile, each also the WAR guard of a buffer.
 //
 // Thread -> data map (tx = lane & 7, ty = 4 * warp + lane / 8; row group ty, column group tx):
-//  S rows   ty + ROW_STRIDE * i, i < TM      (ROW_STRIDE = Br / TM: a warp's 4 ty are adjacent rows)
-//  S keys   tx + 8 * jj,         jj < TN     (a warp's 8 tx are 8 adjacent K rows)
-//  O cols   4 * (tx + 8 * h) + 0..3, h < D/32 (a warp's 8 tx are 8 adjacent float4 of one V row)
+//  S rows  ty + ROW_STRIDE * i, i < TM (ROW_STRIDE = Br / TM; a warp's 4 ty are adjacent rows)
+//  S keys  tx + 8 * jj, jj < TN         (a warp's 8 tx are 8 adjacent K rows)
+//  O cols  4 * (tx + 8 * h) + 0..3, h < D/32 (a warp's 8 tx: 8 adjacent float4 of one V row)
 // Shared layouts (floats; the +4 pads shift each row by 4 banks):
 //  Qs [Br][D+4]  read Qs[row][4*d4 .. +3]: 4 rows per warp, 4 bank groups apart -> 1 wavefront.
 //  Ks [Bc][D+4]  read Ks[key][4*d4 .. +3]: 8 adjacent keys, 8 distinct bank groups -> 1 wavefront.
@@ -55,7 +57,8 @@ namespace v2_1 {
 // sm_80 / sm_87, 100 KB on the consumer parts (sm_86, sm_89, sm_120).
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870)
 constexpr int SMEM_PER_SM = 164 * 1024;
-#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030)
+#elif defined(__CUDA_ARCH__) && \
+    (__CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030)
 constexpr int SMEM_PER_SM = 228 * 1024;
 #else
 constexpr int SMEM_PER_SM = 100 * 1024;
@@ -222,9 +225,9 @@ __global__ void __launch_bounds__(v2_1::Config<HEAD_DIM, Br, Bc>::THREADS,
       }
     }
 
-    // 2. Scale into the log2 domain (after the dot product, so a masked -inf is never multiplied
-    //    by the scale) and mask.  Element masks only on the tail tile and on tiles that reach past
-    //    the block's first diagonal; the branch is uniform over the block.
+    // 2. Scale into the log2 domain, then mask (masking first would give -inf * 0 = NaN for a
+    //    zero softmax_scale, +inf for a negative one).  Element masks only on the tail tile and
+    //    on tiles that reach past the block's first diagonal; the branch is uniform over the block.
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
