@@ -291,5 +291,21 @@ def launch(lk: LoadedKernel, device_index: int, stream_handle: int, grid, block,
         if err != driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"tileattn: cannot raise dynamic shared memory to {smem} bytes: {err}")
         lk.smem_limit_set = smem
-    Device(device_index).set_current()
-    cc_launch(_TorchStream(stream_handle), LaunchConfig(grid=grid, block=block, shmem_size=smem), lk.kernel, *args)
+    Device(device_index).set_current()  # the calling thread may not have the context current yet
+    cc_launch(_stream(device_index, stream_handle), LaunchConfig(grid=grid, block=block, shmem_size=smem),
+              lk.kernel, *args)
+
+
+_streams: dict[tuple[int, int], object] = {}
+
+
+def _stream(device_index: int, handle: int):
+    """A cuda.core Stream wrapping (not owning) torch's stream, made once per stream handle."""
+    key = (device_index, handle)
+    if key not in _streams:
+        from cuda.core import Device
+
+        dev = Device(device_index)
+        dev.set_current()
+        _streams[key] = dev.create_stream(_TorchStream(handle))
+    return _streams[key]
