@@ -47,7 +47,11 @@
 // Shared memory: 4 * (Br*(D+4) + Bc*(D+4) + Bc*D + Br*(Bc+4)) bytes, dynamic.
 // Threads per block: 2 * Br (Br/TM row groups x 8 lanes), for every head dim.
 //
-// Measured effect:
+// Measured effect (H200, B=4, H=8, N=8192, D=64, FP32): 14.3 ms / 38.4 TFLOP/s non-causal and
+// 8.0 ms / 34.5 TFLOP/s causal, against v2's 29.5 ms / 18.7 and 18.7 ms / 14.7: 2.06x and 2.34x,
+// relative error 1.7e-6 / 6e-7 vs float64.  The ideas were built together, so their separate
+// shares are not measured; the occupancy (16 warps per SM vs 8) and the register tile (about 0.09
+// LDS.128 per FFMA instead of about one LDS per FFMA) are the two that the seed's analysis named.
 #include "common.cuh"
 
 namespace tileattn {
