@@ -9,12 +9,15 @@ from tileattn import _nvrtc
 from tileattn.versions import VERSIONS
 
 ARCHS = ["sm_80", "sm_90a"]
+# Consumer Ampere/Ada (99 KB of shared memory) compile too; checked for the tensor-core rung.
+EXTRA_ARCHS = {"v3": ["sm_86", "sm_89"]}
 # (rung, head dim, causal): every head dim non-causal, plus the causal instantiation at D=64.
 INSTANCES = [(name, D, False) for name, v in VERSIONS.items() for D in v.head_dims] + [
     (name, 64, True) for name in VERSIONS
 ]
 # What each rung must show in SASS: LDGSTS is cp.async.
-MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.1": ["LDGSTS", "LDS.128"], "v2.2": ["LDGSTS", "HMMA"], "v2.2_tf32": ["LDGSTS", "HMMA"]}
+MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.1": ["LDGSTS", "LDS.128"], "v2.2": ["LDGSTS", "HMMA"], "v2.2_tf32": ["LDGSTS", "HMMA"],
+             "v3": ["LDGSTS", "HMMA", "LDSM"]}
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 
 
@@ -31,6 +34,22 @@ def test_compiles_without_stack_or_spills(name, D, causal, arch):
     assert res["registers"] is not None, "ptxas -v report missing"
     assert res["stack_bytes"] == 0 and res["spill_stores"] == 0 and res["spill_loads"] == 0, res
     assert res["registers"] <= 65536 // VERSIONS[name].threads(D), "block would not fit the register file"
+
+
+@pytest.mark.parametrize("name,D,causal,arch", [(n, D, c, a) for n, D, c in INSTANCES
+                                                for a in EXTRA_ARCHS.get(n, []) if D in (64, 128, 256)])
+def test_compiles_on_consumer_archs(name, D, causal, arch):
+    res = compiled(name, D, causal, arch).resources
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+
+
+@pytest.mark.parametrize("name", [n for n, v in VERSIONS.items() if len(v.dtypes) > 1])
+def test_every_dtype_compiles(name):
+    v = VERSIONS[name]
+    for dtype in v.dtypes[1:]:
+        for D in v.head_dims[:: max(1, len(v.head_dims) // 4)]:
+            cubin = _nvrtc.compile_kernel(v.file, v.name_expression(dtype, D, True), "sm_90a")
+            assert cubin.resources["stack_bytes"] == 0 and cubin.resources["spill_stores"] == 0, (dtype, D)
 
 
 @pytest.mark.parametrize("name,D,causal", INSTANCES, ids=lambda x: str(x))

@@ -119,7 +119,7 @@ def cmd_bench(args) -> int:
                                                                       VERSIONS[v].precision)]) + len(peers)
                     for c in cases)
         with tqdm(total=total, desc=f"bench {suite_name}", file=sys.stderr) as bar:
-            rows = bench.run(cases, versions, peers, progress=bar.update)
+            rows = bench.run(cases, versions, peers, progress=bar.update, flex_seqlens=suite.flex_seqlens)
         bench.add_ratios(rows)
         result = dict(**bench.environment(), suite=suite_name,
                       command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows)

@@ -58,6 +58,31 @@ class Version:
 
 
 _F32 = 4
+_B16 = 2
+
+
+def _v3_tile(D: int) -> tuple[int, int]:
+    """(Br, Bc) for v3 by head dim: as many registers as a block of 8 warps affords without spills
+    (16 rows per warp, S and O fragments in registers; Q in registers up to D=128)."""
+    if D <= 32:
+        return 128, 64
+    if D <= 64:
+        return 128, 32  # fits 2 blocks per SM under 128 registers
+    if D <= 128:
+        return 128, 64
+    if D <= 192:
+        return 128, 32
+    return 64, 32
+
+
+def _v3_smem(D: int, Br: int, Bc: int) -> int:
+    """Q + 2 stages of K + 2 of V, 16-bit, D padded to a multiple of 16 (a full 64-column last
+    swizzle panel when the padded width is 48 mod 64)."""
+    d_pad = -(-D // 16) * 16
+    d_smem = d_pad + 16 if d_pad % 64 == 48 else d_pad
+    return d_smem * (Br + 4 * Bc) * _B16
+
+
 VERSIONS: dict[str, Version] = {
     v.name: v
     for v in [
@@ -148,6 +173,21 @@ VERSIONS: dict[str, Version] = {
             precision="tf32",
             priority=5,
             summary="v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
+        ),
+        Version(
+            name="v3",
+            file="v3_mma.cu",
+            kernel="v3_fwd",
+            kind="mma",
+            dtypes=("bfloat16", "float16"),
+            tiles={D: _v3_tile(D) for D in range(16, 257, 8)},
+            smem_bytes=_v3_smem,
+            grid_style="q_outer",
+            threads_per_block=lambda D, Br, Bc: 2 * Br,  # one warp per 16 query rows
+            precision="native",
+            priority=10,
+            summary="FA2 on mma.sync m16n8k16 (fp16/bf16, fp32 accumulation): S, O in registers, P fed "
+            "back as the A operand, ldmatrix(.trans) from swizzled shared memory, cp.async K/V pipeline",
         ),
     ]
 }

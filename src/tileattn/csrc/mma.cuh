@@ -88,7 +88,7 @@ __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
 // masked score must get.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
-  asm volatile("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 

@@ -23,66 +23,96 @@
 //    none of a (straddling) block skips its MMAs; element masks only where a block straddles the
 //    diagonal or passes Nk.  Causal Q blocks are scheduled heaviest (last) first.
 //
-// Head dims: every multiple of 8 from 16 to 256.  Shared tiles are D_PAD = ceil(D / 16) * 16
-// columns wide (an MMA k-step is 16); the padding columns are zero-filled by cp.async, so they
-// add 0 to Q K^T, and the matching O columns are never written.
+// Head dims: every multiple of 8 from 16 to 256.  The MMAs run over D_PAD = ceil(D / 16) * 16
+// head-dim columns (an m16n8k16 k-step is 16); the padding columns are zero-filled by cp.async,
+// so they add 0 to Q K^T, and the matching O columns are never written.  The shared tiles are
+// D_SMEM = D_PAD columns wide, or D_PAD + 16 when D_PAD % 64 == 48 (see D_SMEM below).
 //
-// Shared memory (dynamic only): Q [Br][D_PAD], K [2][Bc][D_PAD], V [2][Bc][D_PAD], 16-bit:
-//     smem_bytes = 2 * D_PAD * (Br + 4 * Bc)
-// e.g. D=64, Br=128, Bc=64: 48 KB;  D=128, Br=128, Bc=64: 96 KB;  D=256, Br=64, Bc=32: 96 KB.
+// Shared memory (dynamic only): Q [Br][D_SMEM], K [2][Bc][D_SMEM], V [2][Bc][D_SMEM], 16-bit:
+//     smem_bytes = 2 * D_SMEM * (Br + 4 * Bc)
+// e.g. D=64, Br=128, Bc=32: 32 KB;  D=128, Br=128, Bc=64: 96 KB;  D=256, Br=64, Bc=32: 96 KB.
 // The Q tile is reused at the end to stage O for coalesced 16-byte stores.
 //
-// Registers per thread (fp32 unless noted): acc D_PAD/2, S Bc/2, P Bc/4 (packed T),
-// Q fragments D_PAD/4 (packed T).  At D_PAD > 128 the Q fragments would not fit next to acc,
-// so there they are re-read from shared memory by ldmatrix at every k-step (FA2's default).
+// Registers per thread (fp32 unless noted): acc D_PAD/2, S Bc/2, P Bc/4 (packed T), Q fragments
+// D_PAD/4 (packed T).  At D_PAD > 128 the Q fragments would not fit next to acc, so there they
+// are re-read from shared memory by ldmatrix at every k-step (as FA2's forward does at every D).
 #include "common.cuh"
 #include "mma.cuh"
 
 namespace tileattn {
 
 // Copy rows [row0, row0 + ROWS) of one head's (N, HEAD_DIM) matrix into a SwizzledTile of
-// D_PAD columns with 16-byte cp.async.  Rows >= nrows and columns >= HEAD_DIM are zero-filled
-// by the copy itself (src-size 0).  Walks panel by panel, row-major inside a panel, so 8
-// consecutive threads fill one 128-byte line of shared memory (conflict-free) and read
-// consecutive 16-byte pieces of a global row.
-template <typename T, int ROWS, int D_PAD, int HEAD_DIM, int NTHREADS>
+// COLS columns with 16-byte cp.async.  Rows >= nrows and the columns from HEAD_DIM up to the
+// next multiple of 16 are zero-filled by the copy itself (src-size 0); columns past that (the
+// unused end of a widened panel) are left alone.  Walks panel by panel, row-major inside a
+// panel, so 8 consecutive threads fill one 128-byte line of shared memory (conflict-free) and
+// read consecutive 16-byte pieces of a global row.  A thread keeps one chunk column per panel
+// and steps down the rows, so its per-copy work is a pointer add and a compare.
+template <typename T, int ROWS, int COLS, int HEAD_DIM, int NTHREADS>
 __device__ __forceinline__ void tile_async_copy(unsigned char* tile, const T* g, long long sn,
                                                 int row0, int nrows, int tid) {
-  using Tile = SwizzledTile<ROWS, D_PAD>;
+  using Tile = SwizzledTile<ROWS, COLS>;
+  constexpr int USED = (HEAD_DIM + 15) / 16 * 2;  // chunks an MMA k-step (16 columns) reads
+  static_assert(NTHREADS % 8 == 0, "a thread keeps its chunk column: W must divide NTHREADS");
 #pragma unroll
   for (int p = 0; p < Tile::NPANELS; ++p) {
     const int W = Tile::panel_width(p), c0 = Tile::panel_chunk0(p);  // constants once unrolled
-    const int n = ROWS * W;                                           // chunks in this panel
+    const int RSTEP = NTHREADS / W;                                   // rows per pass
+    const int r_first = tid / W, c = c0 + tid % W;
+    // Only the last panel can reach past HEAD_DIM (by one chunk, when HEAD_DIM % 16 == 8) or
+    // past USED (by two, when the panel was widened).
+    const bool col_ok = (c0 + W) * 8 <= HEAD_DIM || c * 8 < HEAD_DIM;
+    const bool col_used = c0 + W <= USED || c < USED;
+    const int rows_left = nrows - row0 - r_first;  // rows of this thread's column still in range
+    const T* src0 = g + (row0 + r_first) * sn + c * 8;
+    // The swizzle repeats every 8 rows: when a pass steps a multiple of 8 rows, every copy of
+    // this thread lands at its first offset plus a constant (an immediate, not a register).
+    const int dst0 = Tile::offset(r_first, c);
 #pragma unroll
-    for (int it = 0; it < (n + NTHREADS - 1) / NTHREADS; ++it) {
-      const int i = tid + it * NTHREADS;
-      if (n % NTHREADS == 0 || i < n) {
-        const int r = i / W, c = c0 + i % W;
-        // Only the last panel can reach past HEAD_DIM (by one chunk, when HEAD_DIM % 16 == 8).
-        const bool col_ok = (c0 + W) * 8 <= HEAD_DIM || c * 8 < HEAD_DIM;
-        const bool ok = row0 + r < nrows && col_ok;
-        const T* src = ok ? g + (row0 + r) * sn + c * 8 : g;  // a zero-fill still needs an address
-        cp_async_16(tile + Tile::offset(r, c), src, ok);
+    for (int it = 0; it < (ROWS + RSTEP - 1) / RSTEP; ++it) {
+      if (col_used && (ROWS % RSTEP == 0 || r_first + it * RSTEP < ROWS)) {
+        const bool ok = col_ok && it * RSTEP < rows_left;
+        const int dst = RSTEP % 8 == 0 ? dst0 + it * RSTEP * W * 16 : Tile::offset(r_first + it * RSTEP, c);
+        // A zero-fill still needs a mapped address: the head's first row.
+        cp_async_16(tile + dst, ok ? src0 + it * RSTEP * sn : g, ok);
       }
     }
   }
 }
 
+// Registers: ptxas is told the minimum number of resident blocks per SM, which caps it at
+// 65536 / (threads * MIN_BLOCKS) registers (and at 255).  Left to itself (thread count only) it
+// was seen to stop at an occupancy step (80 or 128 registers) and spill, so the cap is explicit:
+// 2 blocks when the fragments a thread keeps live (acc + S + P + Q: v3_frag_regs) leave room
+// under 128 registers at 256 threads, otherwise 1.  With the threshold 72, every recommended
+// tile compiles without spills on sm_80 and sm_90a (NVRTC 13.5); D=64, Bc=32 uses 124-127.
+__host__ __device__ constexpr int v3_frag_regs(int d_pad, int Bc) {
+  return d_pad / 2 + Bc / 2 + Bc / 4 + (d_pad <= 128 ? d_pad / 4 : 0);
+}
+__host__ __device__ constexpr int v3_min_blocks(int head_dim, int Bc) {
+  return v3_frag_regs((head_dim + 15) / 16 * 16, Bc) <= 72 ? 2 : 1;
+}
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(2 * Br) v3_fwd(TILEATTN_FWD_PARAMS(T)) {
+__global__ void __launch_bounds__(2 * Br, v3_min_blocks(HEAD_DIM, Bc)) v3_fwd(TILEATTN_FWD_PARAMS(T)) {
   static_assert(sizeof(T) == 2, "v3 is a 16-bit (fp16 / bf16) rung");
   static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 16 && HEAD_DIM <= 256, "head dim: 16..256, step 8");
   static_assert(Br % 16 == 0 && Bc % 16 == 0, "one warp per 16 rows; P V k-steps of 16 keys");
-  constexpr int NTHREADS = 2 * Br;              // Br / 16 warps
-  constexpr int D_PAD = (HEAD_DIM + 15) / 16 * 16;
-  constexpr int KSTEPS = D_PAD / 16;            // k-steps of Q K^T (16 head-dim columns each)
-  constexpr int NT = Bc / 8;                    // n-tiles (8 keys) of S
-  constexpr int DT = D_PAD / 8;                 // n-tiles (8 columns) of O
-  constexpr bool Q_IN_REGS = D_PAD <= 128;
-  using QTile = SwizzledTile<Br, D_PAD>;
-  using KVTile = SwizzledTile<Bc, D_PAD>;
+  constexpr int NTHREADS = 2 * Br;                  // Br / 16 warps
+  constexpr int D_PAD = (HEAD_DIM + 15) / 16 * 16;  // k extent of Q K^T, n extent of P V
+  // Width of the shared tiles: D_PAD, except that a 48-column remainder (D_PAD % 64 == 48) is
+  // stored as a whole 64-column panel whose last 16 columns are never written nor read.  The
+  // 32 + 16 split it would otherwise take costs a few more address registers: enough to spill
+  // at D = 232, 240.
+  constexpr int D_SMEM = D_PAD % 64 == 48 ? D_PAD + 16 : D_PAD;
+  constexpr int KSTEPS = D_PAD / 16;  // k-steps of Q K^T (16 head-dim columns each)
+  constexpr int NT = Bc / 8;          // n-tiles (8 keys) of S
+  constexpr int DT = D_PAD / 8;       // n-tiles (8 columns) of O
+  constexpr bool Q_IN_REGS = D_PAD <= 128;  // v3_frag_regs assumes the same threshold
+  using QTile = SwizzledTile<Br, D_SMEM>;
+  using KVTile = SwizzledTile<Bc, D_SMEM>;
 
-  // [Q: Br x D_PAD][K stage 0][K stage 1][V stage 0][V stage 1], every tile swizzled.
+  // [Q: Br x D_SMEM][K stage 0][K stage 1][V stage 0][V stage 1], every tile swizzled.
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* Qs = smem;
   unsigned char* Ks = smem + QTile::BYTES;
@@ -109,11 +139,11 @@ __global__ void __launch_bounds__(2 * Br) v3_fwd(TILEATTN_FWD_PARAMS(T)) {
 
   // Prologue: three commit groups, Q | K_0 | V_0 (empty groups when Tc == 0 keep the counts of
   // the cp_async_wait calls below the same in every case).
-  tile_async_copy<T, Br, D_PAD, HEAD_DIM, NTHREADS>(Qs, hs.q, q_sn, q_start, Nq, tid);
+  tile_async_copy<T, Br, D_SMEM, HEAD_DIM, NTHREADS>(Qs, hs.q, q_sn, q_start, Nq, tid);
   cp_async_commit();
-  if (Tc > 0) tile_async_copy<T, Bc, D_PAD, HEAD_DIM, NTHREADS>(Ks, hs.k, k_sn, 0, Nk, tid);
+  if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks, hs.k, k_sn, 0, Nk, tid);
   cp_async_commit();
-  if (Tc > 0) tile_async_copy<T, Bc, D_PAD, HEAD_DIM, NTHREADS>(Vs, hs.v, v_sn, 0, Nk, tid);
+  if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs, hs.v, v_sn, 0, Nk, tid);
   cp_async_commit();
 
   // Per-lane ldmatrix row / chunk, from the x4 address pattern (lanes 8i..8i+7 -> matrix i):
@@ -135,7 +165,8 @@ __global__ void __launch_bounds__(2 * Br) v3_fwd(TILEATTN_FWD_PARAMS(T)) {
   __syncthreads();
   if constexpr (Q_IN_REGS) {
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) ldmatrix_x4(q_frag[ks], Qs_addr + QTile::ldsm_offset(q_r, q_c, warp * 16, ks));
+    for (int ks = 0; ks < KSTEPS; ++ks)
+      ldmatrix_x4(q_frag[ks], Qs_addr + QTile::ldsm_offset(q_r, q_c, warp * 16, ks));
   }
 
   // acc[dt]: O columns 8 dt + 2t, +1 of rows row0 (elements 0, 1) and row0 + 8 (elements 2, 3).
@@ -158,17 +189,18 @@ __global__ void __launch_bounds__(2 * Br) v3_fwd(TILEATTN_FWD_PARAMS(T)) {
     // stage (j+1)&1 the prefetch below overwrites.
     __syncthreads();
     if (j + 1 < Tc)
-      tile_async_copy<T, Bc, D_PAD, HEAD_DIM, NTHREADS>(Ks + (stage ^ 1) * KVTile::BYTES, hs.k, k_sn,
+      tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks + (stage ^ 1) * KVTile::BYTES, hs.k, k_sn,
                                                         kv_start + Bc, Nk, tid);
     cp_async_commit();
     if (j + 1 < Tc)
-      tile_async_copy<T, Bc, D_PAD, HEAD_DIM, NTHREADS>(Vs + (stage ^ 1) * KVTile::BYTES, hs.v, v_sn,
+      tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs + (stage ^ 1) * KVTile::BYTES, hs.v, v_sn,
                                                         kv_start + Bc, Nk, tid);
     cp_async_commit();
 
-    // A warp on the diagonal whose 16 rows all end before this block skips it (m_i, l_i, acc
-    // unchanged): only possible for causal, since kv_start < kv_limit <= Nk.
-    const bool warp_active = !CAUSAL || kv_start <= warp_row + 15 + causal_offset;
+    // A warp skips a block none of its rows can use (m_i, l_i, acc unchanged): all 16 rows past
+    // Nq (the last Q block), or, on the diagonal, all 16 rows ending before kv_start.  It still
+    // reaches both barriers.
+    const bool warp_active = warp_row < Nq && (!CAUSAL || kv_start <= warp_row + 15 + causal_offset);
     // P as the A operand of P V: p_frag[kk] covers keys 16 kk .. 16 kk + 15 of the block.
     unsigned p_frag[Bc / 16][4];
     if (warp_active) {
