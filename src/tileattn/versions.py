@@ -61,6 +61,31 @@ _F32 = 4
 _B16 = 2
 
 
+_V2_2 = Version(
+    name="v2.2",
+    file="v2_2_tf32x3.cu",
+    kernel="v2_2_fwd",
+    kind="tensor_fp32",
+    tiles={32: (128, 64), 64: (128, 64), 128: (128, 32)},
+    # Q, K/V landing x2, K hi/lo [Bc][D+4]; V^T hi/lo [D][Bc+4]
+    smem_bytes=lambda D, Br, Bc: ((Br + 6 * Bc) * (D + 4) + 2 * D * (Bc + 4)) * _F32,
+    grid_style="q_outer",
+    threads_per_block=lambda D, Br, Bc: 2 * Br,  # one warp per 16 query rows
+    priority=5,
+    summary="FA2 warp layout on mma.sync m16n8k8 TF32 tensor cores, each FP32 operand split hi + lo and 3 "
+    "products summed (3xTF32): FP32-level error",
+)
+# The same kernel with one TF32 product per multiply: no lo halves in shared memory.
+_V2_2_TF32 = dataclasses.replace(
+    _V2_2,
+    name="v2.2_tf32",
+    kernel="v2_2_tf32_fwd",
+    smem_bytes=lambda D, Br, Bc: ((Br + 5 * Bc) * (D + 4) + D * (Bc + 4)) * _F32,
+    precision="tf32",
+    summary="v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
+)
+
+
 def _v3_tile(D: int) -> tuple[int, int]:
     """(Br, Bc) for v3 by head dim: as many registers as a block of 8 warps affords without spills
     (16 rows per warp, S and O fragments in registers; Q in registers up to D=128)."""
@@ -147,33 +172,8 @@ VERSIONS: dict[str, Version] = {
             summary="v2 register-tiled like an SGEMM: 4 rows x Bc/8 keys of S and 4 rows x D/8 of O per "
             "thread in registers, LDS.128 reads, exp2 with folded scale, 16 warps per SM",
         ),
-        Version(
-            name="v2.2",
-            file="v2_2_tf32x3.cu",
-            kernel="v2_2_fwd",
-            kind="tensor_fp32",
-            tiles={32: (128, 64), 64: (128, 64), 128: (128, 32)},
-            # Q, K/V landing x2, K hi/lo [Bc][D+4]; V^T hi/lo [D][Bc+4]
-            smem_bytes=lambda D, Br, Bc: ((Br + 6 * Bc) * (D + 4) + 2 * D * (Bc + 4)) * _F32,
-            grid_style="q_outer",
-            threads_per_block=lambda D, Br, Bc: 2 * Br,  # one warp per 16 query rows
-            priority=5,
-            summary="FA2 warp layout on mma.sync m16n8k8 TF32 tensor cores, each FP32 operand split "
-            "hi + lo and 3 products summed (3xTF32): FP32-level error",
-        ),
-        Version(
-            name="v2.2_tf32",
-            file="v2_2_tf32x3.cu",
-            kernel="v2_2_tf32_fwd",
-            kind="tensor_fp32",
-            tiles={32: (128, 64), 64: (128, 64), 128: (128, 32)},
-            smem_bytes=lambda D, Br, Bc: ((Br + 5 * Bc) * (D + 4) + D * (Bc + 4)) * _F32,  # no lo halves
-            grid_style="q_outer",
-            threads_per_block=lambda D, Br, Bc: 2 * Br,
-            precision="tf32",
-            priority=5,
-            summary="v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
-        ),
+        _V2_2,
+        _V2_2_TF32,
         Version(
             name="v3",
             file="v3_mma.cu",

@@ -9,7 +9,7 @@
 //
 // Layout: one thread per query row of the Q block (Br threads); shared memory holds
 // Qi [Br][D], Kj [Bc][D], Vj [Bc][D] and S [Br][Bc].  workspace holds m_i and l_i: [B*H][2][Nq].
-#include "common.cuh"
+#include "kv_outer.cuh"
 
 namespace tileattn {
 
@@ -27,82 +27,24 @@ __global__ void __launch_bounds__(Br, 1) v1_fwd(TILEATTN_FWD_PARAMS(T)) {
   const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
   float* m_hbm = workspace + (long long)bh * 2 * Nq;
   float* l_hbm = m_hbm + Nq;
-  const int tx = threadIdx.x;
-  const int Tr = (Nq + Br - 1) / Br;
   const int Tc = (Nk + Bc - 1) / Bc;
 
-  // The state starts in HBM as (m, l, O) = (-inf, 0, 0) for every row this thread will own.
-  for (int i = 0; i < Tr; ++i) {
-    const int row = i * Br + tx;
-    if (row < Nq) {
-      m_hbm[row] = TILEATTN_NEG_INF;
-      l_hbm[row] = 0.0f;
-      for (int d = 0; d < HEAD_DIM; ++d) hs.o[row * o_sn + d] = 0.0f;
-    }
-  }
-
+  kv_outer_init<T, HEAD_DIM, Br>(hs, m_hbm, l_hbm, Nq, o_sn);
   for (int j = 0; j < Tc; ++j) {
     const int kv_start = j * Bc;
     // Cooperative load of Kj, Vj; keys past Nk are zero (their scores are masked to -inf).
-    for (int idx = tx; idx < Bc * HEAD_DIM; idx += Br) {
+    for (int idx = threadIdx.x; idx < Bc * HEAD_DIM; idx += Br) {
       const int r = idx / HEAD_DIM, c = idx % HEAD_DIM;
       const bool ok = kv_start + r < Nk;
       Kj[idx] = ok ? hs.k[(kv_start + r) * k_sn + c] : 0.0f;
       Vj[idx] = ok ? hs.v[(kv_start + r) * v_sn + c] : 0.0f;
     }
     __syncthreads();
-
-    for (int i = 0; i < Tr; ++i) {
-      const int q_start = i * Br;
-      // Causal, block level: this Q block sees nothing of this K/V block (block-uniform skip).
-      if (CAUSAL && kv_start > q_start + Br - 1 + causal_offset) continue;
-      for (int idx = tx; idx < Br * HEAD_DIM; idx += Br) {
-        const int r = idx / HEAD_DIM, c = idx % HEAD_DIM;
-        Qi[idx] = q_start + r < Nq ? hs.q[(q_start + r) * q_sn + c] : 0.0f;
-      }
-      __syncthreads();
-
-      const int row = q_start + tx;
-      if (row < Nq) {
-        const int kend = key_end<CAUSAL>(row, Nk, causal_offset);
-        const float m_prev = m_hbm[row], l_prev = l_hbm[row];
-        // S = Qi Kj^T * scale for this row; m~ = rowmax(S).
-        float m_tilde = TILEATTN_NEG_INF;
-        for (int c = 0; c < Bc; ++c) {
-          float s = 0.0f;
-          for (int d = 0; d < HEAD_DIM; ++d) s += Qi[tx * HEAD_DIM + d] * Kj[c * HEAD_DIM + d];
-          s = kv_start + c < kend ? s * softmax_scale : TILEATTN_NEG_INF;
-          S[tx * Bc + c] = s;
-          m_tilde = fmaxf(m_tilde, s);
-        }
-        const float m_base = safe_max(m_tilde);
-        float l_tilde = 0.0f;
-        for (int c = 0; c < Bc; ++c) l_tilde += __expf(S[tx * Bc + c] - m_base);
-
-        const float m_new = fmaxf(m_prev, m_tilde);
-        const float scale_old = __expf(m_prev - safe_max(m_new));
-        const float scale_new = __expf(m_tilde - safe_max(m_new));
-        const float l_new = scale_old * l_prev + scale_new * l_tilde;
-        // A row whose keys so far were all masked keeps l = 0 and O = 0 (no 0/0).
-        const float inv_l_new = l_new > 0.0f ? 1.0f / l_new : 0.0f;
-        for (int d = 0; d < HEAD_DIM; ++d) {
-          float pv = 0.0f;
-          for (int c = 0; c < Bc; ++c) pv += __expf(S[tx * Bc + c] - m_base) * Vj[c * HEAD_DIM + d];
-          T* o_ptr = hs.o + row * o_sn + d;
-          *o_ptr = (scale_old * l_prev * *o_ptr + scale_new * pv) * inv_l_new;
-        }
-        m_hbm[row] = m_new;
-        l_hbm[row] = l_new;
-      }
-      __syncthreads();  // Qi and S are overwritten by the next Q block
-    }
+    kv_outer_block<T, HEAD_DIM, Br, Bc, CAUSAL>(hs, Qi, Kj, Vj, S, m_hbm, l_hbm, kv_start, Nq, Nk, q_sn, o_sn,
+                                                softmax_scale, causal_offset);
     __syncthreads();  // Kj and Vj are overwritten by the next K/V block
   }
-
-  for (int i = 0; i < Tr; ++i) {
-    const int row = i * Br + tx;
-    if (row < Nq) hs.lse[row] = row_lse(m_hbm[row], l_hbm[row]);
-  }
+  kv_outer_finish<T, Br>(hs, m_hbm, l_hbm, Nq);
 }
 
 }  // namespace tileattn
