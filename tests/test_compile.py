@@ -10,14 +10,14 @@ from tileattn.versions import VERSIONS
 
 ARCHS = ["sm_80", "sm_90a"]
 # Consumer Ampere/Ada (99 KB of shared memory) compile too; checked for the tensor-core rung.
-EXTRA_ARCHS = {"v3": ["sm_86", "sm_89"]}
+EXTRA_ARCHS = {"v3": ["sm_86", "sm_89"], "v3.1": ["sm_86", "sm_89"]}
 # (rung, head dim, causal): every head dim non-causal, plus the causal instantiation at D=64.
 INSTANCES = [(name, D, False) for name, v in VERSIONS.items() for D in v.head_dims] + [
     (name, 64, True) for name in VERSIONS
 ]
 # What each rung must show in SASS: LDGSTS is cp.async.
 MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.1": ["LDGSTS", "LDS.128"], "v2.2": ["LDGSTS", "HMMA"], "v2.2_tf32": ["LDGSTS", "HMMA"],
-             "v3": ["LDGSTS", "HMMA", "LDSM"]}
+             "v3": ["LDGSTS", "HMMA", "LDSM"], "v3.1": ["LDGSTS", "HMMA", "LDSM"]}
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 
 

@@ -100,6 +100,20 @@ def _v3_tile(D: int) -> tuple[int, int]:
     return 64, 32
 
 
+def _v3_1_tile(D: int) -> tuple[int, int]:
+    """(Br, Bc) for v3.1: 32 rows per warp up to D=128 (4 warps), then v3's 16-row layout."""
+    if D <= 80:
+        return 128, 64
+    if D <= 192:
+        return 128, 32
+    return 64, 32
+
+
+def _v3_1_threads(D: int, Br: int, Bc: int) -> int:
+    rows_per_warp = 32 if -(-D // 16) * 16 <= 128 else 16  # two m16 row tiles per warp where they fit
+    return 32 * Br // rows_per_warp
+
+
 def _v3_smem(D: int, Br: int, Bc: int) -> int:
     """Q + 2 stages of K + 2 of V, 16-bit, D padded to a multiple of 16 (a full 64-column last
     swizzle panel when the padded width is 48 mod 64)."""
@@ -188,6 +202,21 @@ VERSIONS: dict[str, Version] = {
             priority=10,
             summary="FA2 on mma.sync m16n8k16 (fp16/bf16, fp32 accumulation): S, O in registers, P fed "
             "back as the A operand, ldmatrix(.trans) from swizzled shared memory, cp.async K/V pipeline",
+        ),
+        Version(
+            name="v3.1",
+            file="v3_1_mma.cu",
+            kernel="v3_1_fwd",
+            kind="mma",
+            dtypes=("bfloat16", "float16"),
+            tiles={D: _v3_1_tile(D) for D in range(16, 257, 8)},
+            smem_bytes=_v3_smem,
+            grid_style="q_outer",
+            threads_per_block=_v3_1_threads,
+            precision="native",
+            priority=11,
+            summary="v3 with 32 query rows per warp (two m16 tiles) up to D=128: every K/V fragment loaded "
+            "by ldmatrix feeds two MMAs, halving shared-memory traffic per MMA",
         ),
     ]
 }

@@ -1,0 +1,401 @@
+// v3.1: v3 with two m16 row tiles per warp (32 query rows), so every K and V fragment that a
+// warp loads from shared memory feeds two MMAs instead of one.
+//
+// Why: in v3 each warp owns 16 query rows, and every warp ldmatrix-loads the whole K_j and V_j
+// tile once per K/V block: per m16n8k16 MMA it issues one ldmatrix.x4 per two MMAs, twice the
+// shared-memory traffic of FlashAttention-2's forward, whose warps own 32 rows (kBlockM = 128
+// over 4 warps).  That traffic is the known gap between v3 and FA2 (v3 reached ~0.72x of
+// PyTorch's FA2 at D=64 and 128 on an H200).  v3.1 is the same algorithm, with
+// MT = 2 row tiles per warp:
+//  * A warp owns WROWS = 16 MT consecutive query rows (block = Br / WROWS warps).  Its row tile
+//    mt covers rows warp_row + 16 mt .. + 15; a lane holds rows warp_row + 16 mt + g and + 8,
+//    i.e. 2 MT rows, indexed r = 2 mt + h (h = 0: row g, h = 1: row g + 8) in m_i, l_i, key_end.
+//  * S = Q_w K_j^T: for each k-step, each ldmatrix.x4 of K (two 8-key n-tiles) is used by the
+//    MT row tiles' MMAs, 2 MT MMAs per ldmatrix (v3: 2).
+//  * acc += P V_j: for each 16-key k-step, each ldmatrix.x4.trans of V (two 8-column n-tiles of
+//    O) is used by the MT row tiles' MMAs with their own P fragments, again 2 MT MMAs per load.
+//  * The warps' rows are contiguous (not FA2's interleaved warp layout), so the causal warp skip
+//    ("none of my rows sees this block") still works at the granularity of a warp.
+//  * Registers: a lane now holds MT times v3's accumulators (acc: MT * D_PAD/2 fp32) and scores
+//    (S: MT * Bc/2 fp32).  MT = 2 therefore only up to D_PAD = 128 (acc = 128 registers); above,
+//    acc alone would be >= 144 registers, so v3.1 falls back to MT = 1 there (= v3, as FA2 also
+//    drops to 16 rows per warp with 8 warps at head dim 256).  Q stays in registers as A
+//    fragments only when acc + S + Q leave room (v3_1_q_in_regs); otherwise it is re-read from
+//    the shared Q tile by ldmatrix at every k-step, as FA2's forward does, and each such Q
+//    fragment still feeds NT MMAs.
+//
+// Unchanged from v3 (see v3_mma.cu for the reasoning): P fed back from the S accumulators as
+// the A operand, swizzled shared tiles and conflict-free ldmatrix(.trans), log2-domain online
+// softmax with quad reductions, two cp.async stages with K and V in separate commit groups (Q K^T
+// starts as soon as K_j has landed), the two-level causal mask, heaviest-first causal schedule,
+// O staged through the warp's own rows of the Q tile for 16-byte stores.
+//
+// Threads per block: NTHREADS = 32 * Br / (16 * MT) = 2 * Br / MT, with MT = v3_1_mt(HEAD_DIM)
+// (2 when ceil(HEAD_DIM / 16) * 16 <= 128, else 1): Br threads at D <= 128, 2 Br above.
+//
+// Tiles that compile without spills on sm_80 and sm_90a (NVRTC 13): D_PAD <= 80: Br=128, Bc=64
+// (4 warps, 128 threads, 2 blocks/SM by registers); D_PAD 96..128: Br=128, Bc=32 (Bc=64 needs a
+// few more registers than the 255 left after acc = 2 x D_PAD/2 and S, and spills 8-32 bytes);
+// D_PAD > 128 (MT = 1): as v3, Br=128, Bc=32 up to 192, Br=64, Bc=32 above.
+//
+// Head dims: every multiple of 8 from 16 to 256, padded to D_PAD = ceil(D / 16) * 16 for the
+// MMAs (the padding columns are zero-filled by cp.async and never written back).
+//
+// Shared memory (dynamic only), as v3: Q [Br][D_SMEM], K [2][Bc][D_SMEM], V [2][Bc][D_SMEM],
+// 16-bit, D_SMEM = D_PAD, or D_PAD + 16 when D_PAD % 64 == 48:
+//     smem_bytes = 2 * D_SMEM * (Br + 4 * Bc)
+// e.g. D=64, Br=128, Bc=64: 48 KB;  D=128, Br=128, Bc=64: 96 KB;  D=128, Br=128, Bc=32: 64 KB.
+//
+// Numerics: identical to v3 at the same Bc (same operations in the same order per element: the
+// MMA k-order over the head dim and the K/V blocks of the online softmax do not depend on MT).
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace tileattn {
+
+// Copy rows [row0, row0 + ROWS) of one head's (N, HEAD_DIM) matrix into a SwizzledTile of
+// COLS columns with 16-byte cp.async.  Rows >= nrows and the columns from HEAD_DIM up to the
+// next multiple of 16 are zero-filled by the copy itself (src-size 0); columns past that (the
+// unused end of a widened panel) are left alone.  Walks panel by panel, row-major inside a
+// panel, so 8 consecutive threads fill one 128-byte line of shared memory (conflict-free) and
+// read consecutive 16-byte pieces of a global row.  A thread keeps one chunk column per panel
+// and steps down the rows, so its per-copy work is a pointer add and a compare.
+template <typename T, int ROWS, int COLS, int HEAD_DIM, int NTHREADS>
+__device__ __forceinline__ void tile_async_copy(unsigned char* tile, const T* g, long long sn,
+                                                int row0, int nrows, int tid) {
+  using Tile = SwizzledTile<ROWS, COLS>;
+  constexpr int USED = (HEAD_DIM + 15) / 16 * 2;  // chunks an MMA k-step (16 columns) reads
+  static_assert(NTHREADS % 8 == 0, "a thread keeps its chunk column: W must divide NTHREADS");
+#pragma unroll
+  for (int p = 0; p < Tile::NPANELS; ++p) {
+    const int W = Tile::panel_width(p), c0 = Tile::panel_chunk0(p);  // constants once unrolled
+    const int RSTEP = NTHREADS / W;                                   // rows per pass
+    const int r_first = tid / W, c = c0 + tid % W;
+    // Only the last panel can reach past HEAD_DIM (by one chunk, when HEAD_DIM % 16 == 8) or
+    // past USED (by two, when the panel was widened).
+    const bool col_ok = (c0 + W) * 8 <= HEAD_DIM || c * 8 < HEAD_DIM;
+    const bool col_used = c0 + W <= USED || c < USED;
+    const int rows_left = nrows - row0 - r_first;  // rows of this thread's column still in range
+    const T* src0 = g + (row0 + r_first) * sn + c * 8;
+    // The swizzle repeats every 8 rows: when a pass steps a multiple of 8 rows, every copy of
+    // this thread lands at its first offset plus a constant (an immediate, not a register).
+    const int dst0 = Tile::offset(r_first, c);
+#pragma unroll
+    for (int it = 0; it < (ROWS + RSTEP - 1) / RSTEP; ++it) {
+      if (col_used && (ROWS % RSTEP == 0 || r_first + it * RSTEP < ROWS)) {
+        const bool ok = col_ok && it * RSTEP < rows_left;
+        const int dst = RSTEP % 8 == 0 ? dst0 + it * RSTEP * W * 16 : Tile::offset(r_first + it * RSTEP, c);
+        // A zero-fill still needs a mapped address: the head's first row.
+        cp_async_16(tile + dst, ok ? src0 + it * RSTEP * sn : g, ok);
+      }
+    }
+  }
+}
+
+// Row tiles per warp: 2 up to D_PAD = 128 (acc = 2 * D_PAD / 2 = 128 fp32 registers at most),
+// 1 above, where 2 would leave no registers for S, P and addresses under the 255 cap.
+__host__ __device__ constexpr int v3_1_mt(int head_dim) {
+  return (head_dim + 15) / 16 * 16 <= 128 ? 2 : 1;
+}
+// Threads per block: one warp per 16 MT query rows.
+__host__ __device__ constexpr int v3_1_threads(int head_dim, int Br) {
+  return 32 * Br / (16 * v3_1_mt(head_dim));
+}
+// Registers: ptxas is capped at 65536 / (threads * MIN_BLOCKS).  With MT = 2 a thread needs
+// well over 128 registers (acc + S alone are MT (D_PAD + Bc) / 2), so the cap is the ISA's 255:
+// MIN_BLOCKS = 2 at 128 threads (65536 / 256 = 256), 4 at 64, 1 at 256 threads and more.
+__host__ __device__ constexpr int v3_1_min_blocks(int nthreads) {
+  return nthreads <= 128 ? 256 / nthreads : 1;
+}
+// Q fragments in registers (MT * D_PAD / 4 packed) only when acc + S + Q stay within 160 of the
+// 255 registers, leaving the rest for P, the softmax state and addresses (e.g. D=64, Bc=64:
+// 64 + 64 + 32); otherwise they are re-read from shared memory at every k-step.
+__host__ __device__ constexpr int v3_1_q_in_regs(int head_dim, int Bc) {
+  return v3_1_mt(head_dim) * ((head_dim + 15) / 16 * 16 * 3 / 4 + Bc / 2) <= 160;
+}
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
+                                  v3_1_min_blocks(v3_1_threads(HEAD_DIM, Br)))
+    v3_1_fwd(TILEATTN_FWD_PARAMS(T)) {
+  static_assert(sizeof(T) == 2, "v3.1 is a 16-bit (fp16 / bf16) rung");
+  static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 16 && HEAD_DIM <= 256, "head dim: 16..256, step 8");
+  constexpr int MT = v3_1_mt(HEAD_DIM);  // m16 row tiles per warp
+  constexpr int WROWS = 16 * MT;         // query rows per warp
+  static_assert(Br % WROWS == 0 && Bc % 16 == 0, "whole warps of 16 MT rows; P V k-steps of 16 keys");
+  constexpr int NTHREADS = v3_1_threads(HEAD_DIM, Br);  // Br / WROWS warps
+  constexpr int D_PAD = (HEAD_DIM + 15) / 16 * 16;      // k extent of Q K^T, n extent of P V
+  // A 48-column remainder is stored as a whole 64-column panel (see v3_mma.cu: fewer address
+  // registers than a 32 + 16 split).
+  constexpr int D_SMEM = D_PAD % 64 == 48 ? D_PAD + 16 : D_PAD;
+  constexpr int KSTEPS = D_PAD / 16;  // k-steps of Q K^T (16 head-dim columns each)
+  constexpr int NT = Bc / 8;          // n-tiles (8 keys) of S
+  constexpr int DT = D_PAD / 8;       // n-tiles (8 columns) of O
+  constexpr bool Q_IN_REGS = v3_1_q_in_regs(HEAD_DIM, Bc);
+  using QTile = SwizzledTile<Br, D_SMEM>;
+  using KVTile = SwizzledTile<Bc, D_SMEM>;
+
+  // [Q: Br x D_SMEM][K stage 0][K stage 1][V stage 0][V stage 1], every tile swizzled.
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* Qs = smem;
+  unsigned char* Ks = smem + QTile::BYTES;
+  unsigned char* Vs = Ks + 2 * KVTile::BYTES;
+  const unsigned Qs_addr = static_cast<unsigned>(__cvta_generic_to_shared(Qs));
+  const unsigned Ks_addr = static_cast<unsigned>(__cvta_generic_to_shared(Ks));
+  const unsigned Vs_addr = static_cast<unsigned>(__cvta_generic_to_shared(Vs));
+
+  const int bh = blockIdx.y + bh_offset;
+  const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;  // fragment coordinates: row g (and g + 8), columns 2t, 2t+1
+  // Causal Q blocks have more work the later they sit: launch them first.
+  const int m_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int q_start = m_block * Br;
+  const int warp_row = q_start + warp * WROWS;  // first query row of this warp
+  // This lane's rows: row r = 2 mt + h is warp_row + 16 mt + 8 h + g.
+  const int row0 = warp_row + g;
+
+  // Causal, block level: keys past the last row's diagonal are never loaded.
+  const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
+  const int Tc = (kv_limit + Bc - 1) / Bc;
+
+  // Prologue: three commit groups, Q | K_0 | V_0 (empty groups when Tc == 0 keep the counts of
+  // the cp_async_wait calls below the same in every case).
+  tile_async_copy<T, Br, D_SMEM, HEAD_DIM, NTHREADS>(Qs, hs.q, q_sn, q_start, Nq, tid);
+  cp_async_commit();
+  if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks, hs.k, k_sn, 0, Nk, tid);
+  cp_async_commit();
+  if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs, hs.v, v_sn, 0, Nk, tid);
+  cp_async_commit();
+
+  // Per-lane ldmatrix row / chunk, as in v3 (Q: A operand; K: B operand, two key n-tiles;
+  // V: .trans B operand, two head-dim n-tiles).  Row tile mt of Q adds 16 mt to the row base.
+  const int q_r = lane % 16, q_c = lane / 16;
+  const int k_r = lane % 8 + 8 * (lane / 16), k_c = (lane / 8) % 2;
+  const int v_r = lane % 8 + 8 * ((lane / 8) % 2), v_c = lane / 16;
+
+  unsigned q_frag[Q_IN_REGS ? KSTEPS : 1][MT][4];  // A fragments of this warp's 16 MT Q rows
+  cp_async_wait<2>();                              // Q has landed (K_0, V_0 may be in flight)
+  __syncthreads();
+  if constexpr (Q_IN_REGS) {
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        ldmatrix_x4(q_frag[ks][mt], Qs_addr + QTile::ldsm_offset(q_r, q_c, warp * WROWS + 16 * mt, ks));
+  }
+
+  // acc[mt][dt]: O columns 8 dt + 2t, +1 of rows row0 + 16 mt (elements 0, 1) and + 8 (2, 3).
+  float acc[MT][DT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
+  // Running max (log2 domain, scaled) and this lane's partial row sum, per row r = 2 mt + h.
+  float m_i[2 * MT], l_i[2 * MT];
+  int key_end_r[2 * MT];  // keys [0, key_end_r) are visible to row r: past Nk or its diagonal is masked
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) {
+    m_i[r] = TILEATTN_NEG_INF;
+    l_i[r] = 0.0f;
+    key_end_r[r] = key_end<CAUSAL>(row0 + 8 * r, Nk, causal_offset);  // 16 mt + 8 h = 8 r
+  }
+  const float scale_log2 = softmax_scale * TILEATTN_LOG2E;
+
+  for (int j = 0; j < Tc; ++j) {
+    const int stage = j & 1;
+    const int kv_start = j * Bc;
+    cp_async_wait<1>();  // K_j has landed (V_j may still be in flight)
+    // Publishes K_j to every warp, and tells us every warp is done with block j-1, whose
+    // stage (j+1)&1 the prefetch below overwrites.
+    __syncthreads();
+    if (j + 1 < Tc)
+      tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks + (stage ^ 1) * KVTile::BYTES, hs.k, k_sn,
+                                                        kv_start + Bc, Nk, tid);
+    cp_async_commit();
+    if (j + 1 < Tc)
+      tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs + (stage ^ 1) * KVTile::BYTES, hs.v, v_sn,
+                                                        kv_start + Bc, Nk, tid);
+    cp_async_commit();
+
+    // A warp skips a block none of its rows can use: all 16 MT rows past Nq, or, on the
+    // diagonal, all of them ending before kv_start.  It still reaches both barriers.  (A row
+    // tile with no visible key in an active warp is handled by the masks: its P is all 0.)
+    const bool warp_active =
+        warp_row < Nq && (!CAUSAL || kv_start <= warp_row + WROWS - 1 + causal_offset);
+    // P as the A operand of P V: p_frag[mt][kk] covers keys 16 kk .. 16 kk + 15 of row tile mt.
+    unsigned p_frag[MT][Bc / 16][4];
+    if (warp_active) {
+      const unsigned K_addr = Ks_addr + stage * KVTile::BYTES;
+      // 1. S = Q_w K_j^T (16 MT x Bc per warp).  S[mt][nt]: keys 8 nt + 2t, +1 of row tile mt.
+      float S[MT][NT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) S[mt][nt][0] = S[mt][nt][1] = S[mt][nt][2] = S[mt][nt][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        unsigned qa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (Q_IN_REGS) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qa[mt][i] = q_frag[ks][mt][i];
+          } else {
+            ldmatrix_x4(qa[mt], Qs_addr + QTile::ldsm_offset(q_r, q_c, warp * WROWS + 16 * mt, ks));
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          unsigned kb[4];  // one K load, MT row tiles: the point of v3.1
+          ldmatrix_x4(kb, K_addr + KVTile::ldsm_offset(k_r, k_c, 16 * np, ks));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_m16n8k16<T>(S[mt][2 * np], qa[mt], kb[0], kb[1]);
+            mma_m16n8k16<T>(S[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          }
+        }
+      }
+
+      // 2. Scale into the log2 domain, then mask: -inf after scaling, whatever softmax_scale's
+      //    sign.  Element masks only on a block that passes Nk or straddles this warp's diagonal.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) S[mt][nt][e] *= scale_log2;
+      const bool need_mask =
+          kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > warp_row + causal_offset);
+      if (need_mask) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = kv_start + 8 * nt + 2 * t + (e & 1);
+              if (key >= key_end_r[2 * mt + e / 2]) S[mt][nt][e] = TILEATTN_NEG_INF;
+            }
+      }
+
+      // 3. Block row max, over this lane's 2 Bc/8 values per row then over the quad.
+      float m_blk[2 * MT], m_base[2 * MT], alpha[2 * MT];
+#pragma unroll
+      for (int r = 0; r < 2 * MT; ++r) m_blk[r] = TILEATTN_NEG_INF;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          m_blk[2 * mt] = fmaxf(m_blk[2 * mt], fmaxf(S[mt][nt][0], S[mt][nt][1]));
+          m_blk[2 * mt + 1] = fmaxf(m_blk[2 * mt + 1], fmaxf(S[mt][nt][2], S[mt][nt][3]));
+        }
+#pragma unroll
+      for (int r = 0; r < 2 * MT; ++r) {
+        m_blk[r] = fmaxf(m_blk[r], __shfl_xor_sync(0xffffffffu, m_blk[r], 1));
+        m_blk[r] = fmaxf(m_blk[r], __shfl_xor_sync(0xffffffffu, m_blk[r], 2));
+        const float m_new = fmaxf(m_i[r], m_blk[r]);
+        // safe_max: a row masked so far has m_new = -inf; subtracting 0 instead keeps
+        // ex2(-inf - (-inf)) = NaN out of P and alpha (they become ex2(-inf) = 0).
+        m_base[r] = safe_max(m_new);
+        alpha[r] = exp2_ftz(m_i[r] - m_base[r]);  // 0 on the first visible block (m_i = -inf)
+        m_i[r] = m_new;
+        l_i[r] *= alpha[r];
+      }
+
+      // 4. Rebase the accumulator to the new max (deferred normalisation: no division here).
+      //    Before P, so that alpha is dead before P is live.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          acc[mt][dt][0] *= alpha[2 * mt];
+          acc[mt][dt][1] *= alpha[2 * mt];
+          acc[mt][dt][2] *= alpha[2 * mt + 1];
+          acc[mt][dt][3] *= alpha[2 * mt + 1];
+        }
+      // 5. P = 2^(S - m) in fp32 (summed unrounded into l_i), packed to T as P V's A fragment.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            S[mt][nt][e] = exp2_ftz(S[mt][nt][e] - m_base[2 * mt + e / 2]);
+            l_i[2 * mt + e / 2] += S[mt][nt][e];
+          }
+#pragma unroll
+        for (int kk = 0; kk < Bc / 16; ++kk) {
+          p_frag[mt][kk][0] = pack2<T>(S[mt][2 * kk][0], S[mt][2 * kk][1]);          // row g,   keys 2t, 2t+1
+          p_frag[mt][kk][1] = pack2<T>(S[mt][2 * kk][2], S[mt][2 * kk][3]);          // row g+8, keys 2t, 2t+1
+          p_frag[mt][kk][2] = pack2<T>(S[mt][2 * kk + 1][0], S[mt][2 * kk + 1][1]);  // row g,   keys 2t+8, +9
+          p_frag[mt][kk][3] = pack2<T>(S[mt][2 * kk + 1][2], S[mt][2 * kk + 1][3]);  // row g+8, keys 2t+8, +9
+        }
+      }
+    }
+
+    cp_async_wait<2>();  // V_j has landed (K_{j+1}, V_{j+1} may be in flight)
+    __syncthreads();     // ... and is visible to every warp
+    if (warp_active) {
+      // 6. acc += P V_j: k-steps of 16 keys, two 8-column n-tiles of O per ldmatrix.trans, each
+      //    used by the MT row tiles.
+      const unsigned V_addr = Vs_addr + stage * KVTile::BYTES;
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk) {
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          unsigned vb[4];  // one V load, MT row tiles
+          ldmatrix_x4_trans(vb, V_addr + KVTile::ldsm_offset(v_r, v_c, 16 * kk, dp));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_m16n8k16<T>(acc[mt][2 * dp], p_frag[mt][kk], vb[0], vb[1]);
+            mma_m16n8k16<T>(acc[mt][2 * dp + 1], p_frag[mt][kk], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // Epilogue.  Row sums: the quad's partial sums, all rebased to the same m_i, add up.
+  float inv_l[2 * MT];
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) {
+    l_i[r] += __shfl_xor_sync(0xffffffffu, l_i[r], 1);
+    l_i[r] += __shfl_xor_sync(0xffffffffu, l_i[r], 2);
+    inv_l[r] = l_i[r] > 0.0f ? 1.0f / l_i[r] : 0.0f;  // a row that saw no key outputs 0
+  }
+  // O = acc / l, staged in this warp's own 16 MT rows of the Q tile (no other warp touches
+  // them, and this warp's Q reads are done), then written as whole 16-byte pieces of each row.
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int col = 8 * dt + 2 * t;
+      const int r_lo = warp * WROWS + 16 * mt + g;
+      *reinterpret_cast<unsigned*>(Qs + QTile::offset_elem(r_lo, col)) =
+          pack2<T>(acc[mt][dt][0] * inv_l[2 * mt], acc[mt][dt][1] * inv_l[2 * mt]);
+      *reinterpret_cast<unsigned*>(Qs + QTile::offset_elem(r_lo + 8, col)) =
+          pack2<T>(acc[mt][dt][2] * inv_l[2 * mt + 1], acc[mt][dt][3] * inv_l[2 * mt + 1]);
+    }
+  __syncwarp();
+  constexpr int CHUNKS = D_PAD / 8;  // even, so 16 MT rows x CHUNKS is a whole number of warp passes
+#pragma unroll
+  for (int it = 0; it < WROWS * CHUNKS / 32; ++it) {
+    const int i = lane + 32 * it;
+    const int r = i / CHUNKS, c = i % CHUNKS;
+    const int grow = warp_row + r;
+    if (grow < Nq && c * 8 < HEAD_DIM)  // rows past Nq and the zero padding columns stay unwritten
+      *reinterpret_cast<uint4*>(hs.o + grow * o_sn + c * 8) =
+          *reinterpret_cast<const uint4*>(Qs + QTile::offset(warp * WROWS + r, c));
+  }
+  // lse in natural log: m_i is log2-scaled, so m_i * ln(2) is the max of softmax_scale * S.
+  if (t == 0) {
+    constexpr float LN2 = 0.6931471805599453f;
+#pragma unroll
+    for (int r = 0; r < 2 * MT; ++r)
+      if (row0 + 8 * r < Nq) hs.lse[row0 + 8 * r] = row_lse(m_i[r] * LN2, l_i[r]);
+  }
+}
+
+}  // namespace tileattn
