@@ -149,7 +149,8 @@ def _cpu_fallback() -> int:
 
 def cmd_report(args) -> int:
     """Regenerate README.md's result tables from the committed JSON under bench/results/.
-    Each table sits between <!-- results:NAME --> and <!-- /results:NAME --> markers."""
+    Each table sits between <!-- results:NAME --> and <!-- /results:NAME --> markers;
+    <!-- results:NAME N=8192 --> keeps only that sequence length (the full table is in the JSON)."""
     import re
 
     from .bench import markdown_table
@@ -158,12 +159,18 @@ def cmd_report(args) -> int:
     text = readme.read_text()
     for path in sorted(Path(args.results).glob("*.json")):
         result = json.loads(path.read_text())
-        block = (f"<!-- results:{path.stem} -->\n{markdown_table(result)}\n\n"
-                 f"{result['gpu']}, commit {result['commit']}, torch {result['torch']}, {result['date'][:10]}; "
-                 f"`{result['command']}`; chart: [{path.stem}.png](bench/results/{path.stem}.png)\n"
-                 f"<!-- /results:{path.stem} -->")
-        pattern = re.compile(rf"<!-- results:{re.escape(path.stem)} -->.*?<!-- /results:{re.escape(path.stem)} -->", re.S)
-        text, n = pattern.subn(lambda _: block, text)
+        name = re.escape(path.stem)
+        pattern = re.compile(rf"<!-- results:{name}( N=(\d+))? -->.*?<!-- /results:{name} -->", re.S)
+
+        def block(m):
+            shown = result if not m.group(2) else dict(result, rows=[r for r in result["rows"]
+                                                                     if r["Nq"] == int(m.group(2))])
+            return (f"<!-- results:{path.stem}{m.group(1) or ''} -->\n{markdown_table(shown)}\n\n"
+                    f"{result['gpu']}, commit {result['commit']}, torch {result['torch']}, {result['date'][:10]}; "
+                    f"`{result['command']}`; all rows: [{path.name}](bench/results/{path.name}), chart: "
+                    f"[{path.stem}.png](bench/results/{path.stem}.png)\n<!-- /results:{path.stem} -->")
+
+        text, n = pattern.subn(block, text)
         print(f"{path.name}: {'updated' if n else 'no markers in README, skipped'}")
     readme.write_text(text)
     return 0
