@@ -53,45 +53,6 @@
 
 namespace tileattn {
 
-// Copy rows [row0, row0 + ROWS) of one head's (N, HEAD_DIM) matrix into a SwizzledTile of
-// COLS columns with 16-byte cp.async.  Rows >= nrows and the columns from HEAD_DIM up to the
-// next multiple of 16 are zero-filled by the copy itself (src-size 0); columns past that (the
-// unused end of a widened panel) are left alone.  Walks panel by panel, row-major inside a
-// panel, so 8 consecutive threads fill one 128-byte line of shared memory (conflict-free) and
-// read consecutive 16-byte pieces of a global row.  A thread keeps one chunk column per panel
-// and steps down the rows, so its per-copy work is a pointer add and a compare.
-template <typename T, int ROWS, int COLS, int HEAD_DIM, int NTHREADS>
-__device__ __forceinline__ void tile_async_copy(unsigned char* tile, const T* g, long long sn,
-                                                int row0, int nrows, int tid) {
-  using Tile = SwizzledTile<ROWS, COLS>;
-  constexpr int USED = (HEAD_DIM + 15) / 16 * 2;  // chunks an MMA k-step (16 columns) reads
-  static_assert(NTHREADS % 8 == 0, "a thread keeps its chunk column: W must divide NTHREADS");
-#pragma unroll
-  for (int p = 0; p < Tile::NPANELS; ++p) {
-    const int W = Tile::panel_width(p), c0 = Tile::panel_chunk0(p);  // constants once unrolled
-    const int RSTEP = NTHREADS / W;                                   // rows per pass
-    const int r_first = tid / W, c = c0 + tid % W;
-    // Only the last panel can reach past HEAD_DIM (by one chunk, when HEAD_DIM % 16 == 8) or
-    // past USED (by two, when the panel was widened).
-    const bool col_ok = (c0 + W) * 8 <= HEAD_DIM || c * 8 < HEAD_DIM;
-    const bool col_used = c0 + W <= USED || c < USED;
-    const int rows_left = nrows - row0 - r_first;  // rows of this thread's column still in range
-    const T* src0 = g + (row0 + r_first) * sn + c * 8;
-    // The swizzle repeats every 8 rows: when a pass steps a multiple of 8 rows, every copy of
-    // this thread lands at its first offset plus a constant (an immediate, not a register).
-    const int dst0 = Tile::offset(r_first, c);
-#pragma unroll
-    for (int it = 0; it < (ROWS + RSTEP - 1) / RSTEP; ++it) {
-      if (col_used && (ROWS % RSTEP == 0 || r_first + it * RSTEP < ROWS)) {
-        const bool ok = col_ok && it * RSTEP < rows_left;
-        const int dst = RSTEP % 8 == 0 ? dst0 + it * RSTEP * W * 16 : Tile::offset(r_first + it * RSTEP, c);
-        // A zero-fill still needs a mapped address: the head's first row.
-        cp_async_16(tile + dst, ok ? src0 + it * RSTEP * sn : g, ok);
-      }
-    }
-  }
-}
-
 // Row tiles per warp: 2 up to D_PAD = 128 (acc = 2 * D_PAD / 2 = 128 fp32 registers at most),
 // 1 above, where 2 would leave no registers for S, P and addresses under the 255 cap.
 __host__ __device__ constexpr int v3_1_mt(int head_dim) {
