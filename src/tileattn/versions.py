@@ -122,6 +122,33 @@ def _v3_smem(D: int, Br: int, Bc: int) -> int:
     return d_smem * (Br + 4 * Bc) * _B16
 
 
+_V3 = Version(
+    name="v3",
+    file="v3_mma.cu",
+    kernel="v3_fwd",
+    kind="mma",
+    dtypes=("bfloat16", "float16"),
+    tiles={D: _v3_tile(D) for D in range(16, 257, 8)},
+    smem_bytes=_v3_smem,
+    grid_style="q_outer",
+    threads_per_block=lambda D, Br, Bc: 2 * Br,  # one warp per 16 query rows
+    precision="native",
+    priority=10,
+    summary="FA2 on mma.sync m16n8k16 (fp16/bf16, fp32 accumulation): S, O in registers, P fed back as the "
+    "A operand, ldmatrix(.trans) from swizzled shared memory, cp.async K/V pipeline",
+)
+_V3_1 = dataclasses.replace(
+    _V3,
+    name="v3.1",
+    file="v3_1_mma.cu",
+    kernel="v3_1_fwd",
+    tiles={D: _v3_1_tile(D) for D in range(16, 257, 8)},
+    threads_per_block=_v3_1_threads,
+    priority=11,
+    summary="v3 with 32 query rows per warp (two m16 tiles) up to D=128: every K/V fragment loaded by "
+    "ldmatrix feeds two MMAs, halving shared-memory traffic per MMA",
+)
+
 VERSIONS: dict[str, Version] = {
     v.name: v
     for v in [
@@ -188,36 +215,8 @@ VERSIONS: dict[str, Version] = {
         ),
         _V2_2,
         _V2_2_TF32,
-        Version(
-            name="v3",
-            file="v3_mma.cu",
-            kernel="v3_fwd",
-            kind="mma",
-            dtypes=("bfloat16", "float16"),
-            tiles={D: _v3_tile(D) for D in range(16, 257, 8)},
-            smem_bytes=_v3_smem,
-            grid_style="q_outer",
-            threads_per_block=lambda D, Br, Bc: 2 * Br,  # one warp per 16 query rows
-            precision="native",
-            priority=10,
-            summary="FA2 on mma.sync m16n8k16 (fp16/bf16, fp32 accumulation): S, O in registers, P fed "
-            "back as the A operand, ldmatrix(.trans) from swizzled shared memory, cp.async K/V pipeline",
-        ),
-        Version(
-            name="v3.1",
-            file="v3_1_mma.cu",
-            kernel="v3_1_fwd",
-            kind="mma",
-            dtypes=("bfloat16", "float16"),
-            tiles={D: _v3_1_tile(D) for D in range(16, 257, 8)},
-            smem_bytes=_v3_smem,
-            grid_style="q_outer",
-            threads_per_block=_v3_1_threads,
-            precision="native",
-            priority=11,
-            summary="v3 with 32 query rows per warp (two m16 tiles) up to D=128: every K/V fragment loaded "
-            "by ldmatrix feeds two MMAs, halving shared-memory traffic per MMA",
-        ),
+        _V3,
+        _V3_1,
     ]
 }
 
