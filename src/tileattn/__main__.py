@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -111,9 +112,10 @@ def cmd_bench(args) -> int:
         suite = bench.SUITES[suite_name]
         versions = [v for v in (args.versions or suite.versions) if v in VERSIONS]
         cases = suite.cases()
-        if args.seqlen or args.headdim:  # narrow a suite to some lengths / head dims
-            cases = [c for c in cases if (not args.seqlen or c.N in args.seqlen)
-                     and (not args.headdim or c.D in args.headdim)]
+        # Narrow a suite (lengths, head dims, dtype, causal) or resize its shapes (batch, heads).
+        cases = [dataclasses.replace(c, B=args.batch or c.B, H=args.heads or c.H) for c in cases
+                 if (not args.seqlen or c.N in args.seqlen) and (not args.headdim or c.D in args.headdim)
+                 and (not args.dtype or c.dtype in args.dtype) and (args.causal is None or c.causal in args.causal)]
         peers = [] if args.no_peers else list(suite.peers)
         total = sum(len([v for v in versions if VERSIONS[v].supports(c.dtype, c.D, bench._arch(),
                                                                       VERSIONS[v].precision)]) + len(peers)
@@ -199,6 +201,11 @@ def main(argv=None) -> int:
     b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help="override the suite's rungs")
     b.add_argument("--seqlen", type=int, nargs="*", help="keep only these lengths of the suite")
     b.add_argument("--headdim", type=int, nargs="*", help="keep only these head dims of the suite")
+    b.add_argument("--dtype", nargs="*", choices=["float32", "float16", "bfloat16"], help="keep only these dtypes")
+    b.add_argument("--causal", nargs="*", type=lambda x: x.lower() in ("1", "true", "yes"),
+                   help="keep only these: true / false")
+    b.add_argument("--batch", type=int, help="override the suite's batch size")
+    b.add_argument("--heads", type=int, help="override the suite's number of heads")
     b.add_argument("--no-peers", action="store_true")
     b.add_argument("--out-dir", default="bench/results")
     r = sub.add_parser("report", help="regenerate README tables from bench/results/*.json")
