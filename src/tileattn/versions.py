@@ -61,6 +61,24 @@ _F32 = 4
 _B16 = 2
 
 
+_V1 = Version(
+    name="v1",
+    file="v1_kv_outer.cu",
+    kernel="v1_fwd",
+    kind="simt",
+    tiles={32: (32, 32), 64: (32, 32), 128: (32, 32)},
+    smem_bytes=lambda D, Br, Bc: (Br * D + 2 * Bc * D + Br * Bc) * _F32,  # Qi, Kj, Vj, S
+    grid_style="per_head",
+    workspace_per_row=2,
+    summary="K/V outer, Q inner, grid = B*H; O, m, l round-trip HBM per K/V block",
+)
+_V1_BR48 = dataclasses.replace(
+    _V1,
+    name="v1_br48",
+    tiles={32: (48, 48), 64: (48, 48), 128: (48, 48)},
+    priority=1,
+    summary="v1 with Br=Bc=48, the largest tile under 48 KB of static shared memory at D=64",
+)
 _V2_2 = Version(
     name="v2.2",
     file="v2_2_tf32x3.cu",
@@ -152,29 +170,8 @@ _V3_1 = dataclasses.replace(
 VERSIONS: dict[str, Version] = {
     v.name: v
     for v in [
-        Version(
-            name="v1",
-            file="v1_kv_outer.cu",
-            kernel="v1_fwd",
-            kind="simt",
-            tiles={32: (32, 32), 64: (32, 32), 128: (32, 32)},
-            smem_bytes=lambda D, Br, Bc: (Br * D + 2 * Bc * D + Br * Bc) * _F32,
-            grid_style="per_head",
-            workspace_per_row=2,
-            summary="K/V outer, Q inner, grid = B*H; O, m, l round-trip HBM per K/V block",
-        ),
-        Version(
-            name="v1_br48",
-            file="v1_kv_outer.cu",
-            kernel="v1_fwd",
-            kind="simt",
-            tiles={32: (48, 48), 64: (48, 48), 128: (48, 48)},
-            smem_bytes=lambda D, Br, Bc: (Br * D + 2 * Bc * D + Br * Bc) * _F32,
-            grid_style="per_head",
-            workspace_per_row=2,
-            priority=1,
-            summary="v1 with Br=Bc=48, the largest tile under 48 KB of static shared memory at D=64",
-        ),
+        _V1,
+        _V1_BR48,
         Version(
             name="v1.1",
             file="v1_1_kv_outer_async.cu",

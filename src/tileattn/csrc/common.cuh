@@ -55,6 +55,21 @@ __device__ __forceinline__ float row_lse(float m, float l) {
   return l > 0.0f ? m + __logf(l) : TILEATTN_NEG_INF;
 }
 
+// Reductions over the LANES consecutive lanes that hold one row's slices (4: a quad of an mma
+// fragment; 8: v2.1's row groups); every lane gets the result.
+template <int LANES>
+__device__ __forceinline__ float lanes_max(float x) {
+#pragma unroll
+  for (int mask = 1; mask < LANES; mask *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, mask));
+  return x;
+}
+template <int LANES>
+__device__ __forceinline__ float lanes_sum(float x) {
+#pragma unroll
+  for (int mask = 1; mask < LANES; mask *= 2) x += __shfl_xor_sync(0xffffffffu, x, mask);
+  return x;
+}
+
 // ---- cp.async (sm_80+): 16-byte global->shared copies that bypass registers. ----
 // src_bytes = 0 makes the hardware write 16 zero bytes without reading src (tail rows).
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {

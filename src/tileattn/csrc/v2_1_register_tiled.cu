@@ -255,9 +255,7 @@ __global__ void __launch_bounds__(v2_1::Config<HEAD_DIM, Br, Bc>::THREADS,
       float mx = S[i][0];
 #pragma unroll
       for (int jj = 1; jj < TN; ++jj) mx = fmaxf(mx, S[i][jj]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = lanes_max<8>(mx);
       const float m_new = fmaxf(m_i[i], mx);
       // safe_max: while the row has seen only -inf, subtract 0 so that 2^(-inf - (-inf)) = NaN
       // becomes 2^(-inf) = 0, for P and for alpha alike.
@@ -321,9 +319,7 @@ __global__ void __launch_bounds__(v2_1::Config<HEAD_DIM, Br, Bc>::THREADS,
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
     float l = l_i[i];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    l += __shfl_xor_sync(0xffffffffu, l, 4);
+    l = lanes_sum<8>(l);
     const int grow = q_start + ty + i * ROW_STRIDE;
     if (grow < Nq) {
       const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // a row that saw no key outputs 0

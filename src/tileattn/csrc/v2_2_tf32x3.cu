@@ -253,8 +253,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
     // Row max across the quad (the 4 threads holding one row's 8-key slices).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      m_tile[h] = fmaxf(m_tile[h], __shfl_xor_sync(0xffffffffu, m_tile[h], 1));
-      m_tile[h] = fmaxf(m_tile[h], __shfl_xor_sync(0xffffffffu, m_tile[h], 2));
+      m_tile[h] = lanes_max<4>(m_tile[h]);
     }
 
     // 3. Online softmax: rebase to m_new, P = exp2(S - m_new) in place, rescale l_i.
@@ -313,8 +312,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
   // Epilogue: finish l_i across the quad, one reciprocal per row, write O and lse.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 1);
-    l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 2);
+    l_i[h] = lanes_sum<4>(l_i[h]);
   }
   constexpr float LN2 = 0.6931471805599453f;
 #pragma unroll

@@ -253,8 +253,7 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
         }
 #pragma unroll
       for (int r = 0; r < 2 * MT; ++r) {
-        m_blk[r] = fmaxf(m_blk[r], __shfl_xor_sync(0xffffffffu, m_blk[r], 1));
-        m_blk[r] = fmaxf(m_blk[r], __shfl_xor_sync(0xffffffffu, m_blk[r], 2));
+        m_blk[r] = lanes_max<4>(m_blk[r]);
         const float m_new = fmaxf(m_i[r], m_blk[r]);
         // safe_max: a row masked so far has m_new = -inf; subtracting 0 instead keeps
         // ex2(-inf - (-inf)) = NaN out of P and alpha (they become ex2(-inf) = 0).
@@ -321,8 +320,7 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
   float inv_l[2 * MT];
 #pragma unroll
   for (int r = 0; r < 2 * MT; ++r) {
-    l_i[r] += __shfl_xor_sync(0xffffffffu, l_i[r], 1);
-    l_i[r] += __shfl_xor_sync(0xffffffffu, l_i[r], 2);
+    l_i[r] = lanes_sum<4>(l_i[r]);
     inv_l[r] = l_i[r] > 0.0f ? 1.0f / l_i[r] : 0.0f;  // a row that saw no key outputs 0
   }
   // O = acc / l, staged in this warp's own 16 MT rows of the Q tile (no other warp touches
