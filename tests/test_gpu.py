@@ -53,6 +53,14 @@ def test_gqa(version):
     _check(Case(version, B=2, H=8, H_kv=2, Nq=150, D=64, causal="bottom_right"))
 
 
+@pytest.mark.parametrize("version", RUNGS + MMA)
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 0.5])
+def test_softmax_scale_sign_and_zero(version, scale):
+    # Negative scales reach the kernels as (-q, -scale); scale 0 is a plain average of the visible v.
+    dtype = VERSIONS[version].dtypes[0]
+    _check(Case(version, B=1, H=2, Nq=100, Nk=300, D=64, causal="bottom_right", dtype=dtype, scale=scale))
+
+
 @pytest.mark.parametrize("version", RUNGS)
 def test_many_heads_beyond_grid_limit(version):
     # B*H = 70000 > 65535, the gridDim.y limit.

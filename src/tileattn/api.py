@@ -214,6 +214,11 @@ def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layou
     if Nk == 0:  # no key at all: every row's output is 0 and its lse -inf
         return out.zero_(), lse.fill_(-math.inf)
 
+    # A negative scale goes onto q (a sign flip is exact in every float format), so kernels that
+    # fold the scale into exp2(scale * S - m) may assume scale >= 0 (see v3_1_mma.cu).
+    if softmax_scale < 0:
+        q, softmax_scale = -q, -softmax_scale
+
     # Dispatch and compile (cached per instantiation and device).
     entry = _dispatch(version, dtype, D, q.device, precision)
     offset = causal_offset(Nq, Nk, causal)

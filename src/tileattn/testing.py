@@ -59,12 +59,13 @@ class Case:
     dtype: str = "float32"
     layout: str = "bhnd"  # "bhnd" (SDPA) or "bnhd" (flash-attn)
     noncontiguous: bool = False  # q/k/v as strided views into one packed qkv tensor
+    scale: float | None = None  # softmax_scale; None: 1/sqrt(D)
 
     def label(self) -> str:
         nk = self.Nk if self.Nk is not None else self.Nq
         return (f"{self.version} B={self.B} H={self.H}{'/' + str(self.H_kv) if self.H_kv else ''} "
                 f"Nq={self.Nq} Nk={nk} D={self.D} {self.dtype} {self.causal or 'full'} {self.layout}"
-                f"{' strided' if self.noncontiguous else ''}")
+                f"{' strided' if self.noncontiguous else ''}{'' if self.scale is None else f' scale={self.scale}'}")
 
 
 def reference(q, k, v, softmax_scale: float, causal: str | None):
@@ -106,7 +107,7 @@ def make_inputs(case: Case, generator: torch.Generator | None = None):
 def run_case(case: Case, generator: torch.Generator | None = None) -> dict:
     """Run one case through the public API with NaN-poisoned outputs.  Returns errors vs float64."""
     q, k, v = make_inputs(case, generator)
-    scale = 1.0 / math.sqrt(case.D)
+    scale = 1.0 / math.sqrt(case.D) if case.scale is None else case.scale
     B, H, Nq, D = q.shape
     if case.layout == "bnhd":
         out = torch.full((B, Nq, H, D), math.nan, dtype=q.dtype, device="cuda")
@@ -115,7 +116,7 @@ def run_case(case: Case, generator: torch.Generator | None = None) -> dict:
     lse = torch.full((B, H, Nq), math.nan, dtype=torch.float32, device="cuda")
     inputs_before = [t.clone() for t in (q, k, v)]
     precision = "tf32" if VERSIONS[case.version].precision == "tf32" else None
-    o, lse = api._attention(q, k, v, None, case.causal, case.version, out_layout=case.layout, precision=precision,
+    o, lse = api._attention(q, k, v, case.scale, case.causal, case.version, out_layout=case.layout, precision=precision,
                             out=out, lse=lse)
     torch.cuda.synchronize()
     o = o.transpose(1, 2) if case.layout == "bnhd" else o

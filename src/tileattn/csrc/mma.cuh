@@ -152,6 +152,21 @@ struct SwizzledTile {
     const int x = lane_c ^ swz(lane_r, W);  // (c0 + 2 kb' + lane_c) ^ swz = c0 + ((2 kb') ^ x)
     return (ROWS * c0 + row_base * W + lane_r * W + ((c - c0) ^ x)) * 16;
   }
+  // The same row address as tile_addr + ldsm_offset(...), computed so that the unrolled
+  // (row_base, kb) enter only as an XOR immediate and an add immediate:
+  //     ((tile_addr + lane part) ^ ((2 kb - c0) * 16)) + (ROWS c0 + row_base W) * 16.
+  // The lane part (row lane_r, chunk x = lane_c ^ swz(lane_r, W)) has zero bits between bit 4
+  // and bit 4 + log2(W) apart from x, so XORing the chunk step into those bits equals adding it
+  // to the chunk index, and the add constant is a multiple of 16 W that leaves them alone.
+  // Needs tile_addr % (16 W) == 0 (tiles start at multiples of 128 bytes).  The result: one
+  // register per panel width for the lane part and one LOP3 per distinct kb, instead of one
+  // live register per (kb, lane) offset for the whole K/V loop.
+  __device__ __forceinline__ static unsigned ldsm_addr(unsigned tile_addr, int lane_r, int lane_c, int row_base,
+                                                       int kb) {
+    const int c = 2 * kb, p = panel_of(c), W = panel_width(p), c0 = panel_chunk0(p);
+    const unsigned lane_part = tile_addr + (lane_r * W + (lane_c ^ swz(lane_r, W))) * 16;
+    return (lane_part ^ ((c - c0) * 16)) + (ROWS * c0 + row_base * W) * 16;
+  }
   // Byte offset of element (r, col), col even: the 4-byte pair store of the epilogue.
   __device__ __forceinline__ static int offset_elem(int r, int col) {
     return offset(r, col / 8) + (col % 8) * 2;

@@ -24,6 +24,14 @@
 //    the shared Q tile by ldmatrix at every k-step, as FA2's forward does, and each such Q
 //    fragment still feeds NT MMAs.
 //
+// Two register savings over v3, which bought D=128 its speed (bf16, N=8192, H200: 0.85x -> 0.93x
+// of PyTorch's FA2 at Br=128, Bc=32; D=64 unchanged at 0.93x):
+//  * The softmax scale is folded into the exponent, P = 2^(s S - m) as one FFMA + MUFU.EX2 per
+//    score: S is never scaled on its own, and the row max is taken on the raw scores.
+//  * ldmatrix addresses by XOR (SwizzledTile::ldsm_addr): one lane register per tile and an XOR
+//    immediate per k-block, instead of one loop-resident register per (k-block, lane) offset.
+//  * The visible-key bound of a row is recomputed in the (rare) masked blocks, not kept live.
+//
 // Unchanged from v3 (see v3_mma.cu for the reasoning): P fed back from the S accumulators as
 // the A operand, swizzled shared tiles and conflict-free ldmatrix(.trans), log2-domain online
 // softmax with quad reductions, two cp.async stages with K and V in separate commit groups (Q K^T
@@ -46,8 +54,7 @@
 //     smem_bytes = 2 * D_SMEM * (Br + 4 * Bc)
 // e.g. D=64, Br=128, Bc=64: 48 KB;  D=128, Br=128, Bc=64: 96 KB;  D=128, Br=128, Bc=32: 64 KB.
 //
-// Numerics: identical to v3 at the same Bc (same operations in the same order per element: the
-// MMA k-order over the head dim and the K/V blocks of the online softmax do not depend on MT).
+// Numerics: as v3, except that 2^(s S - m) rounds once (FFMA) where v3 rounds s S and then S - m.
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -143,7 +150,7 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
     for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
-        ldmatrix_x4(q_frag[ks][mt], Qs_addr + QTile::ldsm_offset(q_r, q_c, warp * WROWS + 16 * mt, ks));
+        ldmatrix_x4(q_frag[ks][mt], QTile::ldsm_addr(Qs_addr, q_r, q_c, warp * WROWS + 16 * mt, ks));
   }
 
   // acc[mt][dt]: O columns 8 dt + 2t, +1 of rows row0 + 16 mt (elements 0, 1) and + 8 (2, 3).
@@ -154,14 +161,18 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
     for (int dt = 0; dt < DT; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
   // Running max (log2 domain, scaled) and this lane's partial row sum, per row r = 2 mt + h.
   float m_i[2 * MT], l_i[2 * MT];
-  int key_end_r[2 * MT];  // keys [0, key_end_r) are visible to row r: past Nk or its diagonal is masked
 #pragma unroll
   for (int r = 0; r < 2 * MT; ++r) {
     m_i[r] = TILEATTN_NEG_INF;
     l_i[r] = 0.0f;
-    key_end_r[r] = key_end<CAUSAL>(row0 + 8 * r, Nk, causal_offset);  // 16 mt + 8 h = 8 r
   }
-  const float scale_log2 = softmax_scale * TILEATTN_LOG2E;
+  // The softmax scale is folded into the exponent, 2^(s S - m), so S is never scaled on its own
+  // (one FFMA per score instead of FMUL + FADD).  That needs s = scale_log2 > 0, so that the row
+  // max of the raw scores gives the row max of the scaled ones; api.py passes a negative
+  // softmax_scale as (-q, -softmax_scale), which is exact.  softmax_scale = 0 would turn a masked -inf into
+  // -inf * 0 = NaN, so s is clamped at 1e-30: every weight is then 2^(s S - s max S) = 1 in fp32,
+  // as with s = 0, for any score below 1e29 in magnitude.
+  const float scale_log2 = fmaxf(fabsf(softmax_scale) * TILEATTN_LOG2E, 1e-30f);
 
   for (int j = 0; j < Tc; ++j) {
     const int stage = j & 1;
@@ -203,13 +214,13 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
 #pragma unroll
             for (int i = 0; i < 4; ++i) qa[mt][i] = q_frag[ks][mt][i];
           } else {
-            ldmatrix_x4(qa[mt], Qs_addr + QTile::ldsm_offset(q_r, q_c, warp * WROWS + 16 * mt, ks));
+            ldmatrix_x4(qa[mt], QTile::ldsm_addr(Qs_addr, q_r, q_c, warp * WROWS + 16 * mt, ks));
           }
         }
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           unsigned kb[4];  // one K load, MT row tiles: the point of v3.1
-          ldmatrix_x4(kb, K_addr + KVTile::ldsm_offset(k_r, k_c, 16 * np, ks));
+          ldmatrix_x4(kb, KVTile::ldsm_addr(K_addr, k_r, k_c, 16 * np, ks));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             mma_m16n8k16<T>(S[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -218,29 +229,26 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
         }
       }
 
-      // 2. Scale into the log2 domain, then mask: -inf after scaling, whatever softmax_scale's
-      //    sign.  Element masks only on a block that passes Nk or straddles this warp's diagonal.
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) S[mt][nt][e] *= scale_log2;
+      // 2. Mask the raw scores to -inf, only on a block that passes Nk or straddles this warp's
+      //    diagonal.  Row r's visible-key bound is recomputed here, not kept in registers.
       const bool need_mask =
           kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > warp_row + causal_offset);
       if (need_mask) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
+          for (int h = 0; h < 2; ++h) {
+            const int kend = key_end<CAUSAL>(row0 + 16 * mt + 8 * h, Nk, causal_offset) - kv_start - 2 * t;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = kv_start + 8 * nt + 2 * t + (e & 1);
-              if (key >= key_end_r[2 * mt + e / 2]) S[mt][nt][e] = TILEATTN_NEG_INF;
-            }
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                if (8 * nt + e >= kend) S[mt][nt][2 * h + e] = TILEATTN_NEG_INF;
+          }
       }
 
-      // 3. Block row max, over this lane's 2 Bc/8 values per row then over the quad.
+      // 3. Block row max of the raw scores, over this lane's 2 Bc/8 values per row then over the
+      //    quad, scaled once per row (max(s S) = s max(S) for s > 0, see scale_log2).
       float m_blk[2 * MT], m_base[2 * MT], alpha[2 * MT];
 #pragma unroll
       for (int r = 0; r < 2 * MT; ++r) m_blk[r] = TILEATTN_NEG_INF;
@@ -253,7 +261,7 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
         }
 #pragma unroll
       for (int r = 0; r < 2 * MT; ++r) {
-        m_blk[r] = lanes_max<4>(m_blk[r]);
+        m_blk[r] = lanes_max<4>(m_blk[r]) * scale_log2;
         const float m_new = fmaxf(m_i[r], m_blk[r]);
         // safe_max: a row masked so far has m_new = -inf; subtracting 0 instead keeps
         // ex2(-inf - (-inf)) = NaN out of P and alpha (they become ex2(-inf) = 0).
@@ -274,14 +282,15 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
           acc[mt][dt][2] *= alpha[2 * mt + 1];
           acc[mt][dt][3] *= alpha[2 * mt + 1];
         }
-      // 5. P = 2^(S - m) in fp32 (summed unrounded into l_i), packed to T as P V's A fragment.
+      // 5. P = 2^(s S - m) in fp32, one FFMA + one MUFU.EX2 per score (summed unrounded into
+      //    l_i), packed to T as P V's A fragment.
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            S[mt][nt][e] = exp2_ftz(S[mt][nt][e] - m_base[2 * mt + e / 2]);
+            S[mt][nt][e] = exp2_ftz(fmaf(S[mt][nt][e], scale_log2, -m_base[2 * mt + e / 2]));
             l_i[2 * mt + e / 2] += S[mt][nt][e];
           }
 #pragma unroll
@@ -305,7 +314,7 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
 #pragma unroll
         for (int dp = 0; dp < DT / 2; ++dp) {
           unsigned vb[4];  // one V load, MT row tiles
-          ldmatrix_x4_trans(vb, V_addr + KVTile::ldsm_offset(v_r, v_c, 16 * kk, dp));
+          ldmatrix_x4_trans(vb, KVTile::ldsm_addr(V_addr, v_r, v_c, 16 * kk, dp));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             mma_m16n8k16<T>(acc[mt][2 * dp], p_frag[mt][kk], vb[0], vb[1]);
