@@ -94,8 +94,10 @@ def test_registry_is_public_and_consistent():
     for v in tileattn.VERSIONS.values():
         assert (tileattn.api._nvrtc.CSRC / v.file).exists()
         for D in v.head_dims:
-            Br, Bc = v.tiles[D]
-            assert v.threads(D) <= 1024 and v.smem(D) <= 227 * 1024
+            for arch in (80, *v.arch_tiles):
+                assert v.threads(D, arch) <= 1024 and v.smem(D, arch) <= 227 * 1024
+        for over in v.arch_tiles.values():
+            assert set(over) <= set(v.tiles), "an arch tile for a head dim the rung does not take"
 
 
 def test_precision_values():

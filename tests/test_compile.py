@@ -6,7 +6,7 @@ import functools
 import pytest
 
 from tileattn import _nvrtc
-from tileattn.versions import VERSIONS
+from tileattn.versions import VERSIONS, arch_number
 
 ARCHS = ["sm_80", "sm_90a"]
 # Consumer Ampere/Ada (99 KB of shared memory) compile too; checked for the tensor-core rung.
@@ -24,7 +24,13 @@ MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tenso
 @functools.cache
 def compiled(name, D, causal, arch):
     v = VERSIONS[name]
-    return _nvrtc.compile_kernel(v.file, v.name_expression(v.dtypes[0], D, causal), arch)
+    return _nvrtc.compile_kernel(v.file, v.name_expression(v.dtypes[0], D, causal, arch_number(arch)), arch)
+
+
+def spill_budget(name, D, arch):
+    """Spill bytes allowed: 0, except for a rung's documented arch-specific tiles."""
+    v = VERSIONS[name]
+    return v.arch_tile_spill_bytes if v.is_arch_tile(D, arch_number(arch)) else 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -32,8 +38,9 @@ def compiled(name, D, causal, arch):
 def test_compiles_without_stack_or_spills(name, D, causal, arch):
     res = compiled(name, D, causal, arch).resources
     assert res["registers"] is not None, "ptxas -v report missing"
-    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0 and res["spill_loads"] == 0, res
-    assert res["registers"] <= 65536 // VERSIONS[name].threads(D), "block would not fit the register file"
+    budget = spill_budget(name, D, arch)
+    assert res["stack_bytes"] <= budget and res["spill_stores"] <= budget and res["spill_loads"] <= 2 * budget, res
+    assert res["registers"] <= 65536 // VERSIONS[name].threads(D, arch_number(arch)), "block would not fit"
 
 
 @pytest.mark.parametrize("name,D,causal,arch", [(n, D, c, a) for n, D, c in INSTANCES
@@ -48,8 +55,9 @@ def test_every_dtype_compiles(name):
     v = VERSIONS[name]
     for dtype in v.dtypes[1:]:
         for D in v.head_dims[:: max(1, len(v.head_dims) // 4)]:
-            cubin = _nvrtc.compile_kernel(v.file, v.name_expression(dtype, D, True), "sm_90a")
-            assert cubin.resources["stack_bytes"] == 0 and cubin.resources["spill_stores"] == 0, (dtype, D)
+            cubin = _nvrtc.compile_kernel(v.file, v.name_expression(dtype, D, True, 90), "sm_90a")
+            budget = spill_budget(name, D, "sm_90a")
+            assert cubin.resources["stack_bytes"] <= budget and cubin.resources["spill_stores"] <= budget, (dtype, D)
 
 
 @pytest.mark.parametrize("name,D,causal", INSTANCES, ids=lambda x: str(x))
@@ -60,8 +68,10 @@ def test_sass(name, D, causal):
         assert op in sass, f"{name} D={D}: no {op} in SASS"
     for op in MUST_NOT_HAVE.get(VERSIONS[name].kind, []):
         assert op not in sass, f"{name} D={D}: {op} in SASS"
-    # Local memory means a register array was demoted: the rungs promise none.
-    assert "LDL" not in sass and "STL" not in sass, f"{name} D={D}: local memory in SASS"
+    # Local memory means a register array was demoted: the rungs promise none (beyond a documented
+    # arch-tile spill of a few scalars, see spill_budget).
+    if spill_budget(name, D, "sm_90a") == 0:
+        assert "LDL" not in sass and "STL" not in sass, f"{name} D={D}: local memory in SASS"
 
 
 def test_compile_error_carries_log(tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ def test_tiled_matches_naive(Nq, Nk, D, Br, Bc, causal, group, seed):
     np.testing.assert_allclose(O_t, O, rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(np.isinf(lse_t), np.isinf(lse))
     finite = np.isfinite(lse)
-    np.testing.assert_allclose(lse_t[finite], lse[finite], rtol=1e-10)
+    np.testing.assert_allclose(lse_t[finite], lse[finite], rtol=1e-10, atol=1e-12)  # an lse can be ~0
 
 
 def test_rows_without_keys_are_zero_with_minus_inf_lse():

@@ -34,6 +34,8 @@ def cmd_info(args) -> int:
     for v in VERSIONS.values():
         tiles = ", ".join(f"D={d}: Br={br} Bc={bc}" for d, (br, bc) in v.tiles.items())
         print(f"  {v.name:8s} {v.kind:5s} {'/'.join(v.dtypes):8s} sm_{v.min_arch}+  {tiles}\n           {v.summary}")
+        for arch, over in v.arch_tiles.items():
+            print(f"           on sm_{arch}+: " + ", ".join(f"D={d}: Br={br} Bc={bc}" for d, (br, bc) in over.items()))
     return 0
 
 
@@ -90,7 +92,7 @@ def cmd_compile(args) -> int:
     else:
         print("tileattn compile: no GPU found; pass --arch (e.g. sm_90a)")
         return 1
-    jobs = [(v.file, v.name_expression(dt, D, causal), arch_for(v))
+    jobs = [(v.file, v.name_expression(dt, D, causal, cc_num), arch_for(v))
             for v in VERSIONS.values() if (not args.versions or v.name in args.versions) and cc_num >= v.min_arch
             for dt in v.dtypes for D in v.head_dims for causal in (False, True)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

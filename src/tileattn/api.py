@@ -167,14 +167,15 @@ def _kernel(version: str, dtype: str, head_dim: int, causal: bool, device_index:
     """Compile (or fetch from cache) and load one instantiation; check it fits this device."""
     entry = VERSIONS[version]
     cc = _nvrtc.device_arch(device_index)
-    smem = entry.smem(head_dim)
+    arch_num = cc[0] * 10 + cc[1]
+    smem = entry.smem(head_dim, arch_num)
     limit = _nvrtc.max_dynamic_smem(device_index)
     if smem > limit:
         raise ValueError(f"version {version!r} at head dim {head_dim} needs {smem} bytes of shared memory; "
                          f"this GPU allows {limit}")
     arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
-    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, head_dim, causal), arch)
-    return _nvrtc.load(cubin, device_index), smem
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, head_dim, causal, arch_num), arch)
+    return _nvrtc.load(cubin, device_index), smem, entry.tile(head_dim, arch_num)[0], entry.threads(head_dim, arch_num)
 
 
 def _dispatch(version, dtype: str, head_dim: int, device: torch.device, precision: str | None) -> Version:
@@ -222,13 +223,12 @@ def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layou
     # Dispatch and compile (cached per instantiation and device).
     entry = _dispatch(version, dtype, D, q.device, precision)
     offset = causal_offset(Nq, Nk, causal)
-    lk, smem = _kernel(entry.name, dtype, D, causal is not None, q.device.index)
+    lk, smem, Br, threads = _kernel(entry.name, dtype, D, causal is not None, q.device.index)
     workspace = (torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=q.device)
                  if entry.workspace_per_row else lse)
 
     # Launch on torch's current stream.
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    Br = entry.tiles[D][0]
     i32, i64 = np.int32, np.int64
     head_args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), workspace.data_ptr(),
                  i32(Nq), i32(Nk), i32(H), i32(H // H_kv),
@@ -237,10 +237,10 @@ def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layou
     stream = torch.cuda.current_stream(q.device).cuda_stream
     BH = B * H
     if entry.grid_style == "per_head":  # gridDim.x reaches 2^31 - 1: one launch
-        _nvrtc.launch(lk, q.device.index, stream, (BH,), (entry.threads(D),), smem, (*head_args, i32(0)))
+        _nvrtc.launch(lk, q.device.index, stream, (BH,), (threads,), smem, (*head_args, i32(0)))
     else:
         Tr = -(-Nq // Br)
         for bh_offset in range(0, BH, _GRID_Y_MAX):
             grid = (Tr, min(_GRID_Y_MAX, BH - bh_offset))
-            _nvrtc.launch(lk, q.device.index, stream, grid, (entry.threads(D),), smem, (*head_args, i32(bh_offset)))
+            _nvrtc.launch(lk, q.device.index, stream, grid, (threads,), smem, (*head_args, i32(bh_offset)))
     return out, lse

@@ -166,7 +166,7 @@ def _arch() -> int:
 def _compile_seconds(name: str, case: Case) -> float | None:
     entry = VERSIONS[name]
     cc = torch.cuda.get_device_capability()
-    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(case.dtype, case.D, case.causal),
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(case.dtype, case.D, case.causal, cc[0] * 10 + cc[1]),
                                   _nvrtc.arch_string(cc, arch_specific=entry.arch_specific))
     return cubin.compile_seconds
 

@@ -35,26 +35,47 @@ class Version:
     precision: Precision = "fp32"
     priority: int = 0  # version=None picks the highest-priority rung that takes the inputs
     summary: str = ""
+    # Per-arch overrides of `tiles`, chosen by measurement on that arch: {min arch: {head dim:
+    # (Br, Bc)}}; the highest min arch <= the device's arch that lists the head dim wins.
+    arch_tiles: dict[int, dict[int, tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    # Spill bytes ptxas may report for an arch_tiles instantiation that measured faster than the
+    # spill-free default tile (the rung's source says which and why); 0 for every default tile.
+    arch_tile_spill_bytes: int = 0
 
     @property
     def head_dims(self) -> tuple[int, ...]:
         return tuple(sorted(self.tiles))
 
-    def threads(self, head_dim: int) -> int:
-        return self.threads_per_block(head_dim, *self.tiles[head_dim])
+    def tile(self, head_dim: int, arch: int | None = None) -> tuple[int, int]:
+        """(Br, Bc) at this head dim on this arch (major*10 + minor; None: the default tile)."""
+        for min_arch in sorted(self.arch_tiles, reverse=True):
+            if arch is not None and arch >= min_arch and head_dim in self.arch_tiles[min_arch]:
+                return self.arch_tiles[min_arch][head_dim]
+        return self.tiles[head_dim]
 
-    def name_expression(self, dtype: str, head_dim: int, causal: bool) -> str:
-        Br, Bc = self.tiles[head_dim]
+    def is_arch_tile(self, head_dim: int, arch: int | None) -> bool:
+        return self.tile(head_dim, arch) != self.tiles[head_dim]
+
+    def threads(self, head_dim: int, arch: int | None = None) -> int:
+        return self.threads_per_block(head_dim, *self.tile(head_dim, arch))
+
+    def name_expression(self, dtype: str, head_dim: int, causal: bool, arch: int | None = None) -> str:
+        Br, Bc = self.tile(head_dim, arch)
         return f"tileattn::{self.kernel}<{_CTYPE[dtype]}, {head_dim}, {Br}, {Bc}, {str(causal).lower()}>"
 
-    def smem(self, head_dim: int) -> int:
-        return self.smem_bytes(head_dim, *self.tiles[head_dim])
+    def smem(self, head_dim: int, arch: int | None = None) -> int:
+        return self.smem_bytes(head_dim, *self.tile(head_dim, arch))
 
     def supports(self, dtype: str, head_dim: int, arch: int, precision: str | None = None) -> bool:
         """precision None means the default: FP32-level accuracy for FP32 inputs."""
         wanted = precision or ("fp32" if dtype == "float32" else "native")
         return (dtype in self.dtypes and head_dim in self.tiles and arch >= self.min_arch
                 and (self.precision == wanted or self.precision == "native"))
+
+
+def arch_number(arch: str) -> int:
+    """'sm_90a' -> 90."""
+    return int("".join(ch for ch in arch if ch.isdigit()))
 
 
 _F32 = 4
@@ -163,6 +184,12 @@ _V3_1 = dataclasses.replace(
     tiles={D: _v3_1_tile(D) for D in range(16, 257, 8)},
     threads_per_block=_v3_1_threads,
     priority=11,
+    # Hopper (measured on an H200, bf16, N=8192, vs PyTorch's FA2 in the same run): Bc=128 at D<=64
+    # (1.00x vs 0.93x at Bc=64) and Bc=64 up to D=128 (0.96x / 0.99x causal vs 0.93x / 0.88x at
+    # Bc=32).  From D=88 the Bc=64 tile spills 4-24 bytes: loop-invariant ldmatrix offsets
+    # and the loop bound, reloaded from L1 a few times per K/V block (see v3_1_mma.cu).
+    arch_tiles={90: {D: (128, 128) if D <= 64 else (128, 64) for D in range(16, 129, 8)}},
+    arch_tile_spill_bytes=24,
     summary="v3 with 32 query rows per warp (two m16 tiles) up to D=128: every K/V fragment loaded by "
     "ldmatrix feeds two MMAs, halving shared-memory traffic per MMA",
 )

@@ -41,10 +41,15 @@
 // Threads per block: NTHREADS = 32 * Br / (16 * MT) = 2 * Br / MT, with MT = v3_1_mt(HEAD_DIM)
 // (2 when ceil(HEAD_DIM / 16) * 16 <= 128, else 1): Br threads at D <= 128, 2 Br above.
 //
-// Tiles that compile without spills on sm_80 and sm_90a (NVRTC 13): D_PAD <= 80: Br=128, Bc=64
-// (4 warps, 128 threads, 2 blocks/SM by registers); D_PAD 96..128: Br=128, Bc=32 (Bc=64 needs a
-// few more registers than the 255 left after acc = 2 x D_PAD/2 and S, and spills 8-32 bytes);
-// D_PAD > 128 (MT = 1): as v3, Br=128, Bc=32 up to 192, Br=64, Bc=32 above.
+// Default tiles, spill-free on sm_80..sm_90a (NVRTC 13): D_PAD <= 80: Br=128, Bc=64 (4 warps,
+// 128 threads, 2 blocks/SM by registers); D_PAD 96..128: Br=128, Bc=32; D_PAD > 128 (MT = 1): as
+// v3, Br=128, Bc=32 up to 192, Br=64, Bc=32 above.  On Hopper (versions.py, arch_tiles), measured
+// on an H200: Bc=128 at D <= 64 (acc 64 + S 128 registers, spill-free) and Bc=64 up to D=128.
+// From D=88 that tile needs a few more registers than the 255 left after acc = 2 x D_PAD/2 and
+// S = 64: ptxas spills 4-24 bytes, the per-lane ldmatrix offsets of one operand and the loop
+// bound, reloaded from L1 a few times per K/V block (2-3 LDL among ~2000 instructions).  It is
+// still 4-13% faster than the spill-free Bc=32 (halving the per-block barriers, row-max
+// shuffles and rescales of acc), so Hopper takes it.
 //
 // Head dims: every multiple of 8 from 16 to 256, padded to D_PAD = ceil(D / 16) * 16 for the
 // MMAs (the padding columns are zero-filled by cp.async and never written back).
