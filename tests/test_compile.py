@@ -11,13 +11,17 @@ from tileattn.versions import VERSIONS, arch_number
 ARCHS = ["sm_80", "sm_90a"]
 # Consumer Ampere/Ada (99 KB of shared memory) compile too; checked for the tensor-core rung.
 EXTRA_ARCHS = {"v3": ["sm_86", "sm_89"], "v3.1": ["sm_86", "sm_89"]}
+# (rung, head dim, causal, arch) for every arch a rung runs on (v3.2 needs sm_90's TMA).
 # (rung, head dim, causal): every head dim non-causal, plus the causal instantiation at D=64.
 INSTANCES = [(name, D, False) for name, v in VERSIONS.items() for D in v.head_dims] + [
     (name, 64, True) for name in VERSIONS
 ]
 # What each rung must show in SASS: LDGSTS is cp.async.
 MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.1": ["LDGSTS", "LDS.128"], "v2.2": ["LDGSTS", "HMMA"], "v2.2_tf32": ["LDGSTS", "HMMA"],
-             "v3": ["LDGSTS", "HMMA", "LDSM"], "v3.1": ["LDGSTS", "HMMA", "LDSM"]}
+             "v3": ["LDGSTS", "HMMA", "LDSM"], "v3.1": ["LDGSTS", "HMMA", "LDSM"],
+             # UTMALDG: the TMA tile copy; SYNCS.*: the mbarrier that counts its bytes; no cp.async left.
+             "v3.2": ["UTMALDG", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "HMMA", "LDSM"]}
+MUST_NOT_HAVE_BY_RUNG = {"v3.2": ["LDGSTS"]}
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 
 
@@ -33,8 +37,8 @@ def spill_budget(name, D, arch):
     return v.arch_tile_spill_bytes if v.is_arch_tile(D, arch_number(arch)) else 0
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name,D,causal", INSTANCES, ids=lambda x: str(x))
+@pytest.mark.parametrize("name,D,causal,arch", [(n, D, c, a) for n, D, c in INSTANCES for a in ARCHS
+                                                if arch_number(a) >= VERSIONS[n].min_arch], ids=lambda x: str(x))
 def test_compiles_without_stack_or_spills(name, D, causal, arch):
     res = compiled(name, D, causal, arch).resources
     assert res["registers"] is not None, "ptxas -v report missing"
@@ -66,7 +70,7 @@ def test_sass(name, D, causal):
     assert "FFMA" in sass
     for op in MUST_HAVE.get(name, []):
         assert op in sass, f"{name} D={D}: no {op} in SASS"
-    for op in MUST_NOT_HAVE.get(VERSIONS[name].kind, []):
+    for op in MUST_NOT_HAVE.get(VERSIONS[name].kind, []) + MUST_NOT_HAVE_BY_RUNG.get(name, []):
         assert op not in sass, f"{name} D={D}: {op} in SASS"
     # Local memory means a register array was demoted: the rungs promise none (beyond a documented
     # arch-tile spill of a few scalars, see spill_budget).

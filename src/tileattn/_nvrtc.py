@@ -267,6 +267,29 @@ def load(cubin: Cubin, device_index: int) -> LoadedKernel:
     return _loaded[key]
 
 
+def tensor_map_4d(ptr: int, dtype: str, dims: tuple[int, ...], strides_bytes: tuple[int, ...],
+                  box: tuple[int, int]) -> bytes:
+    """The 128-byte CUtensorMap (TMA descriptor) of a 4-d tensor: dims innermost first (columns,
+    rows, heads, batch), strides in bytes of dims 1..3, box = (columns, rows) of one copy, 128-byte
+    swizzle (SwizzledTile's layout), zeros for elements outside the tensor."""
+    import numpy as np
+    from cuda.bindings import driver
+
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    data_type = {"bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                 "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[dtype]
+    err, tmap = driver.cuTensorMapEncodeTiled(
+        data_type, 4, ptr, [u64(d) for d in dims], [u64(s) for s in strides_bytes],
+        [u32(box[0]), u32(box[1]), u32(1), u32(1)], [u32(1)] * 4,
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err}) for dims {dims}, strides {strides_bytes}, box {box}")
+    return np.array(tmap.opaque, dtype=np.uint64).tobytes()
+
+
 def max_dynamic_smem(device_index: int) -> int:
     from cuda.core import Device
 

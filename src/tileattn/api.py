@@ -15,6 +15,7 @@ Not yet: backward, dropout, arbitrary masks, variable-length batches, KV cache.
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import numbers
@@ -175,7 +176,32 @@ def _kernel(version: str, dtype: str, head_dim: int, causal: bool, device_index:
                          f"this GPU allows {limit}")
     arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
     cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, head_dim, causal, arch_num), arch)
-    return _nvrtc.load(cubin, device_index), smem, entry.tile(head_dim, arch_num)[0], entry.threads(head_dim, arch_num)
+    return _nvrtc.load(cubin, device_index), smem, entry.tile(head_dim, arch_num), entry.threads(head_dim, arch_num)
+
+
+_TMA_CACHE: collections.OrderedDict = collections.OrderedDict()  # layout -> device buffer of 3 tensor maps
+
+
+def _tensor_maps(q, k, v, dtype: str, Br: int, Bc: int) -> torch.Tensor:
+    """The TMA descriptors of q, k, v ((B, H, N, D) views; boxes of 64 columns x Br or Bc rows) in
+    one device buffer of 3 x 128 bytes, for the rungs that read their tiles through the copy engine.
+    A descriptor is a function of pointer, shape, strides and box only, so it is cached by those
+    (the last 256 layouts)."""
+    key = (q.device.index, dtype, Br, Bc, *(x for t in (q, k, v) for x in (t.data_ptr(), *t.shape, *t.stride())))
+    buf = _TMA_CACHE.get(key)
+    if buf is None:
+        size = q.element_size()
+        blob = b"".join(
+            _nvrtc.tensor_map_4d(t.data_ptr(), dtype, dims=tuple(reversed(t.shape)),
+                                 strides_bytes=tuple(s * size for s in reversed(t.stride()[:3])), box=(64, rows))
+            for t, rows in ((q, Br), (k, Bc), (v, Bc)))
+        buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(q.device)
+        _TMA_CACHE[key] = buf
+        if len(_TMA_CACHE) > 256:
+            _TMA_CACHE.popitem(last=False)
+    else:
+        _TMA_CACHE.move_to_end(key)
+    return buf
 
 
 def _dispatch(version, dtype: str, head_dim: int, device: torch.device, precision: str | None) -> Version:
@@ -223,12 +249,16 @@ def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layou
     # Dispatch and compile (cached per instantiation and device).
     entry = _dispatch(version, dtype, D, q.device, precision)
     offset = causal_offset(Nq, Nk, causal)
-    lk, smem, Br, threads = _kernel(entry.name, dtype, D, causal is not None, q.device.index)
-    workspace = (torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=q.device)
-                 if entry.workspace_per_row else lse)
+    lk, smem, (Br, Bc), threads = _kernel(entry.name, dtype, D, causal is not None, q.device.index)
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    if entry.tensor_maps:
+        workspace = _tensor_maps(q, k, v, dtype, Br, Bc)
+    elif entry.workspace_per_row:
+        workspace = torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=q.device)
+    else:
+        workspace = lse  # unused
 
     # Launch on torch's current stream.
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
     i32, i64 = np.int32, np.int64
     head_args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), workspace.data_ptr(),
                  i32(Nq), i32(Nk), i32(H), i32(H // H_kv),

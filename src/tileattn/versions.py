@@ -41,6 +41,7 @@ class Version:
     # Spill bytes ptxas may report for an arch_tiles instantiation that measured faster than the
     # spill-free default tile (the rung's source says which and why); 0 for every default tile.
     arch_tile_spill_bytes: int = 0
+    tensor_maps: bool = False  # reads tiles through TMA descriptors of q, k, v (api.py passes them as workspace)
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -194,6 +195,25 @@ _V3_1 = dataclasses.replace(
     "ldmatrix feeds two MMAs, halving shared-memory traffic per MMA",
 )
 
+_V3_2 = dataclasses.replace(
+    _V3_1,
+    name="v3.2",
+    file="v3_2_mma_tma.cu",
+    kernel="v3_2_fwd",
+    # Head dims whose padded width is whole 64-column panels (the 128-byte TMA swizzle), up to 128
+    # (two m16 row tiles per warp); v3.1's Hopper tiles, but Bc=32 at D=104, 112, where Bc=64 spills.
+    tiles={D: (128, 128) if D <= 64 else (128, 32) if D <= 112 else (128, 64)
+           for D in (*range(40, 65, 8), *range(104, 129, 8))},
+    arch_tiles={},
+    arch_tile_spill_bytes=0,
+    smem_bytes=lambda D, Br, Bc: _v3_smem(D, Br, Bc) + 5 * 8,  # + the mbarriers of Q, K x2, V x2
+    min_arch=90,
+    tensor_maps=True,
+    priority=12,
+    summary="v3.1 with Q, K, V tiles loaded by the tensor memory accelerator (one cp.async.bulk.tensor per "
+    "64-column panel from one thread, mbarrier completion): no per-thread copy code (sm_90)",
+)
+
 VERSIONS: dict[str, Version] = {
     v.name: v
     for v in [
@@ -241,6 +261,7 @@ VERSIONS: dict[str, Version] = {
         _V2_2_TF32,
         _V3,
         _V3_1,
+        _V3_2,
     ]
 }
 

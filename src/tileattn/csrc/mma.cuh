@@ -173,6 +173,42 @@ struct SwizzledTile {
   }
 };
 
+// ---- Tensor-memory-accelerator copies (sm_90): the copy engine moves whole tiles, an mbarrier counts bytes ----
+// A CTA-local mbarrier completes a phase when its pending arrivals (1 here: the thread that
+// announces the bytes) reach zero and every announced byte has landed.  Waiting on the phase
+// also makes the copied data visible to the waiting thread.
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Makes the mbarrier inits visible to the async proxy (the copy engine) before first use.
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// The one arrival of a phase, announcing how many bytes its copies will deliver.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Spin until the phase with this parity (0, 1, 0, ... for the phases in order) has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// One box of a 4-d tensor map (coordinates innermost first: column, row, head, batch) from
+// global to shared memory at dst, completion counted on mbarrier bar.  tmap is the generic address
+// of the 128-byte CUtensorMap (here in global memory, written by the host before the launch).
+// The CTA's own shared addresses are valid shared::cluster addresses.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const void* tmap, int c0, int c1, int c2, int c3,
+                                            unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
 // Copy rows [row0, row0 + ROWS) of one head's (N, HEAD_DIM) matrix into a SwizzledTile of
 // COLS columns with 16-byte cp.async.  Rows >= nrows and the columns from HEAD_DIM up to the
 // next multiple of 16 are zero-filled by the copy itself (src-size 0); columns past that (the

@@ -87,10 +87,11 @@ __host__ __device__ constexpr int v3_1_q_in_regs(int head_dim, int Bc) {
   return v3_1_mt(head_dim) * ((head_dim + 15) / 16 * 16 * 3 / 4 + Bc / 2) <= 160;
 }
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
-                                  v3_1_min_blocks(v3_1_threads(HEAD_DIM, Br)))
-    v3_1_fwd(TILEATTN_FWD_PARAMS(T)) {
+// The kernel body, shared with v3.2 (v3_2_mma_tma.cu), which sets TMA: Q, K and V then arrive
+// by tensor-memory-accelerator copies (tensor maps in `workspace`), counted by mbarriers, instead
+// of by cp.async.  The shared tiles and everything between the loads are the same code.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool TMA>
+__device__ __forceinline__ void v3_1_body(TILEATTN_FWD_PARAMS(T)) {
   static_assert(sizeof(T) == 2, "v3.1 is a 16-bit (fp16 / bf16) rung");
   static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 16 && HEAD_DIM <= 256, "head dim: 16..256, step 8");
   constexpr int MT = v3_1_mt(HEAD_DIM);  // m16 row tiles per warp
@@ -107,15 +108,20 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
   constexpr bool Q_IN_REGS = v3_1_q_in_regs(HEAD_DIM, Bc);
   using QTile = SwizzledTile<Br, D_SMEM>;
   using KVTile = SwizzledTile<Bc, D_SMEM>;
+  static_assert(!TMA || D_SMEM % 64 == 0, "TMA: whole 64-column panels (the 128-byte swizzle)");
 
-  // [Q: Br x D_SMEM][K stage 0][K stage 1][V stage 0][V stage 1], every tile swizzled.
-  extern __shared__ __align__(128) unsigned char smem[];
+  // [Q: Br x D_SMEM][K stage 0][K stage 1][V stage 0][V stage 1], every tile swizzled, then
+  // (TMA) the mbarriers of Q, K stage 0, 1 and V stage 0, 1.  1024-byte alignment: TMA's
+  // 128-byte swizzle is a function of the shared address bits 4-9, which then equal SwizzledTile's.
+  extern __shared__ __align__(1024) unsigned char smem[];
   unsigned char* Qs = smem;
   unsigned char* Ks = smem + QTile::BYTES;
   unsigned char* Vs = Ks + 2 * KVTile::BYTES;
   const unsigned Qs_addr = static_cast<unsigned>(__cvta_generic_to_shared(Qs));
   const unsigned Ks_addr = static_cast<unsigned>(__cvta_generic_to_shared(Ks));
   const unsigned Vs_addr = static_cast<unsigned>(__cvta_generic_to_shared(Vs));
+  const unsigned bar_addr = Vs_addr + 2 * KVTile::BYTES;  // TMA: 5 mbarriers of 8 bytes
+  const unsigned Q_bar = bar_addr, K_bar = bar_addr + 8, V_bar = bar_addr + 24;  // + 8 * stage
 
   const int bh = blockIdx.y + bh_offset;
   const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
@@ -132,14 +138,45 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
   const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
   const int Tc = (kv_limit + Bc - 1) / Bc;
 
-  // Prologue: three commit groups, Q | K_0 | V_0 (empty groups when Tc == 0 keep the counts of
-  // the cp_async_wait calls below the same in every case).
-  tile_async_copy<T, Br, D_SMEM, HEAD_DIM, NTHREADS>(Qs, hs.q, q_sn, q_start, Nq, tid);
-  cp_async_commit();
-  if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks, hs.k, k_sn, 0, Nk, tid);
-  cp_async_commit();
-  if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs, hs.v, v_sn, 0, Nk, tid);
-  cp_async_commit();
+  // TMA: one thread issues each tile as one copy per 64-column panel (box 64 x rows, 128-byte
+  // swizzle: exactly SwizzledTile's layout), counted on the tile's mbarrier.  Rows past N and
+  // columns past HEAD_DIM are out of the tensor: the copy engine fills them with zeros (and still
+  // counts their bytes), so tails and head-dim padding need no code.  The tensor maps (q, k, v;
+  // 128 bytes each, built by api.py) sit in global memory at `workspace`.
+  const void* tmaps = workspace;
+  const int b_ = bh / H, h_ = bh % H;
+  auto tma_tile = [&](auto which, unsigned dst, unsigned bar, int rows, int first_row) {
+    constexpr int W = decltype(which)::value;  // 0: q, 1: k, 2: v
+    mbar_arrive_expect_tx(bar, rows * D_SMEM * 2);
+#pragma unroll
+    for (int p = 0; p < D_SMEM / 64; ++p)
+      tma_load_4d(dst + p * rows * 128, static_cast<const char*>(tmaps) + 128 * W, p * 64, first_row,
+                  W == 0 ? h_ : h_ / h_per_kv, b_, bar);
+  };
+  using Qm = IntConst<0>;
+  using Km = IntConst<1>;
+  using Vm = IntConst<2>;
+
+  if constexpr (TMA) {
+    if (tid == 0) {
+      for (int b = 0; b < 5; ++b) mbar_init(bar_addr + 8 * b, 1);
+      mbar_fence_init();
+      tma_tile(Qm{}, Qs_addr, Q_bar, Br, q_start);
+      if (Tc > 0) {
+        tma_tile(Km{}, Ks_addr, K_bar, Bc, 0);
+        tma_tile(Vm{}, Vs_addr, V_bar, Bc, 0);
+      }
+    }
+  } else {
+    // Prologue: three commit groups, Q | K_0 | V_0 (empty groups when Tc == 0 keep the counts
+    // of the cp_async_wait calls below the same in every case).
+    tile_async_copy<T, Br, D_SMEM, HEAD_DIM, NTHREADS>(Qs, hs.q, q_sn, q_start, Nq, tid);
+    cp_async_commit();
+    if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks, hs.k, k_sn, 0, Nk, tid);
+    cp_async_commit();
+    if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs, hs.v, v_sn, 0, Nk, tid);
+    cp_async_commit();
+  }
 
   // Per-lane ldmatrix row / chunk, as in v3 (Q: A operand; K: B operand, two key n-tiles;
   // V: .trans B operand, two head-dim n-tiles).  Row tile mt of Q adds 16 mt to the row base.
@@ -148,8 +185,13 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
   const int v_r = lane % 8 + 8 * ((lane / 8) % 2), v_c = lane / 16;
 
   unsigned q_frag[Q_IN_REGS ? KSTEPS : 1][MT][4];  // A fragments of this warp's 16 MT Q rows
-  cp_async_wait<2>();                              // Q has landed (K_0, V_0 may be in flight)
-  __syncthreads();
+  if constexpr (TMA) {
+    __syncthreads();  // the mbarrier inits are visible to every thread
+    mbar_wait(Q_bar, 0);
+  } else {
+    cp_async_wait<2>();  // Q has landed (K_0, V_0 may be in flight)
+    __syncthreads();
+  }
   if constexpr (Q_IN_REGS) {
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks)
@@ -182,18 +224,29 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
   for (int j = 0; j < Tc; ++j) {
     const int stage = j & 1;
     const int kv_start = j * Bc;
-    cp_async_wait<1>();  // K_j has landed (V_j may still be in flight)
-    // Publishes K_j to every warp, and tells us every warp is done with block j-1, whose
-    // stage (j+1)&1 the prefetch below overwrites.
-    __syncthreads();
-    if (j + 1 < Tc)
-      tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks + (stage ^ 1) * KVTile::BYTES, hs.k, k_sn,
-                                                        kv_start + Bc, Nk, tid);
-    cp_async_commit();
-    if (j + 1 < Tc)
-      tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs + (stage ^ 1) * KVTile::BYTES, hs.v, v_sn,
-                                                        kv_start + Bc, Nk, tid);
-    cp_async_commit();
+    if constexpr (TMA) {
+      // K_j has landed (phase j / 2 of its stage's barrier); the barrier below then tells us
+      // every warp is done with block j-1, whose stage the prefetch overwrites.
+      mbar_wait(K_bar + 8 * stage, (j >> 1) & 1);
+      __syncthreads();
+      if (tid == 0 && j + 1 < Tc) {
+        tma_tile(Km{}, Ks_addr + (stage ^ 1) * KVTile::BYTES, K_bar + 8 * (stage ^ 1), Bc, kv_start + Bc);
+        tma_tile(Vm{}, Vs_addr + (stage ^ 1) * KVTile::BYTES, V_bar + 8 * (stage ^ 1), Bc, kv_start + Bc);
+      }
+    } else {
+      cp_async_wait<1>();  // K_j has landed (V_j may still be in flight)
+      // Publishes K_j to every warp, and tells us every warp is done with block j-1, whose
+      // stage (j+1)&1 the prefetch below overwrites.
+      __syncthreads();
+      if (j + 1 < Tc)
+        tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks + (stage ^ 1) * KVTile::BYTES, hs.k, k_sn,
+                                                          kv_start + Bc, Nk, tid);
+      cp_async_commit();
+      if (j + 1 < Tc)
+        tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs + (stage ^ 1) * KVTile::BYTES, hs.v, v_sn,
+                                                          kv_start + Bc, Nk, tid);
+      cp_async_commit();
+    }
 
     // A warp skips a block none of its rows can use: all 16 MT rows past Nq, or, on the
     // diagonal, all of them ending before kv_start.  It still reaches both barriers.  (A row
@@ -308,8 +361,14 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
       }
     }
 
-    cp_async_wait<2>();  // V_j has landed (K_{j+1}, V_{j+1} may be in flight)
-    __syncthreads();     // ... and is visible to every warp
+    if constexpr (TMA) {
+      // V_j has landed and is visible to this thread: no block-wide barrier.  Every warp waits,
+      // also one that skips the block, so no copy is still in flight when the CTA exits.
+      mbar_wait(V_bar + 8 * stage, (j >> 1) & 1);
+    } else {
+      cp_async_wait<2>();  // V_j has landed (K_{j+1}, V_{j+1} may be in flight)
+      __syncthreads();     // ... and is visible to every warp
+    }
     if (warp_active) {
       // 6. acc += P V_j: k-steps of 16 keys, two 8-column n-tiles of O per ldmatrix.trans, each
       //    used by the MT row tiles.
@@ -369,6 +428,14 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br),
     for (int r = 0; r < 2 * MT; ++r)
       if (row0 + 8 * r < Nq) hs.lse[row0 + 8 * r] = row_lse(m_i[r] * LN2, l_i[r]);
   }
+}
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br), v3_1_min_blocks(v3_1_threads(HEAD_DIM, Br)))
+    v3_1_fwd(TILEATTN_FWD_PARAMS(T)) {
+  v3_1_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*TMA=*/false>(q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh,
+                                                        q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn, o_sb, o_sh, o_sn,
+                                                        softmax_scale, causal_offset, bh_offset);
 }
 
 }  // namespace tileattn

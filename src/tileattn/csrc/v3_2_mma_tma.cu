@@ -1,0 +1,42 @@
+// v3.2: v3.1 with Q, K and V loaded by Hopper's tensor memory accelerator (TMA), sm_90.
+//
+// Why: in v3.1 every thread issues the K/V copies itself: 16-byte cp.async (LDGSTS), each with
+// its own 64-bit source address, a bounds test and a swizzled destination, ~8 instructions per
+// 16 bytes, every K/V block (D=128, Bc=64: 16 copies per thread and block, about a tenth of all
+// issued instructions), and their address registers are what pushes v3.1 past 255 registers at
+// D=128.  Measured on an H200 by dropping v3.1's in-loop copies (wrong results, an upper bound):
+// +12% at D=64, +15% at D=128.  On sm_90 a single thread can hand the copy engine a whole tile:
+//  * cp.async.bulk.tensor.4d: one instruction per 64-column panel of a Q, K or V tile, issued by
+//    thread 0, reading through a tensor map (dims D, N, heads, batch with the tensor's strides;
+//    box 64 columns x Br or Bc rows) that api.py encodes once per input layout and keeps in
+//    global memory (the `workspace` argument).  The map's 128-byte swizzle writes exactly the
+//    SwizzledTile layout the ldmatrix code already reads (address bits 4-6 XOR bits 7-9, with
+//    1024-byte aligned panels), so the compute is unchanged.
+//  * Rows past N and columns past HEAD_DIM lie outside the tensor and arrive as zeros: no tail
+//    or padding code.
+//  * Completion: each tile's bytes are announced on its mbarrier (arrive.expect_tx) and counted
+//    down by the copy engine; waiting on the barrier's phase orders and publishes the data.
+//    The mid-block __syncthreads of v3.1 (waiting for V_j) becomes a per-warp mbarrier wait;
+//    the barrier at the top of each block stays (no warp may still read the stage that thread 0
+//    is about to refill).
+// Head dims: those whose padded width D_SMEM is a whole number of 64-column panels (40..64 and
+// 104..128, in steps of 8), the 128-byte swizzle's unit; others run v3.1.
+//
+// The compute (32 rows per warp, S and O in registers, P fed back as the A operand, ldmatrix,
+// exp2 with the scale folded into one FFMA, two-level causal mask) is v3.1's, the same code
+// (v3_1_body with TMA = true).  Shared memory: v3.1's plus 40 bytes of mbarriers.
+#include "v3_1_mma.cu"
+
+namespace tileattn {
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br), v3_1_min_blocks(v3_1_threads(HEAD_DIM, Br)))
+    v3_2_fwd(TILEATTN_FWD_PARAMS(T)) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  v3_1_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*TMA=*/true>(q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh,
+                                                      q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn, o_sb, o_sh, o_sn,
+                                                      softmax_scale, causal_offset, bh_offset);
+#endif
+}
+
+}  // namespace tileattn
