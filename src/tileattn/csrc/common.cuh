@@ -40,9 +40,6 @@ struct HeadSlice {
                                   lse + (long long)(bh) * Nq};                             \
   }()
 
-// std::integral_constant for NVRTC, which ships no <type_traits>.
-template <int V> struct IntConst { static constexpr int value = V; };
-
 // The last key a query row may see (exclusive bound), given causal alignment.
 template <bool CAUSAL>
 __device__ __forceinline__ int key_end(int row, int Nk, int causal_offset) {

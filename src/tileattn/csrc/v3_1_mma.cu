@@ -145,26 +145,23 @@ __device__ __forceinline__ void v3_1_body(TILEATTN_FWD_PARAMS(T)) {
   // 128 bytes each, built by api.py) sit in global memory at `workspace`.
   const void* tmaps = workspace;
   const int b_ = bh / H, h_ = bh % H;
-  auto tma_tile = [&](auto which, unsigned dst, unsigned bar, int rows, int first_row) {
-    constexpr int W = decltype(which)::value;  // 0: q, 1: k, 2: v
+  enum { QMAP = 0, KMAP = 1, VMAP = 2 };
+  auto tma_tile = [&](int map, unsigned dst, unsigned bar, int rows, int first_row) {
     mbar_arrive_expect_tx(bar, rows * D_SMEM * 2);
 #pragma unroll
     for (int p = 0; p < D_SMEM / 64; ++p)
-      tma_load_4d(dst + p * rows * 128, static_cast<const char*>(tmaps) + 128 * W, p * 64, first_row,
-                  W == 0 ? h_ : h_ / h_per_kv, b_, bar);
+      tma_load_4d(dst + p * rows * 128, static_cast<const char*>(tmaps) + 128 * map, p * 64, first_row,
+                  map == QMAP ? h_ : h_ / h_per_kv, b_, bar);
   };
-  using Qm = IntConst<0>;
-  using Km = IntConst<1>;
-  using Vm = IntConst<2>;
 
   if constexpr (TMA) {
     if (tid == 0) {
       for (int b = 0; b < 5; ++b) mbar_init(bar_addr + 8 * b, 1);
       mbar_fence_init();
-      tma_tile(Qm{}, Qs_addr, Q_bar, Br, q_start);
+      tma_tile(QMAP, Qs_addr, Q_bar, Br, q_start);
       if (Tc > 0) {
-        tma_tile(Km{}, Ks_addr, K_bar, Bc, 0);
-        tma_tile(Vm{}, Vs_addr, V_bar, Bc, 0);
+        tma_tile(KMAP, Ks_addr, K_bar, Bc, 0);
+        tma_tile(VMAP, Vs_addr, V_bar, Bc, 0);
       }
     }
   } else {
@@ -230,8 +227,8 @@ __device__ __forceinline__ void v3_1_body(TILEATTN_FWD_PARAMS(T)) {
       mbar_wait(K_bar + 8 * stage, (j >> 1) & 1);
       __syncthreads();
       if (tid == 0 && j + 1 < Tc) {
-        tma_tile(Km{}, Ks_addr + (stage ^ 1) * KVTile::BYTES, K_bar + 8 * (stage ^ 1), Bc, kv_start + Bc);
-        tma_tile(Vm{}, Vs_addr + (stage ^ 1) * KVTile::BYTES, V_bar + 8 * (stage ^ 1), Bc, kv_start + Bc);
+        tma_tile(KMAP, Ks_addr + (stage ^ 1) * KVTile::BYTES, K_bar + 8 * (stage ^ 1), Bc, kv_start + Bc);
+        tma_tile(VMAP, Vs_addr + (stage ^ 1) * KVTile::BYTES, V_bar + 8 * (stage ^ 1), Bc, kv_start + Bc);
       }
     } else {
       cp_async_wait<1>();  // K_j has landed (V_j may still be in flight)
