@@ -1,6 +1,17 @@
-export PYTHONPATH=$PWD/src TILEATTN_CACHE_DIR=/tmp/tc
+#!/usr/bin/env bash
+# Where the time goes: pipe utilisation and issue-stall breakdown of one launch per kernel
+# (bf16, B=4 H=16 N=8192), for the given "kernel-regex version D" specs (default: v3.1, v3.2 and
+# PyTorch's FA2 at D=64 and 128).  Usage: bash scripts/ncu_pipes.sh ["v3_2_fwd v3.2 64" ...]
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 M=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__warps_active.avg.per_cycle_active,launch__registers_per_thread,gpu__time_duration.sum
-for r in stall_math_pipe_throttle stall_wait stall_short_scoreboard stall_mio_throttle stall_barrier stall_long_scoreboard stall_not_selected selected stall_dispatch_stall stall_lg_throttle stall_no_instruction stall_branch_resolving; do M=$M,smsp__average_warps_issue_${r/stall_/stalled_}_per_issue_active.ratio; done
-for spec in "v3_1_fwd v3.1 64" "flash_fwd sdpa_flash 64" "v3_1_fwd v3.1 128" "flash_fwd sdpa_flash 128"; do set -- $spec
-  echo "=== $2 D=$3"; ncu --clock-control none -k regex:$1 --launch-skip 1 -c 1 --metrics $M python3 scripts/profile_one.py $2 bfloat16 $3 2>&1 | grep -E "^\s+(sm|smsp|launch|gpu)__" | awk '{print $1, $NF}' | sed 's/smsp__average_warps_issue_//; s/_per_issue_active.ratio//'
+for r in math_pipe_throttle wait short_scoreboard mio_throttle barrier long_scoreboard not_selected dispatch_stall lg_throttle no_instruction branch_resolving; do
+  M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+done
+specs=("$@")
+[ ${#specs[@]} -eq 0 ] && specs=("v3_1_fwd v3.1 64" "v3_2_fwd v3.2 64" "flash_fwd sdpa_flash 64" "v3_1_fwd v3.1 128" "v3_2_fwd v3.2 128" "flash_fwd sdpa_flash 128")
+for spec in "${specs[@]}"; do set -- $spec
+  echo "=== $2 D=$3"
+  ncu --clock-control none -k regex:$1 --launch-skip 1 -c 1 --metrics $M python3 scripts/profile_one.py $2 bfloat16 $3 2>&1 \
+    | grep -E "^\s+(sm|smsp|launch|gpu)__" | awk '{print $1, $NF}' | sed 's/smsp__average_warps_issue_//; s/_per_issue_active.ratio//'
 done
