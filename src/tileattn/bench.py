@@ -172,6 +172,20 @@ def _compile_seconds(name: str, case: Case) -> float | None:
 
 
 def environment() -> dict:
+    # The device machine's copy of the tree may carry a stale .git: the caller's TILEATTN_COMMIT
+    # (the commit it shipped) wins.
+    if os.environ.get("TILEATTN_COMMIT"):
+        commit, dirty = os.environ["TILEATTN_COMMIT"], False
+    else:
+        commit, dirty = _git_state()
+    import triton
+
+    return dict(gpu=torch.cuda.get_device_name(), commit=commit, dirty=dirty, torch=torch.__version__,
+                triton=triton.__version__, cuda=torch.version.cuda, nvrtc=_nvrtc.nvrtc_version(),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def _git_state() -> tuple[str | None, bool]:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).parent).stdout.strip() or None
@@ -179,13 +193,7 @@ def environment() -> dict:
                                     text=True, cwd=Path(__file__).parent).stdout.strip())
     except OSError:
         commit, dirty = None, False
-    # A copy of the tree without .git (the device machine) is told its commit by the caller.
-    commit = commit or os.environ.get("TILEATTN_COMMIT")
-    import triton
-
-    return dict(gpu=torch.cuda.get_device_name(), commit=commit, dirty=dirty, torch=torch.__version__,
-                triton=triton.__version__, cuda=torch.version.cuda, nvrtc=_nvrtc.nvrtc_version(),
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    return commit, dirty
 
 
 def add_ratios(rows: list[dict]) -> None:
