@@ -154,22 +154,26 @@ def _cpu_fallback() -> int:
 def cmd_report(args) -> int:
     """Regenerate README.md's result tables from the committed JSON under bench/results/.
     Each table sits between <!-- results:NAME --> and <!-- /results:NAME --> markers;
-    <!-- results:NAME N=8192 --> keeps only that sequence length (the full table is in the JSON)."""
+    <!-- results:NAME N=8192 --> keeps only that sequence length (the full table is in the JSON);
+    <!-- results:NAME ratios --> is one line per shape with every rung's ratio to every peer."""
     import re
 
-    from .bench import markdown_table
+    from .bench import markdown_table, ratio_table
 
     readme = Path(args.readme)
     text = readme.read_text()
     for path in sorted(Path(args.results).glob("*.json")):
         result = json.loads(path.read_text())
         name = re.escape(path.stem)
-        pattern = re.compile(rf"<!-- results:{name}( N=(\d+))? -->.*?<!-- /results:{name} -->", re.S)
+        pattern = re.compile(rf"<!-- results:{name}( N=(\d+)| ratios)? -->.*?<!-- /results:{name} -->", re.S)
 
         def block(m):
-            shown = result if not m.group(2) else dict(result, rows=[r for r in result["rows"]
-                                                                     if r["Nq"] == int(m.group(2))])
-            return (f"<!-- results:{path.stem}{m.group(1) or ''} -->\n{markdown_table(shown)}\n\n"
+            if m.group(1) == " ratios":
+                table = ratio_table(result)
+            else:
+                table = markdown_table(result if not m.group(2) else dict(
+                    result, rows=[r for r in result["rows"] if r["Nq"] == int(m.group(2))]))
+            return (f"<!-- results:{path.stem}{m.group(1) or ''} -->\n{table}\n\n"
                     f"{result['gpu']}, commit {result['commit']}, torch {result['torch']}, {result['date'][:10]}; "
                     f"`{result['command']}`; all rows: [{path.name}](bench/results/{path.name}), chart: "
                     f"[{path.stem}.png](bench/results/{path.stem}.png)\n<!-- /results:{path.stem} -->")

@@ -263,3 +263,23 @@ def markdown_table(result: dict) -> str:
                          err=f"{r['rel_err']:.1e}" if "rel_err" in r else "",
                          cs=f"{r['compile_s']:.1f}" if r.get("compile_s") else ""))
     return "\n".join(lines)
+
+
+def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
+    """One line per shape: TFLOP/s of every rung and of the given peers (timed in the same run), and
+    every rung's ratio to the first peer and the last (newest) rung's ratio to the others."""
+    rungs = [i for i in dict.fromkeys(r["impl"] for r in result["rows"]) if i in VERSIONS]
+    peers = [p for p in peers if any(r["impl"] == p and r.get("tflops") for r in result["rows"])]
+    shapes = list(dict.fromkeys((r["dtype"], r["D"], r["Nq"], r["B"], r["causal"]) for r in result["rows"]))
+    tflops = {(r["impl"], r["dtype"], r["D"], r["Nq"], r["B"], r["causal"]): r.get("tflops") for r in result["rows"]}
+    pairs = [(i, peers[0]) for i in rungs] + [(rungs[-1], p) for p in peers[1:]]
+    head = ["dtype", "D", "N", "B", "causal"] + [f"{i} TFLOP/s" for i in rungs + peers] + [f"{i} / {p}" for i, p in pairs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape in shapes:
+        cells = [shape[0], shape[1], shape[2], shape[3], "yes" if shape[4] else "no"]
+        cells += [f"{t:.0f}" if (t := tflops.get((i, *shape))) else "" for i in rungs + peers]
+        for i, p in pairs:
+            t, ref = tflops.get((i, *shape)), tflops.get((p, *shape))
+            cells.append(f"{t / ref:.2f}x" if t and ref else "")
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
