@@ -1,4 +1,4 @@
-"""Time one rung at other (Br, Bc) tiles than the registered ones, beside sdpa_flash, to choose
+"""Time one rung at other (Br, Bc) tiles than the registered ones, beside one peer (sdpa_flash), to choose
 tiles by measurement.  Usage (on a GPU):
     python scripts/tile_sweep.py v3.1 64:128x64,128x128 128:128x32,128x64 [--dtype bfloat16] [--seqlen 8192]
 Prints one line per (tile, shape) and writes JSON to $OUT/tile_sweep.json when OUT is set."""
@@ -20,6 +20,7 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--peer", default="sdpa_flash", help="the peer to time beside and divide by")
     args = ap.parse_args()
     base = versions.VERSIONS[args.version]
     rows = []
@@ -39,12 +40,12 @@ def main():
             names.append(name)
         B = 32768 // args.seqlen
         cases = [bench.Case(B, args.heads, args.seqlen, D, args.dtype, c) for c in (False, True)]
-        rows += bench.run(cases, names, ["sdpa_flash"])
-    flash = {(r["D"], r["causal"]): r["tflops"] for r in rows if r["impl"] == "sdpa_flash"}
+        rows += bench.run(cases, names, [args.peer])
+    flash = {(r["D"], r["causal"]): r["tflops"] for r in rows if r["impl"] == args.peer}
     for r in rows:
         ratio = r["tflops"] / flash[(r["D"], r["causal"])]
         print(f"{r['impl']:>16} D={r['D']:<4} causal={r['causal']!s:<5} {r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s "
-              f"{ratio:5.3f}x flash  err={r.get('rel_err', float('nan')):.1e}")
+              f"{ratio:5.3f}x {args.peer}  err={r.get('rel_err', float('nan')):.1e}")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "tile_sweep.json"), "w") as f:
             json.dump(rows, f, indent=1)

@@ -165,7 +165,11 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
     const int kv_start = j * Bc;
     cp_async_wait<0>();  // block j (and, at j = 0, Q) has landed in Kraw/Vraw[cur]
     __syncthreads();     // ... for every thread; and everyone is done with Khi..Vlo of block j-1
+#ifdef TILEATTN_NO_COPY
+    if (j + 1 < Tc && j == 0) {
+#else
     if (j + 1 < Tc) {    // prefetch block j+1 into the other landing buffer
+#endif
       rows_async_copy<Bc, HEAD_DIM, SK, NTHREADS>(hs.k, k_sn, Kraw + (cur ^ 1) * Bc * SK, kv_start + Bc, Nk);
       rows_async_copy<Bc, HEAD_DIM, SK, NTHREADS>(hs.v, v_sn, Vraw + (cur ^ 1) * Bc * SK, kv_start + Bc, Nk);
       cp_async_commit();
@@ -173,6 +177,9 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
     // Split pass: K as [Bc][SK] hi/lo (float4 in, float4 out); V transposed to [D][SV] hi/lo with
     // permuted keys.  Consecutive lanes take consecutive keys of V: the float4 reads hit 8 distinct
     // 16-byte groups per phase and the transposed scalar writes 32 distinct banks.
+#ifdef TILEATTN_NO_SPLIT
+    if (j < 2)
+#endif
     {
       const float* Kc = Kraw + cur * Bc * SK;
       const float* Vc = Vraw + cur * Bc * SK;
