@@ -83,16 +83,6 @@ __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
-// 2^x on the SFU (MUFU.EX2), one instruction.  exp2f without fast math wraps the same
-// instruction in a denormal-range fix-up; here results below 2^-126 flush to 0, which is
-// harmless for softmax weights (they are added to sums >= 1).  ex2(-inf) = +0, the weight a
-// masked score must get.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // ---- Swizzled shared-memory tile of 16-bit elements ----
 //
 // A [ROWS][COLS] tile (COLS % 16 == 0) is stored as 16-byte chunks (8 elements).  Shared memory
