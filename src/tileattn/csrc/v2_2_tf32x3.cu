@@ -92,6 +92,10 @@ __device__ __forceinline__ void rows_async_copy(const float* src, long long src_
   }
 }
 
+// Position of key `key` (within its group of 8) in the permuted V layout: k-index t holds key 2t,
+// k-index t+4 holds key 2t+1 (see the header).
+__device__ __forceinline__ int permuted_key(int key) { return (key & ~7) | ((key & 1) << 2) | ((key & 7) >> 1); }
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool SPLIT>
 __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
   static_assert(sizeof(T) == 4, "v2.2 is an FP32 rung");
@@ -123,9 +127,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
   const int q_start = blockIdx.x * Br;
   const int wrow = warp * 16;  // this warp's first row in the Q tile
   const int row_a = q_start + wrow + g, row_b = row_a + 8;  // the two query rows this thread holds
-  // The scale is folded into the exponent, 2^(s S - m) as one FFMA (api.py passes scale >= 0;
-  // s is clamped at 1e-30 so that a masked -inf * s stays -inf when softmax_scale = 0).
-  const float scale_log2 = fmaxf(softmax_scale * TILEATTN_LOG2E, 1e-30f);
+  const float scale_log2 = softmax_scale * TILEATTN_LOG2E;
 
   const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
   const int Tc = (kv_limit + Bc - 1) / Bc;
@@ -163,21 +165,14 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
     const int kv_start = j * Bc;
     cp_async_wait<0>();  // block j (and, at j = 0, Q) has landed in Kraw/Vraw[cur]
     __syncthreads();     // ... for every thread; and everyone is done with Khi..Vlo of block j-1
-#ifdef TILEATTN_NO_COPY
-    if (j + 1 < Tc && j == 0) {
-#else
     if (j + 1 < Tc) {    // prefetch block j+1 into the other landing buffer
-#endif
       rows_async_copy<Bc, HEAD_DIM, SK, NTHREADS>(hs.k, k_sn, Kraw + (cur ^ 1) * Bc * SK, kv_start + Bc, Nk);
       rows_async_copy<Bc, HEAD_DIM, SK, NTHREADS>(hs.v, v_sn, Vraw + (cur ^ 1) * Bc * SK, kv_start + Bc, Nk);
       cp_async_commit();
     }
     // Split pass: K as [Bc][SK] hi/lo (float4 in, float4 out); V transposed to [D][SV] hi/lo with
-    // permuted keys (4 x 4 blocks, float4 in and out).  Every warp access is 32 x 16 bytes over
-    // all 8 bank groups: the 4 wavefronts such an access needs at best.
-#ifdef TILEATTN_NO_SPLIT
-    if (j < 2)
-#endif
+    // permuted keys.  Consecutive lanes take consecutive keys of V: the float4 reads hit 8 distinct
+    // 16-byte groups per phase and the transposed scalar writes 32 distinct banks.
     {
       const float* Kc = Kraw + cur * Bc * SK;
       const float* Vc = Vraw + cur * Bc * SK;
@@ -193,29 +188,17 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
             __float_as_uint(x.y), __float_as_uint(x.z), __float_as_uint(x.w));
         if (SPLIT) *reinterpret_cast<uint4*>(Klo + r * SK + c) = lo;
       }
-      // V: a thread takes 4 keys x 4 head-dim columns and writes them transposed as 4 float4
-      // rows.  Keys 8 g + p + {0, 2, 4, 6} (p = 0, 1) land at the permuted positions 8 g + 4 p +
-      // {0, 1, 2, 3}, i.e. position quad 2 g + p: contiguous, so every store is 16 bytes (a
-      // scalar-store transpose would take 4x the store instructions).
-      for (int i = threadIdx.x; i < Bc * HEAD_DIM / 16; i += NTHREADS) {
-        const int quad = i % (Bc / 4), d = (i / (Bc / 4)) * 4;
-        const int key0 = (quad / 2) * 8 + quad % 2;
-        float x[4][4];  // [key j][column e]
-#pragma unroll
-        for (int jk = 0; jk < 4; ++jk) {
-          const float4 r = *reinterpret_cast<const float4*>(Vc + (key0 + 2 * jk) * SK + d);
-          x[jk][0] = r.x, x[jk][1] = r.y, x[jk][2] = r.z, x[jk][3] = r.w;
-        }
+      for (int i = threadIdx.x; i < Bc * HEAD_DIM / 4; i += NTHREADS) {
+        const int key = i % Bc, d = (i / Bc) * 4;
+        const float4 x = *reinterpret_cast<const float4*>(Vc + key * SK + d);
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+        const int pos = permuted_key(key);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          uint4 hi, lo;
-          split_tf32(x[0][e], hi.x, lo.x);
-          split_tf32(x[1][e], hi.y, lo.y);
-          split_tf32(x[2][e], hi.z, lo.z);
-          split_tf32(x[3][e], hi.w, lo.w);
-          *reinterpret_cast<uint4*>(Vhi + (d + e) * SV + 4 * quad) = SPLIT ? hi : make_uint4(
-              __float_as_uint(x[0][e]), __float_as_uint(x[1][e]), __float_as_uint(x[2][e]), __float_as_uint(x[3][e]));
-          if (SPLIT) *reinterpret_cast<uint4*>(Vlo + (d + e) * SV + 4 * quad) = lo;
+          unsigned hi, lo;
+          split_tf32(xs[e], hi, lo);
+          Vhi[(d + e) * SV + pos] = SPLIT ? __uint_as_float(hi) : xs[e];
+          if (SPLIT) Vlo[(d + e) * SV + pos] = __uint_as_float(lo);
         }
       }
     }
@@ -250,8 +233,8 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
       }
     }
 
-    // 2. Mask the raw scores: keys past Nk, and above the diagonal on the block(s) that straddle
-    //    it.  Only those blocks pay for the compares.
+    // 2. Scale into the log2 domain and mask: keys past Nk, and above the diagonal on the
+    //    block(s) that straddle it.  Only those blocks pay for the compares.
     const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
     const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
     const int kend_b = key_end<CAUSAL>(row_b, Nk, causal_offset);
@@ -261,27 +244,24 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int key = kv_start + n * 8 + 2 * t + (r & 1);
-        float s = S[n][r];
+        float s = S[n][r] * scale_log2;
         if (needs_mask && key >= (r < 2 ? kend_a : kend_b)) s = TILEATTN_NEG_INF;
         S[n][r] = s;
         m_tile[r / 2] = fmaxf(m_tile[r / 2], s);
       }
     }
-    // Row max across the quad (the 4 threads holding one row's 8-key slices), into the log2
-    // domain: max(s S) = s max(S) for s > 0.
+    // Row max across the quad (the 4 threads holding one row's 8-key slices).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      m_tile[h] = lanes_max<4>(m_tile[h]) * scale_log2;
+      m_tile[h] = lanes_max<4>(m_tile[h]);
     }
 
-    // 3. Online softmax: rebase to m_new, P = 2^(s S - m_new) in place (one FFMA + MUFU.EX2,
-    //    relative error ~2^-22), rescale l_i.
-    float scale_old[2], m_base[2];
+    // 3. Online softmax: rebase to m_new, P = exp2(S - m_new) in place, rescale l_i.
+    float scale_old[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(m_i[h], m_tile[h]);
-      m_base[h] = safe_max(m_new);
-      scale_old[h] = exp2_ftz(m_i[h] - m_base[h]);  // exp2(-inf) = 0 on the first block
+      scale_old[h] = exp2f(m_i[h] - safe_max(m_new));  // exp2(-inf) = 0 on the first block
       m_i[h] = m_new;
       l_i[h] *= scale_old[h];
     }
@@ -289,7 +269,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
     for (int n = 0; n < NTILES_S; ++n) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        S[n][r] = exp2_ftz(fmaf(S[n][r], scale_log2, -m_base[r / 2]));
+        S[n][r] = exp2f(S[n][r] - safe_max(m_i[r / 2]));
         l_i[r / 2] += S[n][r];
       }
     }
