@@ -115,3 +115,25 @@ def test_default_dispatch_never_picks_tf32():
     for D in (32, 64, 128):
         assert select("float32", D, 90).precision == "fp32"
         assert select("float32", D, 90, "tf32").precision == "tf32"
+
+
+def test_arch_tiles_pick_by_arch():
+    v = tileattn.VERSIONS["v3.1"]
+    assert v.tile(64) == v.tiles[64] == v.tile(64, 80)  # the spill-free default below sm_90
+    assert v.tile(64, 90) == (128, 128) and v.is_arch_tile(64, 90) and not v.is_arch_tile(256, 90)
+    assert v.threads(64, 90) == 128 and v.smem(64, 90) > v.smem(64)
+    assert "128, 128, true" in v.name_expression("bfloat16", 64, True, 90)
+
+
+def test_ratio_table_divides_by_peers_of_the_same_shape():
+    from tileattn.bench import ratio_table
+
+    base = dict(B=4, H=16, Nq=8192, Nk=8192, D=64, dtype="bfloat16", causal=False)
+    rows = [dict(base, impl="v3.1", tflops=300.0), dict(base, impl="v3.2", tflops=330.0),
+            dict(base, impl="sdpa_flash", tflops=300.0), dict(base, impl="sdpa_cudnn", tflops=440.0),
+            dict(base, impl="sdpa_flash", tflops=1.0, Nq=1024)]  # another shape: must not be used
+    table = ratio_table({"rows": rows}).splitlines()
+    assert table[0].split(" | ")[-3:] == ["v3.1 / sdpa_flash", "v3.2 / sdpa_flash", "v3.2 / sdpa_cudnn |"]
+    line = next(x for x in table if "| 8192 |" in x)
+    assert line.endswith("| 1.00x | 1.10x | 0.75x |")
+

@@ -6,10 +6,10 @@ Shape legend: B batch, Nq / Nk query / key length, H query heads, H_kv key/value
 one core that works on (B, H, N, D) strided views, so neither layout is ever copied.
 
 Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core v2.2 at FP32 accuracy by 3xTF32, the
-default; v2.2_tf32 with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1;
-v3.2 with TMA loads on sm_90) at every head dim that is a multiple of 8 from 16 to 256; any Nq, Nk >= 1; any B*H; arbitrary
-strides with a contiguous head dim; causal masks aligned top-left or bottom-right; GQA/MQA; the
-log-sum-exp of each row.
+default; v2.2_tf32 with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3,
+v3.1; v3.2 with TMA loads on sm_90) at every head dim that is a multiple of 8 from 16 to 256; any
+Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous head dim; causal masks aligned top-left
+or bottom-right; GQA/MQA; the log-sum-exp of each row.
 Not yet: backward, dropout, arbitrary masks, variable-length batches, KV cache.
 """
 

@@ -212,11 +212,12 @@ __device__ __forceinline__ void v3_1_body(TILEATTN_FWD_PARAMS(T)) {
   }
   // The softmax scale is folded into the exponent, 2^(s S - m), so S is never scaled on its own
   // (one FFMA per score instead of FMUL + FADD).  That needs s = scale_log2 > 0, so that the row
-  // max of the raw scores gives the row max of the scaled ones; api.py passes a negative
-  // softmax_scale as (-q, -softmax_scale), which is exact.  softmax_scale = 0 would turn a masked -inf into
-  // -inf * 0 = NaN, so s is clamped at 1e-30: every weight is then 2^(s S - s max S) = 1 in fp32,
-  // as with s = 0, for any score below 1e29 in magnitude.
-  const float scale_log2 = fmaxf(fabsf(softmax_scale) * TILEATTN_LOG2E, 1e-30f);
+  // max of the raw scores gives the row max of the scaled ones: the kernel takes
+  // softmax_scale >= 0 (api.py passes a negative one as (-q, -softmax_scale), which is exact).
+  // softmax_scale = 0 would turn a masked -inf into -inf * 0 = NaN, so s is clamped at 1e-30:
+  // every weight is then 2^(s S - s max S) = 1 in fp32, as with s = 0, for any score below 1e29
+  // in magnitude.
+  const float scale_log2 = fmaxf(softmax_scale * TILEATTN_LOG2E, 1e-30f);
 
   for (int j = 0; j < Tc; ++j) {
     const int stage = j & 1;
@@ -246,7 +247,8 @@ __device__ __forceinline__ void v3_1_body(TILEATTN_FWD_PARAMS(T)) {
     }
 
     // A warp skips a block none of its rows can use: all 16 MT rows past Nq, or, on the
-    // diagonal, all of them ending before kv_start.  It still reaches both barriers.  (A row
+    // diagonal, all of them ending before kv_start.  It still reaches both barriers (with TMA:
+    // the block barrier and the wait for V_j).  (A row
     // tile with no visible key in an active warp is handled by the masks: its P is all 0.)
     const bool warp_active =
         warp_row < Nq && (!CAUSAL || kv_start <= warp_row + WROWS - 1 + causal_offset);
