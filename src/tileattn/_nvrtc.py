@@ -269,9 +269,10 @@ def load(cubin: Cubin, device_index: int) -> LoadedKernel:
 
 def tensor_map_4d(ptr: int, dtype: str, dims: tuple[int, ...], strides_bytes: tuple[int, ...],
                   box: tuple[int, int]) -> bytes:
-    """The 128-byte CUtensorMap (TMA descriptor) of a 4-d tensor: dims innermost first (columns,
-    rows, heads, batch), strides in bytes of dims 1..3, box = (columns, rows) of one copy, 128-byte
-    swizzle (SwizzledTile's layout), zeros for elements outside the tensor."""
+    """The 128-byte CUtensorMap (TMA descriptor) of a 4-d 16-bit tensor: dims innermost first
+    (columns, rows, heads, batch), strides in bytes of dims 1..3, box = (columns, rows) of one copy
+    with 64, 32 or 16 columns, swizzled over 128, 64 or 32 bytes (SwizzledTile's panel layouts),
+    zeros for elements outside the tensor."""
     import numpy as np
     from cuda.bindings import driver
 
@@ -282,7 +283,8 @@ def tensor_map_4d(ptr: int, dtype: str, dims: tuple[int, ...], strides_bytes: tu
         data_type, 4, ptr, [u64(d) for d in dims], [u64(s) for s in strides_bytes],
         [u32(box[0]), u32(box[1]), u32(1), u32(1)], [u32(1)] * 4,
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        {64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 32: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+         16: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B}[box[0]],
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != driver.CUresult.CUDA_SUCCESS:

@@ -183,17 +183,22 @@ _TMA_CACHE: collections.OrderedDict = collections.OrderedDict()  # layout -> dev
 
 
 def _tensor_maps(q, k, v, dtype: str, Br: int, Bc: int) -> torch.Tensor:
-    """The TMA descriptors of q, k, v ((B, H, N, D) views; boxes of 64 columns x Br or Bc rows) in
-    one device buffer of 3 x 128 bytes, for the rungs that read their tiles through the copy engine.
-    A descriptor is a function of pointer, shape, strides and box only, so it is cached by those
-    (the last 256 layouts)."""
+    """The TMA descriptors of q, k, v ((B, H, N, D) views) in one device buffer, for the rungs that
+    read their tiles through the copy engine: q, k, v with boxes of 64 columns x Br or Bc rows, then,
+    when the padded head dim is not a multiple of 64, q, k, v with the last panel's 32 or 16 columns
+    (the panels of SwizzledTile, mma.cuh).  A descriptor is a function of pointer, shape, strides and
+    box only, so the buffer is cached by those (the last 256 layouts)."""
     key = (q.device.index, dtype, Br, Bc, *(x for t in (q, k, v) for x in (t.data_ptr(), *t.shape, *t.stride())))
     buf = _TMA_CACHE.get(key)
     if buf is None:
+        d_pad = -(-q.shape[-1] // 16) * 16
+        d_smem = d_pad + 16 if d_pad % 64 == 48 else d_pad
+        widths = ([64] if d_smem >= 64 else []) + ([d_smem % 64] if d_smem % 64 else [])
         size = q.element_size()
         blob = b"".join(
             _nvrtc.tensor_map_4d(t.data_ptr(), dtype, dims=tuple(reversed(t.shape)),
-                                 strides_bytes=tuple(s * size for s in reversed(t.stride()[:3])), box=(64, rows))
+                                 strides_bytes=tuple(s * size for s in reversed(t.stride()[:3])), box=(w, rows))
+            for w in (widths if len(widths) == 2 else widths * 2)  # narrow maps at index 3..5 (a copy if unused)
             for t, rows in ((q, Br), (k, Bc), (v, Bc)))
         buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(q.device)
         _TMA_CACHE[key] = buf

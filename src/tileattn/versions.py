@@ -200,10 +200,9 @@ _V3_2 = dataclasses.replace(
     name="v3.2",
     file="v3_2_mma_tma.cu",
     kernel="v3_2_fwd",
-    # Head dims whose padded width is whole 64-column panels (the 128-byte TMA swizzle), up to 128
-    # (two m16 row tiles per warp); v3.1's Hopper tiles, but Bc=32 at D=104, 112, where Bc=64 spills.
-    tiles={D: (128, 128) if D <= 64 else (128, 32) if D <= 112 else (128, 64)
-           for D in (*range(40, 65, 8), *range(104, 129, 8))},
+    # v3.1's head dims up to 128 (two m16 row tiles per warp) at v3.1's Hopper tiles, except Bc=32 at
+    # D=104, 112, where Bc=64 spills here.
+    tiles={D: (128, 128) if D <= 64 else (128, 32) if D in (104, 112) else (128, 64) for D in range(16, 129, 8)},
     arch_tiles={},
     arch_tile_spill_bytes=0,
     smem_bytes=lambda D, Br, Bc: _v3_smem(D, Br, Bc) + 5 * 8,  # + the mbarriers of Q, K x2, V x2
@@ -211,7 +210,7 @@ _V3_2 = dataclasses.replace(
     tensor_maps=True,
     priority=12,
     summary="v3.1 with Q, K, V tiles loaded by the tensor memory accelerator (one cp.async.bulk.tensor per "
-    "64-column panel from one thread, mbarrier completion): no per-thread copy code (sm_90)",
+    "tile panel from one thread, mbarrier completion): no per-thread copy code (sm_90)",
 )
 
 VERSIONS: dict[str, Version] = {

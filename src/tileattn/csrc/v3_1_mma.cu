@@ -108,7 +108,6 @@ __device__ __forceinline__ void v3_1_body(TILEATTN_FWD_PARAMS(T)) {
   constexpr bool Q_IN_REGS = v3_1_q_in_regs(HEAD_DIM, Bc);
   using QTile = SwizzledTile<Br, D_SMEM>;
   using KVTile = SwizzledTile<Bc, D_SMEM>;
-  static_assert(!TMA || D_SMEM % 64 == 0, "TMA: whole 64-column panels (the 128-byte swizzle)");
 
   // [Q: Br x D_SMEM][K stage 0][K stage 1][V stage 0][V stage 1], every tile swizzled, then
   // (TMA) the mbarriers of Q, K stage 0, 1 and V stage 0, 1.  1024-byte alignment: TMA's
@@ -138,20 +137,25 @@ __device__ __forceinline__ void v3_1_body(TILEATTN_FWD_PARAMS(T)) {
   const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
   const int Tc = (kv_limit + Bc - 1) / Bc;
 
-  // TMA: one thread issues each tile as one copy per 64-column panel (box 64 x rows, 128-byte
-  // swizzle: exactly SwizzledTile's layout), counted on the tile's mbarrier.  Rows past N and
-  // columns past HEAD_DIM are out of the tensor: the copy engine fills them with zeros (and still
-  // counts their bytes), so tails and head-dim padding need no code.  The tensor maps (q, k, v;
-  // 128 bytes each, built by api.py) sit in global memory at `workspace`.
+  // TMA: one thread issues each tile as one copy per panel of SwizzledTile (box: the panel's 64,
+  // 32 or 16 columns x rows), counted on the tile's mbarrier.  The copy engine's 128-, 64- and
+  // 32-byte swizzles are exactly SwizzledTile's XOR patterns for those panel widths.  Rows past N
+  // and columns past HEAD_DIM are out of the tensor: the copy engine fills them with zeros (and
+  // still counts their bytes), so tails and head-dim padding need no code.  The tensor maps sit
+  // in global memory at `workspace` (api.py builds them, 128 bytes each): q, k, v with 64-column
+  // boxes, then q, k, v with the narrow last panel's box when D_SMEM is not a multiple of 64.
+  static_assert(!TMA || QTile::NPANELS <= D_SMEM / 64 + 1, "TMA: at most one narrow panel (32 or 16 columns)");
   const void* tmaps = workspace;
   const int b_ = bh / H, h_ = bh % H;
   enum { QMAP = 0, KMAP = 1, VMAP = 2 };
   auto tma_tile = [&](int map, unsigned dst, unsigned bar, int rows, int first_row) {
     mbar_arrive_expect_tx(bar, rows * D_SMEM * 2);
 #pragma unroll
-    for (int p = 0; p < D_SMEM / 64; ++p)
-      tma_load_4d(dst + p * rows * 128, static_cast<const char*>(tmaps) + 128 * map, p * 64, first_row,
-                  map == QMAP ? h_ : h_ / h_per_kv, b_, bar);
+    for (int p = 0; p < QTile::NPANELS; ++p) {
+      const int W = QTile::panel_width(p), c0 = QTile::panel_chunk0(p);  // same panels in every tile
+      tma_load_4d(dst + rows * c0 * 16, static_cast<const char*>(tmaps) + 128 * (map + (W == 8 ? 0 : 3)), c0 * 8,
+                  first_row, map == QMAP ? h_ : h_ / h_per_kv, b_, bar);
+    }
   };
 
   if constexpr (TMA) {

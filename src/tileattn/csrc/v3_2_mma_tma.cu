@@ -6,21 +6,21 @@
 // issued instructions), and their address registers are what pushes v3.1 past 255 registers at
 // D=128.  Measured on an H200 by dropping v3.1's in-loop copies (wrong results, an upper bound):
 // +12% at D=64, +15% at D=128.  On sm_90 a single thread can hand the copy engine a whole tile:
-//  * cp.async.bulk.tensor.4d: one instruction per 64-column panel of a Q, K or V tile, issued by
-//    thread 0, reading through a tensor map (dims D, N, heads, batch with the tensor's strides;
-//    box 64 columns x Br or Bc rows) that api.py encodes once per input layout and keeps in
-//    global memory (the `workspace` argument).  The map's 128-byte swizzle writes exactly the
-//    SwizzledTile layout the ldmatrix code already reads (address bits 4-6 XOR bits 7-9, with
-//    1024-byte aligned panels), so the compute is unchanged.
+//  * cp.async.bulk.tensor.4d: one instruction per panel of a Q, K or V tile (64 columns, or a
+//    last panel of 32 or 16), issued by thread 0, reading through a tensor map (dims D, N, heads,
+//    batch with the tensor's strides; box = panel columns x Br or Bc rows) that api.py encodes once
+//    per input layout and keeps in global memory (the `workspace` argument).  The map's 128-, 64-
+//    or 32-byte swizzle writes exactly the SwizzledTile layout the ldmatrix code already reads
+//    (address bits 4-6 XOR bits 7-9, 4-5 XOR 7-8, 4 XOR 7, with 1024-byte aligned panels), so
+//    the compute is unchanged.
 //  * Rows past N and columns past HEAD_DIM lie outside the tensor and arrive as zeros: no tail
 //    or padding code.
 //  * Completion: each tile's bytes are announced on its mbarrier (arrive.expect_tx) and counted
 //    down by the copy engine; waiting on the barrier's phase orders and publishes the data.
 //    The mid-block __syncthreads of v3.1 (waiting for V_j) becomes a per-warp mbarrier wait;
 //    the barrier at the top of each block stays (no warp may still read the stage that thread 0
-//    is about to refill).
-// Head dims: those whose padded width D_SMEM is a whole number of 64-column panels (40..64 and
-// 104..128, in steps of 8), the 128-byte swizzle's unit; others run v3.1.
+//    is about to refill; replacing it by "the last warp done refills" measured +2% / -1%).
+// Head dims: v3.1's up to 128 (two m16 row tiles per warp); above, v3.1 (one row tile) runs.
 //
 // The compute (32 rows per warp, S and O in registers, P fed back as the A operand, ldmatrix,
 // exp2 with the scale folded into one FFMA, two-level causal mask) is v3.1's, the same code
