@@ -137,3 +137,11 @@ def test_ratio_table_divides_by_peers_of_the_same_shape():
     line = next(x for x in table if "| 8192 |" in x)
     assert line.endswith("| 1.00x | 1.10x | 0.75x |")
 
+
+def test_tma_panel_widths_follow_the_swizzled_tile():
+    from tileattn.api import panel_widths
+
+    assert panel_widths(16) == [16] and panel_widths(24) == [32] and panel_widths(32) == [32]
+    assert panel_widths(40) == [64] and panel_widths(64) == [64]  # 48 columns are stored as 64
+    assert panel_widths(72) == [64, 16] and panel_widths(96) == [64, 32] and panel_widths(128) == [64]
+

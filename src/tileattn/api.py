@@ -182,6 +182,15 @@ def _kernel(version: str, dtype: str, head_dim: int, causal: bool, device_index:
 _TMA_CACHE: collections.OrderedDict = collections.OrderedDict()  # layout -> device buffer of 3 tensor maps
 
 
+def panel_widths(head_dim: int) -> list[int]:
+    """Column widths of the panels of a SwizzledTile (mma.cuh) for this head dim, as one box width
+    each: 64 for the full panels, then 32 or 16 for a narrow last one.  The head dim is padded to
+    a multiple of 16, and a 48-column remainder to a whole 64-column panel, as in the kernels."""
+    d_pad = -(-head_dim // 16) * 16
+    d_smem = d_pad + 16 if d_pad % 64 == 48 else d_pad
+    return ([64] if d_smem >= 64 else []) + ([d_smem % 64] if d_smem % 64 else [])
+
+
 def _tensor_maps(q, k, v, dtype: str, Br: int, Bc: int) -> torch.Tensor:
     """The TMA descriptors of q, k, v ((B, H, N, D) views) in one device buffer, for the rungs that
     read their tiles through the copy engine: q, k, v with boxes of 64 columns x Br or Bc rows, then,
@@ -191,9 +200,7 @@ def _tensor_maps(q, k, v, dtype: str, Br: int, Bc: int) -> torch.Tensor:
     key = (q.device.index, dtype, Br, Bc, *(x for t in (q, k, v) for x in (t.data_ptr(), *t.shape, *t.stride())))
     buf = _TMA_CACHE.get(key)
     if buf is None:
-        d_pad = -(-q.shape[-1] // 16) * 16
-        d_smem = d_pad + 16 if d_pad % 64 == 48 else d_pad
-        widths = ([64] if d_smem >= 64 else []) + ([d_smem % 64] if d_smem % 64 else [])
+        widths = panel_widths(q.shape[-1])
         size = q.element_size()
         blob = b"".join(
             _nvrtc.tensor_map_4d(t.data_ptr(), dtype, dims=tuple(reversed(t.shape)),
