@@ -26,6 +26,11 @@ namespace tileattn {
   const long long o_sb, const long long o_sh, const long long o_sn,                        \
   const float softmax_scale, const int causal_offset, const int bh_offset
 
+// The same arguments, passed on (a kernel entry calling a shared __device__ body).
+#define TILEATTN_FWD_ARGS                                                                  \
+  q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb,  \
+      v_sh, v_sn, o_sb, o_sh, o_sn, softmax_scale, causal_offset, bh_offset
+
 // Base pointers of one (batch, head) slice.  lse is laid out (B, H, Nq), contiguous.
 template <typename T>
 struct HeadSlice {

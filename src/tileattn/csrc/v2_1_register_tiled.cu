@@ -120,14 +120,6 @@ __device__ __forceinline__ void tile_async_copy(const float* src_c4, long long s
   }
 }
 
-// 2^x in one MUFU.EX2.  exp2f without fast math adds a denormal range fix-up around it; P values
-// below 2^-126 (flushed to 0 here) are far under FP32 resolution relative to the row max's 1.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 __device__ __forceinline__ float component(const float4& v, int e) {
   return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;  // e is an unrolled constant
 }
@@ -260,12 +252,12 @@ __global__ void __launch_bounds__(v2_1::Config<HEAD_DIM, Br, Bc>::THREADS,
       // safe_max: while the row has seen only -inf, subtract 0 so that 2^(-inf - (-inf)) = NaN
       // becomes 2^(-inf) = 0, for P and for alpha alike.
       const float m_base = safe_max(m_new);
-      const float alpha = v2_1::ex2(m_i[i] - m_base);
+      const float alpha = exp2_ftz(m_i[i] - m_base);
       m_i[i] = m_new;
       float row_sum = 0.0f;
 #pragma unroll
       for (int jj = 0; jj < TN; ++jj) {
-        S[i][jj] = v2_1::ex2(S[i][jj] - m_base);  // S now holds P
+        S[i][jj] = exp2_ftz(S[i][jj] - m_base);  // S now holds P
         row_sum += S[i][jj];
       }
       l_i[i] = fmaf(l_i[i], alpha, row_sum);

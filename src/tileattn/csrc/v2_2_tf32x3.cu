@@ -33,6 +33,7 @@
 // fragment).  Row strides D+4 and Bc+4 floats put the 8 rows of each ldmatrix in 8 different
 // 16-byte bank groups (conflict-free).  8 warps (Br=128) share each split, one block per SM.
 #include "common.cuh"
+#include "mma.cuh"  // ldmatrix_x4
 
 namespace tileattn {
 
@@ -50,13 +51,10 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) 
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
-// Four 8x8 b16 matrices (= four 8x4 FP32 matrices) from shared memory; lane L gives the address
-// of row L%8 of matrix L/8 and receives word (L/4, L%4) of each matrix in r[0..3].
+// Four 8x8 b16 matrices (= four 8x4 FP32 matrices) from shared memory (mma.cuh's ldmatrix_x4);
+// lane L gives the address of row L%8 of matrix L/8 and receives word (L/4, L%4) of each matrix.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const float* row_ptr) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+  ldmatrix_x4(r, static_cast<unsigned>(__cvta_generic_to_shared(row_ptr)));
 }
 
 // An FP32 A fragment (4 values) as TF32 hi (and lo) registers.
@@ -333,17 +331,13 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
 // 3xTF32: FP32-level accuracy.
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(Br * 2, 1) v2_2_fwd(TILEATTN_FWD_PARAMS(T)) {
-  v2_2_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/true>(
-      q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn,
-      o_sb, o_sh, o_sn, softmax_scale, causal_offset, bh_offset);
+  v2_2_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/true>(TILEATTN_FWD_ARGS);
 }
 
 // Plain TF32 (opt-in, precision="tf32"): one product per mma, ~1e-3 relative error.
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(Br * 2, 1) v2_2_tf32_fwd(TILEATTN_FWD_PARAMS(T)) {
-  v2_2_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/false>(
-      q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn,
-      o_sb, o_sh, o_sn, softmax_scale, causal_offset, bh_offset);
+  v2_2_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/false>(TILEATTN_FWD_ARGS);
 }
 
 }  // namespace tileattn

@@ -24,7 +24,7 @@
 //
 // The compute (32 rows per warp, S and O in registers, P fed back as the A operand, ldmatrix,
 // exp2 with the scale folded into one FFMA, two-level causal mask) is v3.1's, the same code
-// (v3_1_body with TMA = true).  Shared memory: v3.1's plus 40 bytes of mbarriers.
+// (fa2_mma.cuh with TMA = true).  Shared memory: v3.1's plus 40 bytes of mbarriers.
 #include "v3_1_mma.cu"
 
 namespace tileattn {
@@ -33,9 +33,8 @@ template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br), v3_1_min_blocks(v3_1_threads(HEAD_DIM, Br)))
     v3_2_fwd(TILEATTN_FWD_PARAMS(T)) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  v3_1_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*TMA=*/true>(q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh,
-                                                      q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn, o_sb, o_sh, o_sn,
-                                                      softmax_scale, causal_offset, bh_offset);
+  fa2_mma_body<T, HEAD_DIM, Br, Bc, CAUSAL, v3_1_mt(HEAD_DIM), v3_1_q_in_regs(HEAD_DIM, Bc), /*TMA=*/true>(
+      TILEATTN_FWD_ARGS);
 #endif
 }
 

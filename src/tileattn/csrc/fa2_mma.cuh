@@ -1,0 +1,358 @@
+// The body shared by the mma.sync rungs (v3, v3.1, v3.2): FlashAttention-2's forward on
+// mma.sync m16n8k16 with fp32 accumulators, one warp per 16 MT query rows.  Each rung's file says
+// what it adds and instantiates this body with its own MT, Q placement, loads and launch bounds;
+// v3_mma.cu explains the design, v3_1_mma.cu the two row tiles and register savings, and
+// v3_2_mma_tma.cu the TMA loads.
+#pragma once
+
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace tileattn {
+
+// The kernel body of the mma.sync rungs.  MT m16 row tiles per warp (v3: 1, v3.1 and v3.2: 2 up
+// to D=128); Q_IN_REGS keeps Q's A fragments in registers for the whole loop instead of re-reading
+// them by ldmatrix at every k-step; TMA (v3.2): Q, K and V arrive by tensor-memory-accelerator
+// copies (tensor maps in `workspace`), counted by mbarriers, instead of by cp.async.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, int MT, bool Q_IN_REGS, bool TMA>
+__device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T)) {
+  static_assert(sizeof(T) == 2, "the mma.sync rungs take 16-bit (fp16 / bf16) inputs");
+  static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 16 && HEAD_DIM <= 256, "head dim: 16..256, step 8");
+  constexpr int WROWS = 16 * MT;  // query rows per warp
+  static_assert(Br % WROWS == 0 && Bc % 16 == 0, "whole warps of 16 MT rows; P V k-steps of 16 keys");
+  constexpr int NTHREADS = 32 * Br / WROWS;
+  constexpr int D_PAD = (HEAD_DIM + 15) / 16 * 16;      // k extent of Q K^T, n extent of P V
+  // A 48-column remainder is stored as a whole 64-column panel (see v3_mma.cu: fewer address
+  // registers than a 32 + 16 split).
+  constexpr int D_SMEM = D_PAD % 64 == 48 ? D_PAD + 16 : D_PAD;
+  constexpr int KSTEPS = D_PAD / 16;  // k-steps of Q K^T (16 head-dim columns each)
+  constexpr int NT = Bc / 8;          // n-tiles (8 keys) of S
+  constexpr int DT = D_PAD / 8;       // n-tiles (8 columns) of O
+  using QTile = SwizzledTile<Br, D_SMEM>;
+  using KVTile = SwizzledTile<Bc, D_SMEM>;
+
+  // [Q: Br x D_SMEM][K stage 0][K stage 1][V stage 0][V stage 1], every tile swizzled, then
+  // (TMA) the mbarriers of Q, K stage 0, 1 and V stage 0, 1.  1024-byte alignment: TMA's
+  // 128-byte swizzle is a function of the shared address bits 4-9, which then equal SwizzledTile's.
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* Qs = smem;
+  unsigned char* Ks = smem + QTile::BYTES;
+  unsigned char* Vs = Ks + 2 * KVTile::BYTES;
+  const unsigned Qs_addr = static_cast<unsigned>(__cvta_generic_to_shared(Qs));
+  const unsigned Ks_addr = static_cast<unsigned>(__cvta_generic_to_shared(Ks));
+  const unsigned Vs_addr = static_cast<unsigned>(__cvta_generic_to_shared(Vs));
+  const unsigned bar_addr = Vs_addr + 2 * KVTile::BYTES;  // TMA: 5 mbarriers of 8 bytes
+  const unsigned Q_bar = bar_addr, K_bar = bar_addr + 8, V_bar = bar_addr + 24;  // + 8 * stage
+
+  const int bh = blockIdx.y + bh_offset;
+  const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;  // fragment coordinates: row g (and g + 8), columns 2t, 2t+1
+  // Causal Q blocks have more work the later they sit: launch them first.
+  const int m_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int q_start = m_block * Br;
+  const int warp_row = q_start + warp * WROWS;  // first query row of this warp
+  // This lane's rows: row r = 2 mt + h is warp_row + 16 mt + 8 h + g.
+  const int row0 = warp_row + g;
+
+  // Causal, block level: keys past the last row's diagonal are never loaded.
+  const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
+  const int Tc = (kv_limit + Bc - 1) / Bc;
+
+  // TMA: one thread issues each tile as one copy per panel of SwizzledTile (box: the panel's 64,
+  // 32 or 16 columns x rows), counted on the tile's mbarrier.  The copy engine's 128-, 64- and
+  // 32-byte swizzles are exactly SwizzledTile's XOR patterns for those panel widths.  Rows past N
+  // and columns past HEAD_DIM are out of the tensor: the copy engine fills them with zeros (and
+  // still counts their bytes), so tails and head-dim padding need no code.  The tensor maps sit
+  // in global memory at `workspace` (api.py builds them, 128 bytes each): q, k, v with 64-column
+  // boxes, then q, k, v with the narrow last panel's box when D_SMEM is not a multiple of 64.
+  static_assert(!TMA || QTile::NPANELS <= D_SMEM / 64 + 1, "TMA: at most one narrow panel (32 or 16 columns)");
+  const void* tmaps = workspace;
+  const int b_ = bh / H, h_ = bh % H;  // (HeadSlice computes them too; reusing those spills at D=64)
+  enum { QMAP = 0, KMAP = 1, VMAP = 2 };
+  auto tma_tile = [&](int map, unsigned dst, unsigned bar, int rows, int first_row) {
+    mbar_arrive_expect_tx(bar, rows * D_SMEM * 2);
+#pragma unroll
+    for (int p = 0; p < QTile::NPANELS; ++p) {
+      const int W = QTile::panel_width(p), c0 = QTile::panel_chunk0(p);  // same panels in every tile
+      tma_load_4d(dst + rows * c0 * 16, static_cast<const char*>(tmaps) + 128 * (map + (W == 8 ? 0 : 3)), c0 * 8,
+                  first_row, map == QMAP ? h_ : h_ / h_per_kv, b_, bar);
+    }
+  };
+
+  if constexpr (TMA) {
+    if (tid == 0) {
+      for (int b = 0; b < 5; ++b) mbar_init(bar_addr + 8 * b, 1);
+      mbar_fence_init();
+      tma_tile(QMAP, Qs_addr, Q_bar, Br, q_start);
+      if (Tc > 0) {
+        tma_tile(KMAP, Ks_addr, K_bar, Bc, 0);
+        tma_tile(VMAP, Vs_addr, V_bar, Bc, 0);
+      }
+    }
+  } else {
+    // Prologue: three commit groups, Q | K_0 | V_0 (empty groups when Tc == 0 keep the counts
+    // of the cp_async_wait calls below the same in every case).
+    tile_async_copy<T, Br, D_SMEM, HEAD_DIM, NTHREADS>(Qs, hs.q, q_sn, q_start, Nq, tid);
+    cp_async_commit();
+    if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks, hs.k, k_sn, 0, Nk, tid);
+    cp_async_commit();
+    if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs, hs.v, v_sn, 0, Nk, tid);
+    cp_async_commit();
+  }
+
+  // Per-lane ldmatrix row / chunk, as in v3 (Q: A operand; K: B operand, two key n-tiles;
+  // V: .trans B operand, two head-dim n-tiles).  Row tile mt of Q adds 16 mt to the row base.
+  const int q_r = lane % 16, q_c = lane / 16;
+  const int k_r = lane % 8 + 8 * (lane / 16), k_c = (lane / 8) % 2;
+  const int v_r = lane % 8 + 8 * ((lane / 8) % 2), v_c = lane / 16;
+
+  unsigned q_frag[Q_IN_REGS ? KSTEPS : 1][MT][4];  // A fragments of this warp's 16 MT Q rows
+  if constexpr (TMA) {
+    __syncthreads();  // the mbarrier inits are visible to every thread
+    mbar_wait(Q_bar, 0);
+  } else {
+    cp_async_wait<2>();  // Q has landed (K_0, V_0 may be in flight)
+    __syncthreads();
+  }
+  if constexpr (Q_IN_REGS) {
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        ldmatrix_x4(q_frag[ks][mt], QTile::ldsm_addr(Qs_addr, q_r, q_c, warp * WROWS + 16 * mt, ks));
+  }
+
+  // acc[mt][dt]: O columns 8 dt + 2t, +1 of rows row0 + 16 mt (elements 0, 1) and + 8 (2, 3).
+  float acc[MT][DT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.0f;
+  // Running max (log2 domain, scaled) and this lane's partial row sum, per row r = 2 mt + h.
+  float m_i[2 * MT], l_i[2 * MT];
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) {
+    m_i[r] = TILEATTN_NEG_INF;
+    l_i[r] = 0.0f;
+  }
+  // The softmax scale is folded into the exponent, 2^(s S - m), so S is never scaled on its own
+  // (one FFMA per score instead of FMUL + FADD).  That needs s = scale_log2 > 0, so that the row
+  // max of the raw scores gives the row max of the scaled ones: the kernel takes
+  // softmax_scale >= 0 (api.py passes a negative one as (-q, -softmax_scale), which is exact).
+  // softmax_scale = 0 would turn a masked -inf into -inf * 0 = NaN, so s is clamped at 1e-30:
+  // every weight is then 2^(s S - s max S) = 1 in fp32, as with s = 0, for any score below 1e29
+  // in magnitude.
+  const float scale_log2 = fmaxf(softmax_scale * TILEATTN_LOG2E, 1e-30f);
+
+  for (int j = 0; j < Tc; ++j) {
+    const int stage = j & 1;
+    const int kv_start = j * Bc;
+    if constexpr (TMA) {
+      // K_j has landed (phase j / 2 of its stage's barrier); the barrier below then tells us
+      // every warp is done with block j-1, whose stage the prefetch overwrites.
+      mbar_wait(K_bar + 8 * stage, (j >> 1) & 1);
+      __syncthreads();
+      if (tid == 0 && j + 1 < Tc) {
+        tma_tile(KMAP, Ks_addr + (stage ^ 1) * KVTile::BYTES, K_bar + 8 * (stage ^ 1), Bc, kv_start + Bc);
+        tma_tile(VMAP, Vs_addr + (stage ^ 1) * KVTile::BYTES, V_bar + 8 * (stage ^ 1), Bc, kv_start + Bc);
+      }
+    } else {
+      cp_async_wait<1>();  // K_j has landed (V_j may still be in flight)
+      // Publishes K_j to every warp, and tells us every warp is done with block j-1, whose
+      // stage (j+1)&1 the prefetch below overwrites.
+      __syncthreads();
+      if (j + 1 < Tc)
+        tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks + (stage ^ 1) * KVTile::BYTES, hs.k, k_sn,
+                                                          kv_start + Bc, Nk, tid);
+      cp_async_commit();
+      if (j + 1 < Tc)
+        tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs + (stage ^ 1) * KVTile::BYTES, hs.v, v_sn,
+                                                          kv_start + Bc, Nk, tid);
+      cp_async_commit();
+    }
+
+    // A warp skips a block none of its rows can use: all 16 MT rows past Nq, or, on the
+    // diagonal, all of them ending before kv_start.  It still reaches both barriers (with TMA:
+    // the block barrier and the wait for V_j).  (A row
+    // tile with no visible key in an active warp is handled by the masks: its P is all 0.)
+    const bool warp_active =
+        warp_row < Nq && (!CAUSAL || kv_start <= warp_row + WROWS - 1 + causal_offset);
+    // P as the A operand of P V: p_frag[mt][kk] covers keys 16 kk .. 16 kk + 15 of row tile mt.
+    unsigned p_frag[MT][Bc / 16][4];
+    if (warp_active) {
+      const unsigned K_addr = Ks_addr + stage * KVTile::BYTES;
+      // 1. S = Q_w K_j^T (16 MT x Bc per warp).  S[mt][nt]: keys 8 nt + 2t, +1 of row tile mt.
+      float S[MT][NT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) S[mt][nt][0] = S[mt][nt][1] = S[mt][nt][2] = S[mt][nt][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        unsigned qa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (Q_IN_REGS) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qa[mt][i] = q_frag[ks][mt][i];
+          } else {
+            ldmatrix_x4(qa[mt], QTile::ldsm_addr(Qs_addr, q_r, q_c, warp * WROWS + 16 * mt, ks));
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          unsigned kb[4];  // one K load, MT row tiles: the point of v3.1
+          ldmatrix_x4(kb, KVTile::ldsm_addr(K_addr, k_r, k_c, 16 * np, ks));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_m16n8k16<T>(S[mt][2 * np], qa[mt], kb[0], kb[1]);
+            mma_m16n8k16<T>(S[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          }
+        }
+      }
+
+      // 2. Mask the raw scores to -inf, only on a block that passes Nk or straddles this warp's
+      //    diagonal.  Row r's visible-key bound is recomputed here, not kept in registers.
+      const bool need_mask =
+          kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > warp_row + causal_offset);
+      if (need_mask) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int kend = key_end<CAUSAL>(row0 + 16 * mt + 8 * h, Nk, causal_offset) - kv_start - 2 * t;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                if (8 * nt + e >= kend) S[mt][nt][2 * h + e] = TILEATTN_NEG_INF;
+          }
+      }
+
+      // 3. Block row max of the raw scores, over this lane's 2 Bc/8 values per row then over the
+      //    quad, scaled once per row (max(s S) = s max(S) for s > 0, see scale_log2).
+      float m_blk[2 * MT], m_base[2 * MT], alpha[2 * MT];
+#pragma unroll
+      for (int r = 0; r < 2 * MT; ++r) m_blk[r] = TILEATTN_NEG_INF;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          m_blk[2 * mt] = fmaxf(m_blk[2 * mt], fmaxf(S[mt][nt][0], S[mt][nt][1]));
+          m_blk[2 * mt + 1] = fmaxf(m_blk[2 * mt + 1], fmaxf(S[mt][nt][2], S[mt][nt][3]));
+        }
+#pragma unroll
+      for (int r = 0; r < 2 * MT; ++r) {
+        m_blk[r] = lanes_max<4>(m_blk[r]) * scale_log2;
+        const float m_new = fmaxf(m_i[r], m_blk[r]);
+        // safe_max: a row masked so far has m_new = -inf; subtracting 0 instead keeps
+        // ex2(-inf - (-inf)) = NaN out of P and alpha (they become ex2(-inf) = 0).
+        m_base[r] = safe_max(m_new);
+        alpha[r] = exp2_ftz(m_i[r] - m_base[r]);  // 0 on the first visible block (m_i = -inf)
+        m_i[r] = m_new;
+        l_i[r] *= alpha[r];
+      }
+
+      // 4. Rebase the accumulator to the new max (deferred normalisation: no division here).
+      //    Before P, so that alpha is dead before P is live.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          acc[mt][dt][0] *= alpha[2 * mt];
+          acc[mt][dt][1] *= alpha[2 * mt];
+          acc[mt][dt][2] *= alpha[2 * mt + 1];
+          acc[mt][dt][3] *= alpha[2 * mt + 1];
+        }
+      // 5. P = 2^(s S - m) in fp32, one FFMA + one MUFU.EX2 per score (summed unrounded into
+      //    l_i), packed to T as P V's A fragment.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            S[mt][nt][e] = exp2_ftz(fmaf(S[mt][nt][e], scale_log2, -m_base[2 * mt + e / 2]));
+            l_i[2 * mt + e / 2] += S[mt][nt][e];
+          }
+#pragma unroll
+        for (int kk = 0; kk < Bc / 16; ++kk) {
+          p_frag[mt][kk][0] = pack2<T>(S[mt][2 * kk][0], S[mt][2 * kk][1]);          // row g,   keys 2t, 2t+1
+          p_frag[mt][kk][1] = pack2<T>(S[mt][2 * kk][2], S[mt][2 * kk][3]);          // row g+8, keys 2t, 2t+1
+          p_frag[mt][kk][2] = pack2<T>(S[mt][2 * kk + 1][0], S[mt][2 * kk + 1][1]);  // row g,   keys 2t+8, +9
+          p_frag[mt][kk][3] = pack2<T>(S[mt][2 * kk + 1][2], S[mt][2 * kk + 1][3]);  // row g+8, keys 2t+8, +9
+        }
+      }
+    }
+
+    if constexpr (TMA) {
+      // V_j has landed and is visible to this thread: no block-wide barrier.  Every warp waits,
+      // also one that skips the block, so no copy is still in flight when the CTA exits.
+      mbar_wait(V_bar + 8 * stage, (j >> 1) & 1);
+    } else {
+      cp_async_wait<2>();  // V_j has landed (K_{j+1}, V_{j+1} may be in flight)
+      __syncthreads();     // ... and is visible to every warp
+    }
+    if (warp_active) {
+      // 6. acc += P V_j: k-steps of 16 keys, two 8-column n-tiles of O per ldmatrix.trans, each
+      //    used by the MT row tiles.
+      const unsigned V_addr = Vs_addr + stage * KVTile::BYTES;
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk) {
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          unsigned vb[4];  // one V load, MT row tiles
+          ldmatrix_x4_trans(vb, KVTile::ldsm_addr(V_addr, v_r, v_c, 16 * kk, dp));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_m16n8k16<T>(acc[mt][2 * dp], p_frag[mt][kk], vb[0], vb[1]);
+            mma_m16n8k16<T>(acc[mt][2 * dp + 1], p_frag[mt][kk], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // Epilogue.  Row sums: the quad's partial sums, all rebased to the same m_i, add up.
+  float inv_l[2 * MT];
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) {
+    l_i[r] = lanes_sum<4>(l_i[r]);
+    inv_l[r] = l_i[r] > 0.0f ? 1.0f / l_i[r] : 0.0f;  // a row that saw no key outputs 0
+  }
+  // O = acc / l, staged in this warp's own 16 MT rows of the Q tile (no other warp touches
+  // them, and this warp's Q reads are done), then written as whole 16-byte pieces of each row.
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int col = 8 * dt + 2 * t;
+      const int r_lo = warp * WROWS + 16 * mt + g;
+      *reinterpret_cast<unsigned*>(Qs + QTile::offset_elem(r_lo, col)) =
+          pack2<T>(acc[mt][dt][0] * inv_l[2 * mt], acc[mt][dt][1] * inv_l[2 * mt]);
+      *reinterpret_cast<unsigned*>(Qs + QTile::offset_elem(r_lo + 8, col)) =
+          pack2<T>(acc[mt][dt][2] * inv_l[2 * mt + 1], acc[mt][dt][3] * inv_l[2 * mt + 1]);
+    }
+  __syncwarp();
+  constexpr int CHUNKS = D_PAD / 8;  // even, so 16 MT rows x CHUNKS is a whole number of warp passes
+#pragma unroll
+  for (int it = 0; it < WROWS * CHUNKS / 32; ++it) {
+    const int i = lane + 32 * it;
+    const int r = i / CHUNKS, c = i % CHUNKS;
+    const int grow = warp_row + r;
+    if (grow < Nq && c * 8 < HEAD_DIM)  // rows past Nq and the zero padding columns stay unwritten
+      *reinterpret_cast<uint4*>(hs.o + grow * o_sn + c * 8) =
+          *reinterpret_cast<const uint4*>(Qs + QTile::offset(warp * WROWS + r, c));
+  }
+  // lse in natural log: m_i is log2-scaled, so m_i * ln(2) is the max of softmax_scale * S.
+  if (t == 0) {
+    constexpr float LN2 = 0.6931471805599453f;
+#pragma unroll
+    for (int r = 0; r < 2 * MT; ++r)
+      if (row0 + 8 * r < Nq) hs.lse[row0 + 8 * r] = row_lse(m_i[r] * LN2, l_i[r]);
+  }
+}
+
+}  // namespace tileattn
