@@ -254,7 +254,7 @@ def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layou
         return out.zero_(), lse.fill_(-math.inf)
 
     # A negative scale goes onto q (a sign flip is exact in every float format), so kernels that
-    # fold the scale into exp2(scale * S - m) may assume scale >= 0 (see v3_1_mma.cu).
+    # fold the scale into exp2(scale * S - m) may assume scale >= 0 (see fa2_mma.cuh).
     if softmax_scale < 0:
         q, softmax_scale = -q, -softmax_scale
 
