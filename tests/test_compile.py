@@ -20,8 +20,10 @@ INSTANCES = [(name, D, False) for name, v in VERSIONS.items() for D in v.head_di
 MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.1": ["LDGSTS", "LDS.128"], "v2.2": ["LDGSTS", "HMMA"], "v2.2_tf32": ["LDGSTS", "HMMA"],
              "v3": ["LDGSTS", "HMMA", "LDSM"], "v3.1": ["LDGSTS", "HMMA", "LDSM"],
              # UTMALDG: the TMA tile copy; SYNCS.*: the mbarrier that counts its bytes; no cp.async left.
-             "v3.2": ["UTMALDG", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "HMMA", "LDSM"]}
-MUST_NOT_HAVE_BY_RUNG = {"v3.2": ["LDGSTS"]}
+             "v3.2": ["UTMALDG", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "HMMA", "LDSM"],
+             # HGMMA: warpgroup MMA; SYNCS.*: the producer/consumer mbarriers.
+             "v2.3": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"]}
+MUST_NOT_HAVE_BY_RUNG = {"v3.2": ["LDGSTS"], "v2.3": ["HMMA", "LDSM"]}
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 
 

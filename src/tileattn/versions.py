@@ -126,6 +126,29 @@ _V2_2_TF32 = dataclasses.replace(
 )
 
 
+
+def _v2_3_stages(D: int, Br: int, Bc: int) -> int:
+    """Mirrors v2_3_stages() in v2_3_wgmma_tf32x3.cu: two K/V stages where they fit."""
+    return 2 if (2 * Br * D + 2 * 4 * Bc * D) * _F32 + 9 * 8 <= 227 * 1024 else 1
+
+
+_V2_3 = Version(
+    name="v2.3",
+    file="v2_3_wgmma_tf32x3.cu",
+    kernel="v2_3_fwd",
+    kind="tensor_fp32",
+    tiles={32: (64, 64), 64: (64, 64), 128: (64, 64)},
+    # Q hi/lo [Br][D], per stage K hi/lo [Bc][D] and V^T hi/lo [D][Bc]; 9 mbarriers at most
+    smem_bytes=lambda D, Br, Bc: (2 * Br * D + _v2_3_stages(D, Br, Bc) * 4 * Bc * D) * _F32 + 9 * 8,
+    grid_style="q_outer",
+    threads_per_block=lambda D, Br, Bc: 256,  # a producer and a consumer warpgroup
+    min_arch=90,
+    arch_specific=True,
+    priority=6,
+    summary="3xTF32 on Hopper wgmma: a producer warpgroup splits K/V into swizzled hi/lo tiles while a consumer "
+    "warpgroup multiplies (operands read from shared memory by the tensor core): FP32-level error",
+)
+
 def _v3_tile(D: int) -> tuple[int, int]:
     """(Br, Bc) for v3 by head dim: as many registers as a block of 8 warps affords without spills
     (16 rows per warp, S and O fragments in registers; Q in registers up to D=128)."""
@@ -258,6 +281,7 @@ VERSIONS: dict[str, Version] = {
         ),
         _V2_2,
         _V2_2_TF32,
+        _V2_3,
         _V3,
         _V3_1,
         _V3_2,

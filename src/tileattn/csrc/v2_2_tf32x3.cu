@@ -34,6 +34,7 @@
 // 16-byte bank groups (conflict-free).  8 warps (Br=128) share each split, one block per SM.
 #include "common.cuh"
 #include "mma.cuh"  // ldmatrix_x4
+#include "tf32x3.cuh"
 
 namespace tileattn {
 
@@ -43,12 +44,6 @@ __device__ __forceinline__ void mma_tf32_m16n8k8(float (&c)[4], const unsigned (
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// x = hi + lo, hi exactly representable in TF32 (low 13 mantissa bits cleared), lo = x - hi exact.
-__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-  hi = __float_as_uint(x) & 0xffffe000u;
-  lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
 // Four 8x8 b16 matrices (= four 8x4 FP32 matrices) from shared memory (mma.cuh's ldmatrix_x4);
@@ -89,10 +84,6 @@ __device__ __forceinline__ void rows_async_copy(const float* src, long long src_
     cp_async_16(dst + r * SSTRIDE + c4, src + (ok ? row0 + r : 0) * src_sn + c4, ok);
   }
 }
-
-// Position of key `key` (within its group of 8) in the permuted V layout: k-index t holds key 2t,
-// k-index t+4 holds key 2t+1 (see the header).
-__device__ __forceinline__ int permuted_key(int key) { return (key & ~7) | ((key & 1) << 2) | ((key & 7) >> 1); }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool SPLIT>
 __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
