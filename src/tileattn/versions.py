@@ -127,9 +127,13 @@ _V2_2_TF32 = dataclasses.replace(
 
 
 
-def _v2_3_stages(D: int, Br: int, Bc: int) -> int:
-    """Mirrors v2_3_stages() in v2_3_wgmma_tf32x3.cu: two K/V stages where they fit."""
-    return 2 if (2 * Br * D + 2 * 4 * Bc * D) * _F32 + 9 * 8 <= 227 * 1024 else 1
+def _v2_3_smem(split: bool) -> Callable[[int, int, int], int]:
+    """Mirrors v2_3_smem_bytes() / v2_3_stages() in v2_3_wgmma_tf32x3.cu: Q, and per stage K and V^T,
+    as hi and lo tiles (3xTF32) or one (TF32), two stages where they fit in 227 KB, and the mbarriers."""
+    def smem(D: int, Br: int, Bc: int) -> int:
+        size = lambda stages: (2 if split else 1) * (Br * D + stages * 2 * Bc * D) * _F32 + (1 + 4 * stages) * 8  # noqa: E731
+        return size(2) if size(2) <= 227 * 1024 else size(1)
+    return smem
 
 
 _V2_3 = Version(
@@ -137,17 +141,25 @@ _V2_3 = Version(
     file="v2_3_wgmma_tf32x3.cu",
     kernel="v2_3_fwd",
     kind="tensor_fp32",
-    tiles={32: (64, 64), 64: (64, 64), 128: (64, 64)},
-    # Q hi/lo [Br][D], per stage K hi/lo [Bc][D] and V^T hi/lo [D][Bc]; 9 mbarriers at most
-    smem_bytes=lambda D, Br, Bc: (2 * Br * D + _v2_3_stages(D, Br, Bc) * 4 * Bc * D) * _F32 + 9 * 8,
+    tiles={32: (64, 64), 64: (64, 128), 128: (64, 64)},
+    smem_bytes=_v2_3_smem(split=True),
     grid_style="q_outer",
-    threads_per_block=lambda D, Br, Bc: 256,  # a producer and a consumer warpgroup
+    threads_per_block=lambda D, Br, Bc: 128 + 2 * Br,  # a producer warpgroup + one consumer warpgroup per 64 rows
     min_arch=90,
     arch_specific=True,
     priority=6,
     summary="3xTF32 on Hopper wgmma: a producer warpgroup splits K/V into swizzled hi/lo tiles while a consumer "
     "warpgroup multiplies (operands read from shared memory by the tensor core): FP32-level error",
 )
+_V2_3_TF32 = dataclasses.replace(
+    _V2_3,
+    name="v2.3_tf32",
+    kernel="v2_3_tf32_fwd",
+    smem_bytes=_v2_3_smem(split=False),
+    precision="tf32",
+    summary="v2.3 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer wgmma, ~1e-3 error",
+)
+
 
 def _v3_tile(D: int) -> tuple[int, int]:
     """(Br, Bc) for v3 by head dim: as many registers as a block of 8 warps affords without spills
@@ -282,6 +294,7 @@ VERSIONS: dict[str, Version] = {
         _V2_2,
         _V2_2_TF32,
         _V2_3,
+        _V2_3_TF32,
         _V3,
         _V3_1,
         _V3_2,

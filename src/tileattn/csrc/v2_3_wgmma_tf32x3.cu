@@ -45,34 +45,63 @@ struct Sw128Tile {
   __device__ __forceinline__ static constexpr int k_step(int kk) { return (kk / 4) * R * 128 + (kk % 4) * 32; }
 };
 
-// Two stages where Q hi/lo and two stages of K, V hi/lo fit in 227 KB (api: versions.py mirrors this).
-__host__ __device__ constexpr int v2_3_stages(int D, int Br, int Bc) {
-  return (2 * Br * D + 2 * 4 * Bc * D) * 4 + 9 * 8 <= 227 * 1024 ? 2 : 1;
+// Four consecutive values of row r, columns c4..c4+3, split into TF32 hi/lo and stored with one
+// 16-byte store into each of two tiles of the same layout (SPLIT), or stored as they are (TF32).
+template <typename Tile, bool SPLIT>
+__device__ __forceinline__ void split_store(const float4& x, unsigned hi_tile, unsigned lo_tile, int r, int c4) {
+  const unsigned off = Tile::offset(r, c4);
+  if (!SPLIT) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(hi_tile + off), "f"(x.x), "f"(x.y), "f"(x.z),
+                 "f"(x.w) : "memory");
+    return;
+  }
+  uint4 hi, lo;
+  split_tf32(x.x, hi.x, lo.x);
+  split_tf32(x.y, hi.y, lo.y);
+  split_tf32(x.z, hi.z, lo.z);
+  split_tf32(x.w, hi.w, lo.w);
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(hi_tile + off), "r"(hi.x), "r"(hi.y), "r"(hi.z),
+               "r"(hi.w) : "memory");
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(lo_tile + off), "r"(lo.x), "r"(lo.y), "r"(lo.z),
+               "r"(lo.w) : "memory");
+}
+
+// Shared memory: Q, and per stage K and V^T, each as hi and lo tiles (SPLIT) or one TF32 tile,
+// then 1 + 4 * stages mbarriers.  Two stages where they fit in 227 KB, else one (versions.py
+// mirrors this).
+__host__ __device__ constexpr int v2_3_smem_bytes(int D, int Br, int Bc, bool split, int stages) {
+  return (split ? 2 : 1) * (Br * D + stages * 2 * Bc * D) * 4 + (1 + 4 * stages) * 8;
+}
+__host__ __device__ constexpr int v2_3_stages(int D, int Br, int Bc, bool split) {
+  return v2_3_smem_bytes(D, Br, Bc, split, 2) <= 227 * 1024 ? 2 : 1;
 }
 
 constexpr int V2_3_WG = 128;  // threads per warpgroup
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T)) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Br = 64 * consumer warpgroups (1 or 2, sharing each K/V block); one producer warpgroup.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool SPLIT>
+__device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
   static_assert(sizeof(T) == 4, "v2.3 is an FP32 rung");
-  static_assert(Br == 64, "one consumer warpgroup: 64 query rows");
+  static_assert(Br == 64 || Br == 128, "one or two consumer warpgroups of 64 query rows");
+  constexpr int CONSUMERS = Br / 64;
   static_assert(Bc % 32 == 0 && HEAD_DIM % 32 == 0 && Bc <= 128 && HEAD_DIM <= 128, "wgmma N and 32-column panels");
-  constexpr int STAGES = v2_3_stages(HEAD_DIM, Br, Bc);
+  constexpr int STAGES = v2_3_stages(HEAD_DIM, Br, Bc, SPLIT);
   using QTile = Sw128Tile<Br, HEAD_DIM>;
   using KTile = Sw128Tile<Bc, HEAD_DIM>;
   using VTile = Sw128Tile<HEAD_DIM, Bc>;  // V^T: rows d, columns (permuted) keys
-  constexpr int STAGE_BYTES = 2 * KTile::BYTES + 2 * VTile::BYTES;
+  constexpr int PARTS = SPLIT ? 2 : 1;  // hi and lo tiles, or one
+  constexpr int STAGE_BYTES = PARTS * (KTile::BYTES + VTile::BYTES);
 
-  // Layout: Q_hi, Q_lo, then per stage K_hi, K_lo, V_hi, V_lo (all 1024-byte aligned), mbarriers.
+  // Layout: Q_hi, Q_lo, then per stage K_hi, K_lo, V_hi, V_lo (all 1024-byte aligned; no _lo tiles
+  // without SPLIT), then the mbarriers.
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned s_base = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const unsigned s_qhi = s_base, s_qlo = s_qhi + QTile::BYTES;
-  const unsigned s_stage0 = s_qlo + QTile::BYTES;
+  const unsigned s_qhi = s_base, s_qlo = s_qhi + (PARTS - 1) * QTile::BYTES;
+  const unsigned s_stage0 = s_base + PARTS * QTile::BYTES;
   auto s_khi = [&](int s) { return s_stage0 + s * STAGE_BYTES; };
-  auto s_klo = [&](int s) { return s_khi(s) + KTile::BYTES; };
-  auto s_vhi = [&](int s) { return s_klo(s) + KTile::BYTES; };
-  auto s_vlo = [&](int s) { return s_vhi(s) + VTile::BYTES; };
+  auto s_klo = [&](int s) { return s_khi(s) + (PARTS - 1) * KTile::BYTES; };
+  auto s_vhi = [&](int s) { return s_khi(s) + PARTS * KTile::BYTES; };
+  auto s_vlo = [&](int s) { return s_vhi(s) + (PARTS - 1) * VTile::BYTES; };
   const unsigned bar_q = s_stage0 + STAGES * STAGE_BYTES;
   auto bar_k_full = [&](int s) { return bar_q + 8 * (1 + s); };
   auto bar_v_full = [&](int s) { return bar_q + 8 * (1 + STAGES + s); };
@@ -80,8 +109,10 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
   auto bar_v_empty = [&](int s) { return bar_q + 8 * (1 + 3 * STAGES + s); };
 
   if (threadIdx.x == 0) {
-    // Every phase waits for all 128 threads of the other warpgroup.
-    for (int i = 0; i < 1 + 4 * STAGES; ++i) mbar_init(bar_q + 8 * i, V2_3_WG);
+    // Every phase waits for all threads of the other side: the producer warpgroup (Q, full),
+    // every consumer warpgroup (empty).
+    for (int i = 0; i < 1 + 2 * STAGES; ++i) mbar_init(bar_q + 8 * i, V2_3_WG);
+    for (int i = 1 + 2 * STAGES; i < 1 + 4 * STAGES; ++i) mbar_init(bar_q + 8 * i, CONSUMERS * V2_3_WG);
     mbar_fence_init();
   }
   __syncthreads();
@@ -98,20 +129,6 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
     // Row-major tiles (Q, K): thread tid takes float4 columns; a warp covers one 512-byte row at
     // D = 128 (coalesced), and 8 consecutive lanes write one 128-byte swizzled row (conflict-free).
     constexpr int VEC_PER_ROW = HEAD_DIM / 4;
-    auto split_store_rows = [&](const float4& x, unsigned hi_tile, unsigned lo_tile, int r, int c4,
-                                auto tile_tag) {
-      using Tile = decltype(tile_tag);
-      uint4 hi, lo;
-      split_tf32(x.x, hi.x, lo.x);
-      split_tf32(x.y, hi.y, lo.y);
-      split_tf32(x.z, hi.z, lo.z);
-      split_tf32(x.w, hi.w, lo.w);
-      const int off = Tile::offset(r, c4);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(hi_tile + off), "r"(hi.x), "r"(hi.y), "r"(hi.z),
-                   "r"(hi.w) : "memory");
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(lo_tile + off), "r"(lo.x), "r"(lo.y), "r"(lo.z),
-                   "r"(lo.w) : "memory");
-    };
     auto load_row_vec = [&](const float* g, long long sn, int row, int nrows, int c4) {
       return row < nrows ? *reinterpret_cast<const float4*>(g + row * sn + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
     };
@@ -128,7 +145,7 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
 #pragma unroll
       for (int it = 0; it < QV; ++it) {
         const int i = tid + it * V2_3_WG, r = i / VEC_PER_ROW, c4 = (i % VEC_PER_ROW) * 4;
-        split_store_rows(x[it], s_qhi, s_qlo, r, c4, QTile{});
+        split_store<QTile, SPLIT>(x[it], s_qhi, s_qlo, r, c4);
       }
       fence_proxy_async_smem();
       mbar_arrive(bar_q);
@@ -167,7 +184,7 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
 #pragma unroll
       for (int it = 0; it < KV; ++it) {
         const int i = tid + it * V2_3_WG, r = i / VEC_PER_ROW, c4 = (i % VEC_PER_ROW) * 4;
-        split_store_rows(kx[it], s_khi(s), s_klo(s), r, c4, KTile{});
+        split_store<KTile, SPLIT>(kx[it], s_khi(s), s_klo(s), r, c4);
       }
       fence_proxy_async_smem();
       mbar_arrive(bar_k_full(s));
@@ -182,11 +199,11 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
         const int pos = permuted_key(key);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          unsigned hi, lo;
-          split_tf32(xs[e], hi, lo);
+          unsigned hi = __float_as_uint(xs[e]), lo;
+          if (SPLIT) split_tf32(xs[e], hi, lo);
           const int off = VTile::offset(d8 + e, pos);
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_vhi(s) + off), "r"(hi) : "memory");
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_vlo(s) + off), "r"(lo) : "memory");
+          if (SPLIT) asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_vlo(s) + off), "r"(lo) : "memory");
         }
       }
       fence_proxy_async_smem();
@@ -197,10 +214,10 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
   }
 
   // ---------------- consumer warpgroup: S = Q K^T, online softmax, O += P V ----------------
-  const int ctid = threadIdx.x - V2_3_WG;
-  const int warp = ctid / 32, lane = ctid % 32;
+  const int cwg = threadIdx.x / V2_3_WG - 1;  // which consumer warpgroup: rows 64 * cwg ...
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int row_a = q_start + warp * 16 + g, row_b = row_a + 8;  // the two query rows this thread holds
+  const int row_a = q_start + cwg * 64 + warp * 16 + g, row_b = row_a + 8;  // the two query rows this thread holds
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;
   constexpr int NS = Bc / 2, NO = HEAD_DIM / 2;  // accumulator values per thread: S (64 x Bc), O (64 x D)
 
@@ -210,7 +227,8 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
 #pragma unroll
   for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
 
-  const unsigned long long dq_hi = wgmma_desc_sw128(s_qhi), dq_lo = wgmma_desc_sw128(s_qlo);
+  // This warpgroup's 64 rows of Q start 64 rows into every panel.
+  const unsigned long long dq_hi = wgmma_desc_sw128(s_qhi + cwg * 64 * 128), dq_lo = wgmma_desc_sw128(s_qlo + cwg * 64 * 128);
   if (Tc > 0) mbar_wait(bar_q, 0);
   for (int j = 0; j < Tc; ++j) {
     const int s = j % STAGES;
@@ -226,9 +244,11 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 8; ++kk) {
       const unsigned long long qo = QTile::k_step(kk) >> 4, ko = KTile::k_step(kk) >> 4;
-      wgmma_tf32(S, dq_lo + qo, dk_hi + ko, kk > 0);
-      wgmma_tf32(S, dq_hi + qo, dk_lo + ko, 1);
-      wgmma_tf32(S, dq_hi + qo, dk_hi + ko, 1);
+      if (SPLIT) {
+        wgmma_tf32(S, dq_lo + qo, dk_hi + ko, kk > 0);
+        wgmma_tf32(S, dq_hi + qo, dk_lo + ko, 1);
+      }
+      wgmma_tf32(S, dq_hi + qo, dk_hi + ko, SPLIT || kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -265,7 +285,8 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
       const float p = exp2_ftz(S[i] - safe_max(m_i[r / 2]));
       l_i[r / 2] += p;
       const int a = r == 1 ? 2 : r == 2 ? 1 : r;
-      split_tf32(p, p_hi[i / 4][a], p_lo[i / 4][a]);
+      if (SPLIT) split_tf32(p, p_hi[i / 4][a], p_lo[i / 4][a]);
+      else p_hi[i / 4][a] = __float_as_uint(p);  // the tensor core truncates to TF32
     }
 
     // 4. pv = P V of this block from zero (k8 steps over keys), then acc = scale_old * acc + pv.
@@ -276,9 +297,11 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
 #pragma unroll
     for (int ks = 0; ks < Bc / 8; ++ks) {
       const unsigned long long vo = VTile::k_step(ks) >> 4;
-      wgmma_tf32(pv, p_lo[ks], dv_hi + vo, ks > 0);
-      wgmma_tf32(pv, p_hi[ks], dv_lo + vo, 1);
-      wgmma_tf32(pv, p_hi[ks], dv_hi + vo, 1);
+      if (SPLIT) {
+        wgmma_tf32(pv, p_lo[ks], dv_hi + vo, ks > 0);
+        wgmma_tf32(pv, p_hi[ks], dv_lo + vo, 1);
+      }
+      wgmma_tf32(pv, p_hi[ks], dv_hi + vo, SPLIT || ks > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -304,6 +327,21 @@ __global__ void __launch_bounds__(2 * V2_3_WG, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T
     }
     if (t == 0) hs.lse[row] = l > 0.0f ? (m_i[h] + __log2f(l)) * LN2 : TILEATTN_NEG_INF;
   }
+}
+
+// 3xTF32: FP32-level accuracy.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(V2_3_WG + 2 * Br, 1) v2_3_fwd(TILEATTN_FWD_PARAMS(T)) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  v2_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/true>(TILEATTN_FWD_ARGS);
+#endif
+}
+
+// Plain TF32 (opt-in, precision="tf32"): one product per multiply, ~1e-3 relative error.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(V2_3_WG + 2 * Br, 1) v2_3_tf32_fwd(TILEATTN_FWD_PARAMS(T)) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  v2_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/false>(TILEATTN_FWD_ARGS);
 #endif
 }
 
