@@ -141,7 +141,7 @@ _V2_3 = Version(
     file="v2_3_wgmma_tf32x3.cu",
     kernel="v2_3_fwd",
     kind="tensor_fp32",
-    tiles={32: (64, 64), 64: (64, 128), 128: (64, 64)},
+    tiles={32: (128, 64), 64: (128, 64), 128: (128, 32)},
     smem_bytes=_v2_3_smem(split=True),
     grid_style="q_outer",
     threads_per_block=lambda D, Br, Bc: 128 + 2 * Br,  # a producer warpgroup + one consumer warpgroup per 64 rows
@@ -155,6 +155,7 @@ _V2_3_TF32 = dataclasses.replace(
     _V2_3,
     name="v2.3_tf32",
     kernel="v2_3_tf32_fwd",
+    tiles={32: (128, 128), 64: (128, 64), 128: (128, 32)},
     smem_bytes=_v2_3_smem(split=False),
     precision="tf32",
     summary="v2.3 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer wgmma, ~1e-3 error",

@@ -220,6 +220,7 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
   const int row_a = q_start + cwg * 64 + warp * 16 + g, row_b = row_a + 8;  // the two query rows this thread holds
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;
   constexpr int NS = Bc / 2, NO = HEAD_DIM / 2;  // accumulator values per thread: S (64 x Bc), O (64 x D)
+  constexpr int OPARTS = CONSUMERS == 2 && HEAD_DIM > 64 ? 2 : 1;
 
   float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
   float l_i[2] = {0.0f, 0.0f};  // this thread's partial row sums, reduced across the quad at the end
@@ -290,25 +291,35 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
     }
 
     // 4. pv = P V of this block from zero (k8 steps over keys), then acc = scale_old * acc + pv.
-    float pv[NO];
+    //    With two consumer warpgroups at D > 64 the 168 registers a thread has (384 threads) do
+    //    not hold pv for all of D beside acc and P: the product runs in OPARTS column slices of
+    //    V^T's rows (d), each merged before the next starts.
     mbar_wait(bar_v_full(s), full_parity);
-    const unsigned long long dv_hi = wgmma_desc_sw128(s_vhi(s)), dv_lo = wgmma_desc_sw128(s_vlo(s));
-    wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < Bc / 8; ++ks) {
-      const unsigned long long vo = VTile::k_step(ks) >> 4;
-      if (SPLIT) {
-        wgmma_tf32(pv, p_lo[ks], dv_hi + vo, ks > 0);
-        wgmma_tf32(pv, p_hi[ks], dv_lo + vo, 1);
+    for (int part = 0; part < OPARTS; ++part) {
+      float pv[NO / OPARTS];
+      const unsigned rows = part * (HEAD_DIM / OPARTS) * 128;  // d rows of this slice, in every panel
+      const unsigned long long dv_hi = wgmma_desc_sw128(s_vhi(s) + rows), dv_lo = wgmma_desc_sw128(s_vlo(s) + rows);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < Bc / 8; ++ks) {
+        const unsigned long long vo = VTile::k_step(ks) >> 4;
+        if (SPLIT) {
+          wgmma_tf32(pv, p_lo[ks], dv_hi + vo, ks > 0);
+          wgmma_tf32(pv, p_hi[ks], dv_lo + vo, 1);
+        }
+        wgmma_tf32(pv, p_hi[ks], dv_hi + vo, SPLIT || ks > 0);
       }
-      wgmma_tf32(pv, p_hi[ks], dv_hi + vo, SPLIT || ks > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(pv);
-    mbar_arrive(bar_v_empty(s));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(pv);
+      if (part == OPARTS - 1) mbar_arrive(bar_v_empty(s));
 #pragma unroll
-    for (int i = 0; i < NO; ++i) acc[i] = fmaf(scale_old[(i % 4) / 2], acc[i], pv[i]);
+      for (int i = 0; i < NO / OPARTS; ++i) {
+        float& o = acc[part * (NO / OPARTS) + i];
+        o = fmaf(scale_old[(i % 4) / 2], o, pv[i]);
+      }
+    }
   }
 
   // Epilogue: finish l_i across the quad, one reciprocal per row, write O and lse.
