@@ -117,6 +117,14 @@ def test_default_dispatch_never_picks_tf32():
         assert select("float32", D, 90, "tf32").precision == "tf32"
 
 
+def test_fp32_dispatch_by_arch():
+    from tileattn.versions import select
+
+    for D in (32, 64, 128):  # wgmma (sm_90a) where there is one, mma.sync elsewhere
+        assert select("float32", D, 90).name == "v2.3" and select("float32", D, 90, "tf32").name == "v2.3_tf32"
+        assert select("float32", D, 80).name == "v2.2" and select("float32", D, 89, "tf32").name == "v2.2_tf32"
+
+
 def test_arch_tiles_pick_by_arch():
     v = tileattn.VERSIONS["v3.1"]
     assert v.tile(64) == v.tiles[64] == v.tile(64, 80)  # the spill-free default below sm_90

@@ -5,8 +5,9 @@ Shape legend: B batch, Nq / Nk query / key length, H query heads, H_kv key/value
 (B, N, H, D); ``scaled_dot_product_attention`` takes PyTorch's (B, H, N, D).  Both are views onto
 one core that works on (B, H, N, D) strided views, so neither layout is ever copied.
 
-Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core v2.2 at FP32 accuracy by 3xTF32, the
-default; v2.2_tf32 with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3,
+Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core rungs at FP32 accuracy by 3xTF32: v2.3 on
+sm_90's wgmma, the default there, and v2.2 on mma.sync, the default elsewhere; v2.3_tf32 / v2.2_tf32
+with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3,
 v3.1; v3.2 with TMA loads on sm_90) at every head dim that is a multiple of 8 from 16 to 256; any
 Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous head dim; causal masks aligned top-left
 or bottom-right; GQA/MQA; the log-sum-exp of each row.

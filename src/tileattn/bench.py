@@ -61,7 +61,7 @@ SUITES = {
     "ladder_fp32": Suite(("v1", "v1_br48", "v1.1", "v2"), ((4, 8, 8192, 64),), ("float32",),
                          ("sdpa_efficient", "sdpa_math", "flex_attention")),
     # The fast FP32 rungs across head dims and lengths (B*N = 32768 tokens).
-    "fp32": Suite(("v2", "v2.1", "v2.2", "v2.2_tf32"),
+    "fp32": Suite(("v2", "v2.1", "v2.2", "v2.2_tf32", "v2.3", "v2.3_tf32"),
                   ((4, 8, 8192, 64), (4, 8, 8192, 32), (4, 8, 8192, 128), (32, 8, 1024, 64), (1, 8, 32768, 64)),
                   ("float32",), ("sdpa_efficient", "sdpa_math", "flex_attention")),
     # Tensor-core fp16/bf16: H=16, B*N = 32768.
