@@ -2,6 +2,8 @@
 for `ncu` to profile, e.g.
     ncu --clock-control none -k regex:v3_1_fwd --launch-skip 1 -c 1 python3 scripts/profile_one.py v3.1 bfloat16 64
     ncu --clock-control none -k regex:flash_fwd --launch-skip 1 -c 1 python3 scripts/profile_one.py sdpa_flash bfloat16 64
+Optional B H N [causal] after D pick another shape, e.g. a small one under compute-sanitizer:
+    compute-sanitizer --tool racecheck python3 scripts/profile_one.py v2.3 float32 128 1 2 300 causal
 """
 import sys
 
@@ -10,14 +12,15 @@ import torch
 import tileattn
 
 version, dtype, D = sys.argv[1], getattr(torch, sys.argv[2]), int(sys.argv[3])
-B, H, N = 4, 16, 8192
+B, H, N = map(int, sys.argv[4:7]) if len(sys.argv) > 6 else (4, 16, 8192)
+causal = sys.argv[7:8] == ["causal"]
 q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
 for _ in range(2):  # the first launch compiles/loads; ncu skips it
     if version == "sdpa_flash":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     else:
-        tileattn.scaled_dot_product_attention(q, k, v, version=version)
+        tileattn.scaled_dot_product_attention(q, k, v, is_causal=causal, version=version)
 torch.cuda.synchronize()
