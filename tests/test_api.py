@@ -146,6 +146,18 @@ def test_ratio_table_divides_by_peers_of_the_same_shape():
     assert line.endswith("| 1.00x | 1.10x | 0.75x |")
 
 
+def test_speedup_vs_previous_rung_of_the_same_precision():
+    from tileattn.bench import add_ratios
+
+    base = dict(B=4, H=8, Nq=8192, Nk=8192, D=128, dtype="float32", causal=False, kind="tensor_fp32")
+    rows = [dict(base, impl=n, ms=ms) for n, ms in [("v2.2", 18.0), ("v2.2_tf32", 11.0), ("v2.3", 12.0), ("v2.3_tf32", 6.0)]]
+    rows.append(dict({k: v for k, v in base.items() if k != "kind"}, impl="sdpa_efficient", ms=24.0))
+    add_ratios(rows)
+    speedup = {r["impl"]: r.get("speedup_vs_prev") for r in rows}
+    assert speedup == {"v2.2": None, "v2.2_tf32": None, "v2.3": 1.5, "v2.3_tf32": 11.0 / 6.0, "sdpa_efficient": None}
+    assert rows[2]["vs_sdpa_efficient"] == 2.0
+
+
 def test_tma_panel_widths_follow_the_swizzled_tile():
     from tileattn.api import panel_widths
 

@@ -197,14 +197,20 @@ def _git_state() -> tuple[str | None, bool]:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """speedup_vs_prev: each rung over the rung before it in the list (same shape); vs_<peer>: time ratio."""
+    """speedup_vs_prev: each rung over the rung before it in the list that computes at the same precision
+    (same shape: v2.3 over v2.2, v2.3_tf32 over v2.2_tf32); vs_<peer>: time ratio."""
     by_shape: dict[tuple, list[dict]] = {}
     for r in rows:
         by_shape.setdefault((r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]), []).append(r)
     for group in by_shape.values():
         rungs = [r for r in group if "kind" in r and r["ms"]]
-        for prev, cur in zip(rungs, rungs[1:]):
-            cur["speedup_vs_prev"] = prev["ms"] / cur["ms"]
+        last: dict[str | None, dict] = {}
+        for cur in rungs:
+            precision = VERSIONS[cur["impl"]].precision if cur["impl"] in VERSIONS else None
+            cur.pop("speedup_vs_prev", None)
+            if precision in last:
+                cur["speedup_vs_prev"] = last[precision]["ms"] / cur["ms"]
+            last[precision] = cur
         peers = [r for r in group if "kind" not in r and r["ms"]]
         for r in rungs:
             for p in peers:
@@ -250,7 +256,7 @@ def chart(result: dict, path: Path) -> None:
 
 def markdown_table(result: dict) -> str:
     """The README's table, generated from a results JSON."""
-    lines = ["| impl | B | H | N | D | dtype | causal | ms | TFLOP/s | % of ceiling | speed-up vs previous rung "
+    lines = ["| impl | B | H | N | D | dtype | causal | ms | TFLOP/s | % of ceiling | speed-up vs previous rung (same precision) "
              "| rel. err | cold compile s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
