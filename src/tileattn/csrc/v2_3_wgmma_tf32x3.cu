@@ -1,18 +1,20 @@
 // v2.3: FP32-accurate attention (3xTF32) on Hopper's warpgroup MMA, with a producer warpgroup
-// that splits K and V while the consumer multiplies (sm_90a).
+// that splits K and V while the consumers multiply (sm_90a).
 //
 // Why (v2.2's limits, measured on an H200 at D=128): v2.2 runs 8 warps that all split the K/V
 // block into TF32 hi/lo halves, wait at a barrier, then all multiply; nothing overlaps the split
 // (dropping it: +17%) or the copies (+12%), and mma.sync's B fragments are re-read from shared
 // memory by every warp.  Here:
-//  * wgmma.m64nNk8 TF32: one warpgroup (4 warps, 64 query rows) multiplies with operands read by
-//    the tensor core straight from shared memory (Q, K, V^T) or registers (P): no ldmatrix, and
-//    each K/V element is read once per 64 rows instead of once per 16.
+//  * wgmma.m64nNk8 TF32: a consumer warpgroup (4 warps, 64 query rows) multiplies with operands
+//    read by the tensor core straight from shared memory (Q, K, V^T) or registers (P): no
+//    ldmatrix, and each K/V element is read once per 64 rows instead of once per 16.
 //  * Warp specialisation: warpgroup 0 (the producer) loads Q, K and V with 16-byte global loads
 //    into registers, one block ahead, splits them into hi/lo and stores them in wgmma's 128-byte
-//    swizzled K-major layout; warpgroup 1 (the consumer) runs S = Q K^T, the online softmax and
-//    O += P V.  They hand buffers over with mbarriers (full: producer -> consumer, empty: back),
-//    K and V separately, so K_{j+1} is written while the consumer is still on P_j V_j.
+//    swizzled K-major layout; warpgroups 1 and 2 (the consumers, Br = 128: two 64-row halves of
+//    the Q tile sharing every K/V block) run S = Q K^T, the online softmax and O += P V.  They
+//    hand buffers over with mbarriers (full: producer -> consumers, empty: back), K and V
+//    separately, so K_{j+1} is written while the consumers are still on P_j V_j.  While one
+//    consumer does its softmax the other's wgmma keeps the tensor cores busy.
 //  * TF32 wgmma takes K-major operands only, so V is stored transposed (rows d, columns keys) by
 //    the producer, its keys in the permuted order that lets P's accumulator fragment be the A
 //    operand of P V directly (tf32x3.cuh).
@@ -23,8 +25,12 @@
 // pv), because the tensor core's accumulation across all blocks is not round-to-nearest and its
 // error grows with N (see v2_2_tf32x3.cu).
 //
-// Shared memory: Q hi/lo [Br][D] and per stage K hi/lo [Bc][D], V^T hi/lo [D][Bc], FP32, two
-// stages where they fit (D <= 64) and one at D = 128 (192 KB); one CTA of 256 threads per SM.
+// Resources (384 threads, one CTA per SM, 168 registers per thread): shared memory holds Q hi/lo
+// [Br][D] and per stage K hi/lo [Bc][D], V^T hi/lo [D][Bc]; two stages where they fit (D <= 64,
+// Bc = 64: 192 KB) and one at D = 128 (Bc = 32: 192 KB).  At D = 128, P V's accumulator for all
+// of D does not fit beside O and P, so it runs in two 64-column slices (OPARTS below).
+// Measured (H200, B=4, H=8, N=8192, vs one warpgroup of 64 rows): two consumers 1.32x at D=64
+// (97.9 vs 73.4 TFLOP/s at Bc=64), 1.15x at D=128 (87.7 vs 76.0, Bc=32 vs 64).
 #include "common.cuh"
 #include "mma.cuh"  // mbarrier helpers
 #include "tf32x3.cuh"
