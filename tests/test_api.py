@@ -123,6 +123,17 @@ def test_fp32_dispatch_by_arch():
     for D in (32, 64, 128):  # wgmma (sm_90a) where there is one, mma.sync elsewhere
         assert select("float32", D, 90).name == "v2.3" and select("float32", D, 90, "tf32").name == "v2.3_tf32"
         assert select("float32", D, 80).name == "v2.2" and select("float32", D, 89, "tf32").name == "v2.2_tf32"
+        # wgmma is sm_90a only: a newer arch (sm_100) takes the mma.sync rung instead.
+        assert select("float32", D, 100).name == "v2.2" and select("float32", D, 100, "tf32").name == "v2.2_tf32"
+
+
+def test_wrong_arch_for_an_explicit_version(monkeypatch):
+    monkeypatch.setattr(tileattn.api._nvrtc, "device_arch", lambda index: (10, 0))
+    with pytest.raises(ValueError, match=r"version 'v2.3' runs on sm_90, this GPU is sm_100"):
+        tileattn.api._dispatch("v2.3", "float32", 64, torch.device("cuda", 0), None)
+    monkeypatch.setattr(tileattn.api._nvrtc, "device_arch", lambda index: (8, 0))
+    with pytest.raises(ValueError, match=r"version 'v3.2' runs on sm_90\+, this GPU is sm_80"):
+        tileattn.api._dispatch("v3.2", "bfloat16", 64, torch.device("cuda", 0), None)
 
 
 def test_arch_tiles_pick_by_arch():

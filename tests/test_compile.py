@@ -41,7 +41,7 @@ def spill_budget(name, D, arch):
 
 
 @pytest.mark.parametrize("name,D,causal,arch", [(n, D, c, a) for n, D, c in INSTANCES for a in ARCHS
-                                                if arch_number(a) >= VERSIONS[n].min_arch], ids=lambda x: str(x))
+                                                if VERSIONS[n].runs_on(arch_number(a))], ids=lambda x: str(x))
 def test_compiles_without_stack_or_spills(name, D, causal, arch):
     res = compiled(name, D, causal, arch).resources
     assert res["registers"] is not None, "ptxas -v report missing"

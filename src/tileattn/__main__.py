@@ -33,7 +33,7 @@ def cmd_info(args) -> int:
     print("rungs:")
     for v in VERSIONS.values():
         tiles = ", ".join(f"D={d}: Br={br} Bc={bc}" for d, (br, bc) in v.tiles.items())
-        print(f"  {v.name:8s} {v.kind:5s} {'/'.join(v.dtypes):8s} sm_{v.min_arch}+  {tiles}\n           {v.summary}")
+        print(f"  {v.name:8s} {v.kind:5s} {'/'.join(v.dtypes):8s} {v.arch_range()}  {tiles}\n           {v.summary}")
         for arch, over in v.arch_tiles.items():
             print(f"           on sm_{arch}+: " + ", ".join(f"D={d}: Br={br} Bc={bc}" for d, (br, bc) in over.items()))
     return 0
@@ -48,7 +48,9 @@ def cmd_check(args) -> int:
 
     from .testing import check_cases, passed, run_case
 
-    cases = check_cases(args.versions or list(VERSIONS))
+    cc = torch.cuda.get_device_capability()
+    arch = cc[0] * 10 + cc[1]
+    cases = check_cases(args.versions or [name for name, v in VERSIONS.items() if v.runs_on(arch)])
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     failures = 0
     lines = []
@@ -93,7 +95,7 @@ def cmd_compile(args) -> int:
         print("tileattn compile: no GPU found; pass --arch (e.g. sm_90a)")
         return 1
     jobs = [(v.file, v.name_expression(dt, D, causal, cc_num), arch_for(v))
-            for v in VERSIONS.values() if (not args.versions or v.name in args.versions) and cc_num >= v.min_arch
+            for v in VERSIONS.values() if (not args.versions or v.name in args.versions) and v.runs_on(cc_num)
             for dt in v.dtypes for D in v.head_dims for causal in (False, True)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for expr, seconds, res in pool.map(_compile_one, jobs):

@@ -226,11 +226,11 @@ def _dispatch(version, dtype: str, head_dim: int, device: torch.device, precisio
             alternatives = sorted({v.name for v in VERSIONS.values() if dtype in v.dtypes})
             raise ValueError(f"no rung takes {dtype} at head dim {head_dim} on sm_{arch}"
                              f"{f' with precision={precision!r}' if precision else ''}; rungs for {dtype}: "
-                             f"{alternatives} (see tileattn.VERSIONS for their minimum arch)")
+                             f"{alternatives} (see tileattn.VERSIONS for the archs each runs on)")
         return entry
     entry = VERSIONS[version]
-    if arch < entry.min_arch:
-        raise ValueError(f"version {version!r} needs sm_{entry.min_arch} or newer, this GPU is sm_{arch}")
+    if not entry.runs_on(arch):
+        raise ValueError(f"version {version!r} runs on {entry.arch_range()}, this GPU is sm_{arch}")
     return entry
 
 

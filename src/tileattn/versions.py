@@ -29,6 +29,7 @@ class Version:
     grid_style: GridStyle  # per_head: grid = B*H (K/V outer); q_outer: grid = (Tr, B*H)
     dtypes: tuple[str, ...] = ("float32",)
     min_arch: int = 80  # compute capability major*10 + minor
+    max_arch: int | None = None  # the newest arch it runs on: wgmma exists on sm_90a only, not on sm_100
     arch_specific: bool = False  # compile for sm_XYa (wgmma, setmaxnreg)
     workspace_per_row: int = 0  # float32 scratch per (b, h, query row): v1's m_i, l_i in HBM
     threads_per_block: Callable[[int, int, int], int] = lambda D, Br, Bc: Br  # one thread per query row
@@ -54,6 +55,13 @@ class Version:
                 return self.arch_tiles[min_arch][head_dim]
         return self.tiles[head_dim]
 
+    def runs_on(self, arch: int) -> bool:
+        return self.min_arch <= arch and (self.max_arch is None or arch <= self.max_arch)
+
+    def arch_range(self) -> str:
+        return f"sm_{self.min_arch}" + ("+" if self.max_arch is None else "" if self.max_arch == self.min_arch
+                                         else f"-sm_{self.max_arch}")
+
     def is_arch_tile(self, head_dim: int, arch: int | None) -> bool:
         return self.tile(head_dim, arch) != self.tiles[head_dim]
 
@@ -70,7 +78,7 @@ class Version:
     def supports(self, dtype: str, head_dim: int, arch: int, precision: str | None = None) -> bool:
         """precision None means the default: FP32-level accuracy for FP32 inputs."""
         wanted = precision or ("fp32" if dtype == "float32" else "native")
-        return (dtype in self.dtypes and head_dim in self.tiles and arch >= self.min_arch
+        return (dtype in self.dtypes and head_dim in self.tiles and self.runs_on(arch)
                 and (self.precision == wanted or self.precision == "native"))
 
 
@@ -146,6 +154,7 @@ _V2_3 = Version(
     grid_style="q_outer",
     threads_per_block=lambda D, Br, Bc: 128 + 2 * Br,  # a producer warpgroup + one consumer warpgroup per 64 rows
     min_arch=90,
+    max_arch=90,
     arch_specific=True,
     priority=6,
     summary="3xTF32 on Hopper wgmma: a producer warpgroup splits K/V into swizzled hi/lo tiles while a consumer "
