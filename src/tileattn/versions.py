@@ -134,7 +134,6 @@ _V2_2_TF32 = dataclasses.replace(
 )
 
 
-
 def _v2_3_smem(split: bool) -> Callable[[int, int, int], int]:
     """Mirrors v2_3_smem_bytes() / v2_3_stages() in v2_3_wgmma_tf32x3.cu: Q, and per stage K and V^T,
     as hi and lo tiles (3xTF32) or one (TF32), two stages where they fit in 227 KB, and the mbarriers."""
@@ -157,8 +156,8 @@ _V2_3 = Version(
     max_arch=90,
     arch_specific=True,
     priority=6,
-    summary="3xTF32 on Hopper wgmma: a producer warpgroup splits K/V into swizzled hi/lo tiles while a consumer "
-    "warpgroup multiplies (operands read from shared memory by the tensor core): FP32-level error",
+    summary="3xTF32 on Hopper wgmma: a producer warpgroup splits K/V into swizzled hi/lo tiles while two consumer "
+    "warpgroups multiply (operands read from shared memory by the tensor core): FP32-level error",
 )
 _V2_3_TF32 = dataclasses.replace(
     _V2_3,
