@@ -23,8 +23,10 @@ MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.1": ["LDGSTS", "LDS.128"]
              "v3.2": ["UTMALDG", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "HMMA", "LDSM"],
              # HGMMA: warpgroup MMA; SYNCS.*: the producer/consumer mbarriers.
              "v2.3": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
-             "v2.3_tf32": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"]}
-MUST_NOT_HAVE_BY_RUNG = {"v3.2": ["LDGSTS"], "v2.3": ["HMMA", "LDSM"], "v2.3_tf32": ["HMMA", "LDSM"]}
+             "v2.3_tf32": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
+             "v3.3": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"]}
+MUST_NOT_HAVE_BY_RUNG = {"v3.2": ["LDGSTS"], "v2.3": ["HMMA", "LDSM"], "v2.3_tf32": ["HMMA", "LDSM"],
+                         "v3.3": ["HMMA", "LDSM", "LDGSTS"]}
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 
 

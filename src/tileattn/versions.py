@@ -257,6 +257,21 @@ _V3_2 = dataclasses.replace(
     "tile panel from one thread, mbarrier completion): no per-thread copy code (sm_90)",
 )
 
+_V3_3 = dataclasses.replace(
+    _V3_2,
+    name="v3.3",
+    file="v3_3_wgmma.cu",
+    kernel="v3_3_fwd",
+    tiles={64: (128, 128), 128: (128, 128)},
+    smem_bytes=lambda D, Br, Bc: (Br + 4 * Bc) * D * _B16 + 9 * 8,  # Q, 2 stages of K and V, 9 mbarriers
+    threads_per_block=lambda D, Br, Bc: 384,  # a producer warpgroup and two consumer warpgroups
+    max_arch=90,
+    arch_specific=True,
+    priority=13,
+    summary="FA3-style: wgmma from TMA-loaded shared memory (V read N-major), a producer warpgroup issuing the "
+    "copies and two consumer warpgroups of 64 rows, setmaxnreg 24/240 (sm_90a)",
+)
+
 VERSIONS: dict[str, Version] = {
     v.name: v
     for v in [
@@ -307,6 +322,7 @@ VERSIONS: dict[str, Version] = {
         _V3,
         _V3_1,
         _V3_2,
+        _V3_3,
     ]
 }
 
