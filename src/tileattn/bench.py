@@ -65,7 +65,7 @@ SUITES = {
                   ((4, 8, 8192, 64), (4, 8, 8192, 32), (4, 8, 8192, 128), (32, 8, 1024, 64), (1, 8, 32768, 64)),
                   ("float32",), ("sdpa_efficient", "sdpa_math", "flex_attention")),
     # Tensor-core fp16/bf16: H=16, B*N = 32768.
-    "mma": Suite(("v3", "v3.1", "v3.2"), tuple((32768 // N, 16, N, D) for D in (64, 128) for N in (1024, 4096, 8192, 32768)),
+    "mma": Suite(("v3", "v3.1", "v3.2", "v3.3"), tuple((32768 // N, 16, N, D) for D in (64, 128) for N in (1024, 4096, 8192, 32768)),
                  ("bfloat16", "float16"), ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex_attention"),
                  flex_seqlens=(8192,)),
 }
