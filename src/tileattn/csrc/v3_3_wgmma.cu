@@ -19,8 +19,9 @@
 //    at D=128, -1% / +8% at D=64 (non-causal / causal).
 //  * O accumulates inside the tensor core across K/V blocks (FP32, rescaled by FFMA when the row
 //    max moves), as in v3.x.
-// Head dims 64 and 128 (whole 64-column panels); Br = 128, Bc = 128; 160 KB of shared memory at
-// D = 128.  Other head dims run v3.2.
+// Head dims 64, 128, 192 and 256 (whole 64-column panels); Br = 128, Bc = 128 up to D = 128 (160 KB
+// of shared memory at D = 128) and 64 above (O takes 96-128 registers a thread; 192 KB at D = 256).
+// Other head dims run v3.2 (up to 128) or v3.1.
 #include "common.cuh"
 #include "mma.cuh"  // pack2, mbarriers, tma_load_4d
 #include "wgmma.cuh"
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "v3.3 is an fp16/bf16 rung");
   static_assert(Br == 128, "two consumer warpgroups of 64 query rows");
-  static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 128 && (Bc == 64 || Bc == 128), "whole 64-column panels");
+  static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128), "whole 64-column panels");
   constexpr int STAGES = 2;
   constexpr int PANELS = HEAD_DIM / 64;
   constexpr int Q_BYTES = Br * HEAD_DIM * 2, KV_BYTES = Bc * HEAD_DIM * 2;
