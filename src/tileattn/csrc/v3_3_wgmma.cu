@@ -32,9 +32,8 @@ constexpr int V3_3_WG = 128;              // threads per warpgroup
 constexpr int V3_3_PRODUCER_REGS = 24;    // the producer only issues copies
 constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 24 + 2 * 240
 
-// Shared memory: Q [Br][D], then two stages of K [Bc][D] and V [Bc][D] (16-bit, 64-column panels),
-// then 9 mbarriers (Q; K and V full x2; K and V empty x2).
-__host__ __device__ constexpr int v3_3_smem_bytes(int D, int Br, int Bc) { return (Br + 4 * Bc) * D * 2 + 9 * 8; }
+// Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
+// (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2).
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T)) {
