@@ -45,6 +45,11 @@ struct HeadSlice {
                                   lse + (long long)(bh) * Nq};                             \
   }()
 
+// The Q block a q_outer CTA takes: with a causal mask the later blocks have more keys to see,
+// so they are launched first (block x = gridDim.x - 1 first) and the short ones fill the tail.
+template <bool CAUSAL>
+__device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x; }
+
 // The last key a query row may see (exclusive bound), given causal alignment.
 template <bool CAUSAL>
 __device__ __forceinline__ int key_end(int row, int Nk, int causal_offset) {

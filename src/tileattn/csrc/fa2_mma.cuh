@@ -48,9 +48,7 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T)) {
   const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;  // fragment coordinates: row g (and g + 8), columns 2t, 2t+1
-  // Causal Q blocks have more work the later they sit: launch them first.
-  const int m_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int q_start = m_block * Br;
+  const int q_start = q_block<CAUSAL>() * Br;
   const int warp_row = q_start + warp * WROWS;  // first query row of this warp
   // This lane's rows: row r = 2 mt + h is warp_row + 16 mt + 8 h + g.
   const int row0 = warp_row + g;
@@ -59,25 +57,12 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T)) {
   const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
   const int Tc = (kv_limit + Bc - 1) / Bc;
 
-  // TMA: one thread issues each tile as one copy per panel of SwizzledTile (box: the panel's 64,
-  // 32 or 16 columns x rows), counted on the tile's mbarrier.  The copy engine's 128-, 64- and
-  // 32-byte swizzles are exactly SwizzledTile's XOR patterns for those panel widths.  Rows past N
-  // and columns past HEAD_DIM are out of the tensor: the copy engine fills them with zeros (and
-  // still counts their bytes), so tails and head-dim padding need no code.  The tensor maps sit
-  // in global memory at `workspace` (api.py builds them, 128 bytes each): q, k, v with 64-column
-  // boxes, then q, k, v with the narrow last panel's box when D_SMEM is not a multiple of 64.
-  static_assert(!TMA || QTile::NPANELS <= D_SMEM / 64 + 1, "TMA: at most one narrow panel (32 or 16 columns)");
-  const void* tmaps = workspace;
+  // TMA: one thread issues each tile (tma_tile_load: one copy per panel, zero-filled tails); the
+  // tensor maps sit at `workspace` (api.py builds them).
   const int b_ = bh / H, h_ = bh % H;  // (HeadSlice computes them too; reusing those spills at D=64)
   enum { QMAP = 0, KMAP = 1, VMAP = 2 };
   auto tma_tile = [&](int map, unsigned dst, unsigned bar, int rows, int first_row) {
-    mbar_arrive_expect_tx(bar, rows * D_SMEM * 2);
-#pragma unroll
-    for (int p = 0; p < QTile::NPANELS; ++p) {
-      const int W = QTile::panel_width(p), c0 = QTile::panel_chunk0(p);  // same panels in every tile
-      tma_load_4d(dst + rows * c0 * 16, static_cast<const char*>(tmaps) + 128 * (map + (W == 8 ? 0 : 3)), c0 * 8,
-                  first_row, map == QMAP ? h_ : h_ / h_per_kv, b_, bar);
-    }
+    tma_tile_load<D_SMEM>(workspace, map, dst, bar, rows, first_row, map == QMAP ? h_ : h_ / h_per_kv, b_);
   };
 
   if constexpr (TMA) {

@@ -176,6 +176,10 @@ __device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// A plain arrival on a CTA-local mbarrier (release): one of the `count` the phase waits for.
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // Spin until the phase with this parity (0, 1, 0, ... for the phases in order) has completed.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   unsigned done;
@@ -197,6 +201,92 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const void* tmap, int 
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+
+// One tile of `rows` x COLS 16-bit values in SwizzledTile's layout, as one TMA copy per panel
+// (box: the panel's 64, 32 or 16 columns x rows), counted on mbarrier bar.  The copy engine's
+// 128-, 64- and 32-byte swizzles are exactly SwizzledTile's XOR patterns for those panel widths;
+// rows past N and columns past the head dim arrive as zeros (their bytes still count).  tmaps:
+// the tensor maps api.py writes to global memory, 128 bytes each: q, k, v (map 0, 1, 2) with
+// 64-column boxes, then the same with the narrow last panel's box.  head: the map's head index.
+template <int COLS>
+__device__ __forceinline__ void tma_tile_load(const void* tmaps, int map, unsigned dst, unsigned bar, int rows,
+                                              int first_row, int head, int batch) {
+  using Panels = SwizzledTile<8, COLS>;  // the panels depend on the columns only
+  static_assert(Panels::NPANELS <= COLS / 64 + 1, "TMA: at most one narrow panel (32 or 16 columns)");
+  mbar_arrive_expect_tx(bar, rows * COLS * 2);
+#pragma unroll
+  for (int p = 0; p < Panels::NPANELS; ++p) {
+    const int W = Panels::panel_width(p), c0 = Panels::panel_chunk0(p);
+    tma_load_4d(dst + rows * c0 * 16, static_cast<const char*>(tmaps) + 128 * (map + (W == 8 ? 0 : 3)), c0 * 8,
+                first_row, head, batch, bar);
+  }
+}
+
+// ---- The accumulator fragment of mma.sync m16n8 and wgmma m64nN, shared by the rungs that ----
+// ---- keep S and O in it (lane = 4g + t: rows g and g + 8, columns 2t and 2t + 1 of each n8 ----
+// ---- tile i, as values 4i, 4i + 1 (row g) and 4i + 2, 4i + 3 (row g + 8)) ----
+
+// Online softmax of one K/V block's scores S (NS / 4 8-key tiles) for this thread's two rows
+// row_a and row_a + 8, in place: keys past the row's last key are masked on the blocks that reach
+// them (past Nk; the diagonal when causal), the rows rebase to the new max in the log2 domain
+// (scale_log2 > 0 folded into one FFMA per score), and S becomes exp2(S * scale - m).  m_i, l_i
+// (this thread's partial row sums) are updated; scale_old is the factor O must be rebased by.
+template <bool CAUSAL, int NS>
+__device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
+                                                        float (&scale_old)[2], float scale_log2, int kv_start,
+                                                        int Bc, int q_start, int row_a, int t, int Nk,
+                                                        int causal_offset) {
+  const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
+  const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
+  const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
+  float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
+    if (needs_mask && key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
+    m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
+  }
+  float m_base[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = fmaxf(m_i[h], lanes_max<4>(m_tile[h]) * scale_log2);  // the quad holds the row
+    m_base[h] = safe_max(m_new);
+    scale_old[h] = exp2_ftz(m_i[h] - m_base[h]);  // 0 on the first visible block
+    m_i[h] = m_new;
+    l_i[h] *= scale_old[h];
+  }
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    S[i] = exp2_ftz(fmaf(S[i], scale_log2, -m_base[(i % 4) / 2]));
+    l_i[(i % 4) / 2] += S[i];
+  }
+}
+
+// Two adjacent output values in the output dtype.
+__device__ __forceinline__ void store_pair(float* dst, float a, float b) { *reinterpret_cast<float2*>(dst) = make_float2(a, b); }
+template <typename T>
+__device__ __forceinline__ void store_pair(T* dst, float a, float b) { *reinterpret_cast<unsigned*>(dst) = pack2<T>(a, b); }
+
+// Epilogue: finish l_i across the quad, write this thread's pairs of O / l for rows row_a and
+// row_a + 8 (rows past Nq skipped; a row that saw no key outputs 0) and their lse (natural log;
+// m_i is log2-scaled).
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void fragment_store_rows(const float (&acc)[HEAD_DIM / 2], const float (&m_i)[2],
+                                                    const float (&l_i)[2], int row_a, int t, int Nq, T* o,
+                                                    long long o_sn, float* lse) {
+  constexpr float LN2 = 0.6931471805599453f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = lanes_sum<4>(l_i[h]);
+    const int row = row_a + 8 * h;
+    if (row >= Nq) continue;
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+      store_pair(o + row * o_sn + n * 8 + 2 * t, acc[4 * n + 2 * h] * inv_l, acc[4 * n + 2 * h + 1] * inv_l);
+    if (t == 0) lse[row] = row_lse(m_i[h] * LN2, l);
+  }
 }
 
 // Copy rows [row0, row0 + ROWS) of one head's (N, HEAD_DIM) matrix into a SwizzledTile of
