@@ -25,6 +25,11 @@
 // pv), because the tensor core's accumulation across all blocks is not round-to-nearest and its
 // error grows with N (see v2_2_tf32x3.cu).
 //
+// v3.3's shared pieces (fragment_online_softmax / fragment_store_rows, KVBarriers, q_block) were
+// tried here too (0af6b0c, FP32 suite, bench/results/sweeps/fp32_0af6b0c_v2.3_shared_helpers.json,
+// against results/fp32.json; v2.2, unchanged, measured 0.99-1.00x between the two runs): D=32 0.71x /
+// 0.74x, v2.3_tf32 0.68x / 0.71x at D=32 and 0.89x / 0.92x at D=128, v2.3 at D=64 and 128 0.98-1.06x.
+// So v2.3 keeps its own versions, the code that was measured.
 // Resources (384 threads, one CTA per SM, 168 registers per thread): shared memory holds Q hi/lo
 // [Br][D] and per stage K hi/lo [Bc][D], V^T hi/lo [D][Bc]; two stages where they fit (D <= 64,
 // Bc = 64: 192 KB) and one at D = 128 (Bc = 32: 192 KB).  At D = 128, P V's accumulator for all
@@ -108,16 +113,24 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
   auto s_klo = [&](int s) { return s_khi(s) + (PARTS - 1) * KTile::BYTES; };
   auto s_vhi = [&](int s) { return s_khi(s) + PARTS * KTile::BYTES; };
   auto s_vlo = [&](int s) { return s_vhi(s) + (PARTS - 1) * VTile::BYTES; };
-  const KVBarriers<STAGES> bars{s_stage0 + STAGES * STAGE_BYTES};
+  const unsigned bar_q = s_stage0 + STAGES * STAGE_BYTES;
+  auto bar_k_full = [&](int s) { return bar_q + 8 * (1 + s); };
+  auto bar_v_full = [&](int s) { return bar_q + 8 * (1 + STAGES + s); };
+  auto bar_k_empty = [&](int s) { return bar_q + 8 * (1 + 2 * STAGES + s); };
+  auto bar_v_empty = [&](int s) { return bar_q + 8 * (1 + 3 * STAGES + s); };
 
-  // Every phase waits for all threads of the other side: the producer warpgroup (Q, full), every
-  // consumer warpgroup (empty).
-  if (threadIdx.x == 0) bars.init(V2_3_WG, CONSUMERS * V2_3_WG);
+  if (threadIdx.x == 0) {
+    // Every phase waits for all threads of the other side: the producer warpgroup (Q, full),
+    // every consumer warpgroup (empty).
+    for (int i = 0; i < 1 + 2 * STAGES; ++i) mbar_init(bar_q + 8 * i, V2_3_WG);
+    for (int i = 1 + 2 * STAGES; i < 1 + 4 * STAGES; ++i) mbar_init(bar_q + 8 * i, CONSUMERS * V2_3_WG);
+    mbar_fence_init();
+  }
   __syncthreads();
 
   const int bh = blockIdx.y + bh_offset;
   const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
-  const int q_start = q_block<CAUSAL>() * Br;
+  const int q_start = blockIdx.x * Br;
   const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
   const int Tc = (kv_limit + Bc - 1) / Bc;
 
@@ -146,7 +159,7 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
         split_store<QTile, SPLIT>(x[it], s_qhi, s_qlo, r, c4);
       }
       fence_proxy_async_smem();
-      mbar_arrive(bars.q);
+      mbar_arrive(bar_q);
     }
 
     // K block: KV float4 per thread, row-major like Q.  V block: thread tid takes key tid % Bc
@@ -177,17 +190,18 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
     }
     for (int j = 0; j < Tc; ++j) {
       const int s = j % STAGES;
-      bars.wait_k_empty(j);
+      const unsigned empty_parity = ((j / STAGES) & 1) ^ 1;  // the consumer's release of the last use
+      if (j >= STAGES) mbar_wait(bar_k_empty(s), empty_parity);
 #pragma unroll
       for (int it = 0; it < KV; ++it) {
         const int i = tid + it * V2_3_WG, r = i / VEC_PER_ROW, c4 = (i % VEC_PER_ROW) * 4;
         split_store<KTile, SPLIT>(kx[it], s_khi(s), s_klo(s), r, c4);
       }
       fence_proxy_async_smem();
-      mbar_arrive(bars.k_full(j));
+      mbar_arrive(bar_k_full(s));
       if (j + 1 < Tc) load_k((j + 1) * Bc);  // in flight while V_j is stored and the consumer works
 
-      bars.wait_v_empty(j);
+      if (j >= STAGES) mbar_wait(bar_v_empty(s), empty_parity);
 #pragma unroll
       for (int it = 0; it < VV; ++it) {
         const int i = tid + it * V2_3_WG, key = i % Bc, d8 = (i / Bc) * 8;
@@ -204,7 +218,7 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
         }
       }
       fence_proxy_async_smem();
-      mbar_arrive(bars.v_full(j));
+      mbar_arrive(bar_v_full(s));
       if (j + 1 < Tc) load_v((j + 1) * Bc);
     }
     return;
@@ -214,9 +228,8 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
   const int cwg = threadIdx.x / V2_3_WG - 1;  // which consumer warpgroup: rows 64 * cwg ...
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int row_a = q_start + cwg * 64 + warp * 16 + g;  // this thread's query rows: row_a, row_a + 8
-  // > 0, so max(s S) = s max(S) and the scale folds into one FFMA per score (api.py makes it >= 0).
-  const float scale_log2 = fmaxf(softmax_scale * TILEATTN_LOG2E, 1e-30f);
+  const int row_a = q_start + cwg * 64 + warp * 16 + g, row_b = row_a + 8;  // the two query rows this thread holds
+  const float scale_log2 = softmax_scale * TILEATTN_LOG2E;
   constexpr int NS = Bc / 2, NO = HEAD_DIM / 2;  // accumulator values per thread: S (64 x Bc), O (64 x D)
   constexpr int OPARTS = CONSUMERS == 2 && HEAD_DIM > 64 ? 2 : 1;
 
@@ -228,14 +241,16 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
 
   // This warpgroup's 64 rows of Q start 64 rows into every panel.
   const unsigned long long dq_hi = wgmma_desc_sw128(s_qhi + cwg * 64 * 128), dq_lo = wgmma_desc_sw128(s_qlo + cwg * 64 * 128);
-  if (Tc > 0) mbar_wait(bars.q, 0);
+  if (Tc > 0) mbar_wait(bar_q, 0);
   for (int j = 0; j < Tc; ++j) {
     const int s = j % STAGES;
+    const unsigned full_parity = (j / STAGES) & 1;
+    const int kv_start = j * Bc;
 
     // 1. S = Q K^T over d in k8 steps: three TF32 products each, small terms first; the first
     //    wgmma starts S from zero.
     float S[NS];
-    bars.wait_k_full(j);
+    mbar_wait(bar_k_full(s), full_parity);
     const unsigned long long dk_hi = wgmma_desc_sw128(s_khi(s)), dk_lo = wgmma_desc_sw128(s_klo(s));
     wgmma_fence();
 #pragma unroll
@@ -250,26 +265,47 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(S);
-    mbar_arrive(bars.k_empty(j));  // K_j may be overwritten
+    mbar_arrive(bar_k_empty(s));  // K_j may be overwritten
 
-    // 2. Online softmax in place (mask, new row max, S = exp2(S * scale - m)).
+    // 2. Scale into the log2 domain and mask (keys past Nk; the diagonal blocks when causal).
+    const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
+    const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
+    const int kend_b = key_end<CAUSAL>(row_b, Nk, causal_offset);
+    float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
+      float x = S[i] * scale_log2;
+      if (needs_mask && key >= (r < 2 ? kend_a : kend_b)) x = TILEATTN_NEG_INF;
+      S[i] = x;
+      m_tile[r / 2] = fmaxf(m_tile[r / 2], x);
+    }
+    // 3. Online softmax: the quad's row max, rebase to m_new, P = exp2(S - m_new) in place.
     float scale_old[2];
-    fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, j * Bc, Bc, q_start, row_a, t, Nk,
-                                    causal_offset);
-    // 3. P as TF32 hi/lo A fragments of P V: a0..a3 = c0, c2, c1, c3 under the key permutation.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m_i[h], lanes_max<4>(m_tile[h]));
+      scale_old[h] = exp2_ftz(m_i[h] - safe_max(m_new));  // exp2(-inf) = 0 on the first block
+      m_i[h] = m_new;
+      l_i[h] *= scale_old[h];
+    }
+    // P as TF32 hi/lo A fragments of P V: a0..a3 = c0, c2, c1, c3 under the key permutation.
     unsigned p_hi[Bc / 8][4], p_lo[Bc / 8][4];
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
-      const int r = i % 4, a = r == 1 ? 2 : r == 2 ? 1 : r;
-      if (SPLIT) split_tf32(S[i], p_hi[i / 4][a], p_lo[i / 4][a]);
-      else p_hi[i / 4][a] = __float_as_uint(S[i]);  // the tensor core truncates to TF32
+      const int r = i % 4;
+      const float p = exp2_ftz(S[i] - safe_max(m_i[r / 2]));
+      l_i[r / 2] += p;
+      const int a = r == 1 ? 2 : r == 2 ? 1 : r;
+      if (SPLIT) split_tf32(p, p_hi[i / 4][a], p_lo[i / 4][a]);
+      else p_hi[i / 4][a] = __float_as_uint(p);  // the tensor core truncates to TF32
     }
 
     // 4. pv = P V of this block from zero (k8 steps over keys), then acc = scale_old * acc + pv.
     //    With two consumer warpgroups at D > 64 the 168 registers a thread has (384 threads) do
     //    not hold pv for all of D beside acc and P: the product runs in OPARTS column slices of
     //    V^T's rows (d), each merged before the next starts.
-    bars.wait_v_full(j);
+    mbar_wait(bar_v_full(s), full_parity);
 #pragma unroll
     for (int part = 0; part < OPARTS; ++part) {
       float pv[NO / OPARTS];
@@ -288,7 +324,7 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(pv);
-      if (part == OPARTS - 1) mbar_arrive(bars.v_empty(j));
+      if (part == OPARTS - 1) mbar_arrive(bar_v_empty(s));
 #pragma unroll
       for (int i = 0; i < NO / OPARTS; ++i) {
         float& o = acc[part * (NO / OPARTS) + i];
@@ -297,7 +333,22 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
     }
   }
 
-  fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, Nq, hs.o, o_sn, hs.lse);
+  // Epilogue: finish l_i across the quad, one reciprocal per row, write O and lse.
+  constexpr float LN2 = 0.6931471805599453f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = lanes_sum<4>(l_i[h]);
+    const int row = h == 0 ? row_a : row_b;
+    if (row >= Nq) continue;
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // a row that saw no key outputs 0
+    T* o_row = hs.o + row * o_sn;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      *reinterpret_cast<float2*>(o_row + n * 8 + 2 * t) =
+          make_float2(acc[4 * n + 2 * h] * inv_l, acc[4 * n + 2 * h + 1] * inv_l);
+    }
+    if (t == 0) hs.lse[row] = l > 0.0f ? (m_i[h] + __log2f(l)) * LN2 : TILEATTN_NEG_INF;
+  }
 }
 
 // 3xTF32: FP32-level accuracy.
