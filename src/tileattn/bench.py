@@ -78,6 +78,10 @@ def _peer_fn(name: str, q, k, v, causal: bool):
     if name == "flex_attention":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        # Every shape compiles its own kernel; a fresh dynamo state per shape keeps a long run (several
+        # suites in one process) under dynamo's recompile limit, past which it silently falls back
+        # to the unfused implementation.
+        torch._dynamo.reset()
         flex = torch.compile(flex_attention, dynamic=False)
         block_mask = None
         if causal:
