@@ -1,32 +1,68 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: compile every rung (parallel), GPU tests, `check`, benchmark.
+# One call on a GPU machine: compile every rung (parallel), GPU tests, `check`, compute-sanitizer
+# (memcheck, racecheck, synccheck, initcheck), the 10,000-case fuzz run, benchmark.
 # Installs nothing: runs the working tree with the machine's own python3 (torch, triton,
-# cuda.core, nvrtc wheels).  Stages: any of  compile tests check bench  (default: all).
-# Set TILEATTN_COMMIT to the commit under test when the copy has no .git.
-# Writes logs and results JSON/PNG under $OUT (default ./out); prints the tables last.
+# cuda.core, nvrtc wheels).  Stages: any of  compile tests check sanitize fuzz bench  (default:
+# all).  Set TILEATTN_COMMIT to the commit under test when the copy has no .git.
+# Writes at most 8 files under $OUT (default ./out): summary.json, logs.tar.gz, fuzz.json and the
+# benchmark JSON/PNG; prints a short table last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-stages=${*:-compile tests check bench}
+LOGS=$(mktemp -d)
+stages=${*:-compile tests check sanitize fuzz bench}
 SUITES=${SUITES:-ladder_fp32}  # which `bench --suite` to run
+BENCH_ARGS=${BENCH_ARGS:-}      # e.g. "--seqlen 8192 --headdim 64 128"
+FUZZ_CASES=${FUZZ_CASES:-10000}
 rc=0
+declare -A result
 has() { [[ " $stages " == *" $1 "* ]]; }
+stage() {  # stage NAME LOG CMD...: run, record pass/fail and the log's last line
+  local name=$1 log=$LOGS/$2; shift 2
+  local t0=$SECONDS
+  "$@" > "$log" 2>&1; local s=$?
+  [[ $s -ne 0 ]] && rc=1
+  result[$name]="$([[ $s -eq 0 ]] && echo ok || echo FAILED) ($((SECONDS - t0)) s): $(grep -v '^\s*$' "$log" | tail -1)"
+  printf '%s\t%s\n' "$name" "${result[$name]}" >> "$LOGS/stages.tsv"
+}
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
-python3 -m tileattn info
-if has compile; then python3 -m tileattn compile --jobs 16 > "$OUT/compile.log" 2>&1 || rc=1; tail -3 "$OUT/compile.log"; fi
-if has tests; then
-  python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1 || rc=1
-  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20; tail -1 "$OUT/pytest.log"
+python3 -m tileattn info > "$LOGS/info.log" 2>&1; head -4 "$LOGS/info.log"
+has compile && stage compile compile.log python3 -m tileattn compile --jobs 16
+has tests && stage tests pytest.log python3 -m pytest -q -m gpu tests/ -p no:cacheprovider
+has check && stage check check.log python3 -m tileattn check
+if has sanitize; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    env_extra=()
+    # Without torch's caching allocator every tensor is its own allocation, so memcheck and
+    # initcheck see an access past a tensor's end (inside a cached pool it would go unnoticed).
+    [[ $tool == memcheck || $tool == initcheck ]] && env_extra=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    stage "sanitize-$tool" "sanitize_$tool.log" env "${env_extra[@]}" compute-sanitizer --tool "$tool" \
+      --error-exitcode 1 --print-limit 20 python3 scripts/sanitize.py
+  done
 fi
-if has check; then
-  python3 -m tileattn check > "$OUT/check.log" 2>/dev/null || rc=1
-  grep FAIL "$OUT/check.log" | head -20; tail -1 "$OUT/check.log"
-fi
+has fuzz && stage fuzz fuzz.log python3 -m tileattn fuzz --cases "$FUZZ_CASES" --seed "${FUZZ_SEED:-20261130}" \
+  --time-limit 420 --out "$OUT/fuzz.json"
 if has bench; then
-  python3 -m tileattn bench --suite $SUITES --out-dir "$OUT" 2> "$OUT/bench.err" || rc=1
-  tail -5 "$OUT/bench.err"
+  # shellcheck disable=SC2086
+  stage bench bench.log python3 -m tileattn bench --suite $SUITES $BENCH_ARGS --out-dir "$OUT"
 fi
+
+tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .
+python3 - "$OUT/summary.json" "$LOGS/stages.tsv" <<'EOF'
+import json, os, sys
+stages = dict(line.rstrip("\n").split("\t", 1) for line in open(sys.argv[2]) if "\t" in line)
+json.dump(dict(commit=os.environ.get("TILEATTN_COMMIT"), stages=stages), open(sys.argv[1], "w"), indent=1)
+EOF
+echo
+grep -E "^(FAILED|ERROR)" "$LOGS/pytest.log" 2>/dev/null | head -20
+grep -h "FAIL" "$LOGS"/check.log "$LOGS"/sanitize_*.log 2>/dev/null | head -20
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$LOGS"/sanitize_*.log 2>/dev/null
+has bench && grep -A40 "^| impl" "$LOGS/bench.log" | head -60
+echo; printf '%-20s %s\n' stage result
+for k in compile tests check sanitize-memcheck sanitize-racecheck sanitize-synccheck sanitize-initcheck fuzz bench; do
+  [[ -n "${result[$k]:-}" ]] && printf '%-20s %s\n' "$k" "${result[$k]}"
+done
 exit $rc

@@ -1,6 +1,7 @@
 """Bad input raises a ValueError/TypeError naming the argument, what was expected and what came.
 These run on CPU tensors: every check except the device one comes before any GPU is touched."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,16 +46,29 @@ def test_head_dim_lists_supported():
         flash_attn_func(*qkv(D=48))
 
 
-def test_mismatched_shapes():
+def test_mismatched_shapes_in_the_callers_layout():
+    q, k, v = qkv(B=1, N=16, H=2)
+    # flash_attn_func's (B, N, H, D): v with 17 keys against k's 16.
+    with pytest.raises(ValueError, match=r"v must have k's shape \(1, 16, 2, 64\), got \(1, 17, 2, 64\) \(B, N, H, D\)"):
+        flash_attn_func(q, k, torch.randn(1, 17, 2, 64))
+    # SDPA's (B, H, N, D): the same mistake, shown in that layout.
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    with pytest.raises(ValueError, match=r"v must have k's shape \(1, 2, 16, 64\), got \(1, 2, 17, 64\) \(B, H, N, D\)"):
+        scaled_dot_product_attention(qt, kt, torch.randn(1, 2, 17, 64))
     q, k, v = qkv()
-    with pytest.raises(ValueError, match=r"k and v must have the same shape"):
-        flash_attn_func(q, k, v[:, :8])
-    with pytest.raises(ValueError, match=r"batch size 2, got 1"):
+    with pytest.raises(ValueError, match=r"k must have q's batch size B=2, got 1: q \(2, 16, 4, 64\), k \(1, 16, 4, 64\)"):
         flash_attn_func(q, k[:1], v[:1])
-    with pytest.raises(ValueError, match=r"head dim 64, got 32"):
-        flash_attn_func(q, k[..., :32], v[..., :32])
-    with pytest.raises(ValueError, match=r"number of heads 4 must be a multiple of k/v's number of heads, got 3"):
+    with pytest.raises(ValueError, match=r"number of heads H=4 must be a multiple of k/v's, got 3"):
         flash_attn_func(*qkv(H=4, H_kv=3))
+
+
+def test_head_dim_mismatch_names_q_and_k():
+    q, k, v = qkv()
+    # k's head dim differs from q's (v agrees with q): the message is about q and k, not k and v.
+    with pytest.raises(ValueError, match=r"k must have q's head dim D=64, got 32: q \(2, 16, 4, 64\), k \(2, 16, 4, 32\)"):
+        flash_attn_func(q, k[..., :32], v)
+    with pytest.raises(ValueError, match=r"v must have q's head dim D=64, got 32"):
+        flash_attn_func(q, k, v[..., :32])
 
 
 def test_strided_last_dim():
@@ -76,17 +90,52 @@ def test_causal_values():
         scaled_dot_product_attention(*qkv(), is_causal="lower")
 
 
-def test_softmax_scale():
-    with pytest.raises(ValueError, match=r"softmax_scale must be a finite real number or None, got nan"):
-        flash_attn_func(*qkv(), softmax_scale=float("nan"))
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e300, -1e39])
+def test_softmax_scale_must_be_finite_in_float32(bad):
+    with pytest.raises(ValueError, match=r"softmax_scale must be finite as a float32"):
+        flash_attn_func(*qkv(), softmax_scale=bad)
+    with pytest.raises(ValueError, match=r"scale must be finite as a float32"):
+        scaled_dot_product_attention(*qkv(), scale=bad)
 
 
-def test_inputs_not_modified_by_failed_call():
+@pytest.mark.parametrize("bad", [True, False, "0.5", torch.tensor(0.5), 1j])
+def test_softmax_scale_type(bad):
+    with pytest.raises(TypeError, match=r"softmax_scale must be a real number or None, got"):
+        flash_attn_func(*qkv(), softmax_scale=bad)
+
+
+def test_scale_edge_values_pass_validation():
+    # Large but finite in float32, zero, negative: validation passes and reaches the device check.
+    for ok in (3e38, 0, -2.5, np.float32(0.1), 7):
+        with pytest.raises(ValueError, match=r"q must be a CUDA tensor"):
+            flash_attn_func(*qkv(), softmax_scale=ok)
+
+
+def test_lengths_of_2_to_the_31_are_rejected():
+    # Meta tensors: the shapes exist, no memory does; the length check comes before the device check.
+    q = torch.empty(1, 2**31, 1, 64, device="meta")
+    small = torch.empty(1, 16, 1, 64, device="meta")
+    with pytest.raises(ValueError, match=r"q's sequence length must be below 2\^31, got 2147483648"):
+        flash_attn_func(q, small, small)
+    with pytest.raises(ValueError, match=r"k's sequence length must be below 2\^31, got 2147483648: k \(1, 2147483648, 1, 64\)"):
+        flash_attn_func(small, q, q)
+
+
+def test_requires_grad_raises_and_says_how_to_call():
     q, k, v = qkv()
-    before = [t.clone() for t in (q, k, v)]
-    with pytest.raises(ValueError):
+    q.requires_grad_(True)
+    with pytest.raises(RuntimeError, match=r"no backward pass yet, but q requires grad.*torch.no_grad\(\)"):
         flash_attn_func(q, k, v)
-    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
+    k.requires_grad_(True)
+    with pytest.raises(RuntimeError, match=r"but q, k require grad"):
+        scaled_dot_product_attention(q, k, v)
+    # Under no_grad (or with detached inputs) the call goes on: here to the device check.
+    with torch.no_grad(), pytest.raises(ValueError, match=r"q must be a CUDA tensor"):
+        flash_attn_func(q, k, v)
+    with torch.inference_mode(), pytest.raises(ValueError, match=r"q must be a CUDA tensor"):
+        flash_attn_func(q, k, v)
+    with pytest.raises(ValueError, match=r"q must be a CUDA tensor"):
+        flash_attn_func(q.detach(), k.detach(), v)
 
 
 def test_registry_is_public_and_consistent():

@@ -165,16 +165,125 @@ def test_wrong_device_index_or_cpu_mix():
         tileattn.flash_attn_func(q, q.cpu(), q)
 
 
-def test_runs_on_current_stream():
+def test_launch_waits_for_work_queued_on_the_current_stream():
+    """Inputs written on a side stream behind a long sleep: a launch on any other stream would
+    read them before they are written."""
     import torch
 
     import tileattn
 
-    q = torch.randn(1, 2048, 8, 64, device="cuda")
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        o = tileattn.flash_attn_func(q, q, q)
-    s.synchronize()
-    ref = tileattn.flash_attn_func(q, q, q)
+    for dtype, version in ((torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, "v3.2")):
+        q_new = torch.randn(1, 2048, 8, 64, device="cuda", dtype=dtype)
+        ref = tileattn.flash_attn_func(q_new, q_new, q_new, version=version)
+        q = torch.zeros_like(q_new)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time before the copy
+            q.copy_(q_new)
+            o = tileattn.flash_attn_func(q, q, q, version=version)
+        s.synchronize()
+        torch.testing.assert_close(o, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("version", [None, "v3.2", "v3.3", "v2.3"])
+def test_cuda_graph_capture_and_replay(version):
+    import torch
+
+    import tileattn
+    from tileattn.versions import VERSIONS
+
+    dtype = torch.float32 if version is None or VERSIONS[version].dtypes == ("float32",) else torch.bfloat16
+    q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=dtype) for _ in range(3))
+    tileattn.flash_attn_func(q, k, v, causal=True, version=version)  # compile and load outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o = tileattn.flash_attn_func(q, k, v, causal=True, version=version)
+    for _ in range(2):  # new inputs in the same buffers: only a captured launch sees them
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(o, tileattn.flash_attn_func(q, k, v, causal=True, version=version), rtol=0, atol=0)
+
+
+def test_thread_keeps_its_current_device_and_context():
+    import threading
+
+    import torch
+    from cuda.bindings import driver
+
+    import tileattn
+
+    q = torch.randn(1, 64, 2, 64, device="cuda")
+    tileattn.flash_attn_func(q, q, q)
+    seen = {}
+
+    def worker():  # a new thread has no current context; a call must not leave one behind
+        seen["before"] = int(driver.cuCtxGetCurrent()[1])
+        seen["out"] = tileattn.flash_attn_func(q, q, q)
+        seen["after"] = int(driver.cuCtxGetCurrent()[1])
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["before"] == 0 and seen["after"] == 0
+    torch.testing.assert_close(seen["out"], tileattn.flash_attn_func(q, q, q), rtol=0, atol=0)
+
+
+def test_call_on_another_device_leaves_the_current_one():
+    import torch
+
+    import tileattn
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (the device script runs it on nvidia-h200-x2)")
+    torch.cuda.set_device(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        q1 = torch.randn(2, 300, 4, 64, device="cuda:1", dtype=dtype)
+        o1 = tileattn.flash_attn_func(q1, q1, q1, causal=True)
+        assert torch.cuda.current_device() == 0 and o1.device == q1.device
+        o0 = tileattn.flash_attn_func(q1.to("cuda:0"), q1.to("cuda:0"), q1.to("cuda:0"), causal=True)
+        torch.testing.assert_close(o1.cpu(), o0.cpu(), rtol=0, atol=0)
+        assert torch.cuda.current_device() == 0
+
+
+def test_threads_with_many_layouts_at_once():
+    """8 threads, each with its own shapes (so its own TMA descriptors), results checked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    import tileattn
+
+    def one(i):
+        n = 100 + 37 * i
+        q, k, v = (torch.randn(1, n, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out = []
+        for _ in range(20):
+            out.append(tileattn.flash_attn_func(q, k, v, version="v3.2"))
+        torch.cuda.synchronize()
+        ref = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)))
+        return max((o.transpose(1, 2).float() - ref).abs().max().item() for o in out)
+
+    with ThreadPoolExecutor(8) as pool:
+        errors = list(pool.map(one, range(8)))
+    assert max(errors) < 2e-2, errors
+
+
+def test_inputs_never_modified():
+    """A negative scale (the kernels take -q) and misaligned views (copied once) leave the
+    caller's tensors bit-for-bit as they were."""
+    import torch
+
+    import tileattn
+
+    buf = torch.randn(2, 77, 4, 65, device="cuda")
+    q, k, v = buf[..., 1:], buf.flip(1)[..., 1:], buf[..., :64]  # q, k not 16-byte aligned
+    before = [t.clone() for t in (buf, q, k, v)]
+    o = tileattn.flash_attn_func(q, k, v, softmax_scale=-0.2, causal=True)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(before, (buf, q, k, v)))
+    ref = tileattn.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale=-0.2, causal=True)
     torch.testing.assert_close(o, ref, rtol=0, atol=0)
-    assert math.isfinite(o.sum().item())

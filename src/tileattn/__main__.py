@@ -23,7 +23,12 @@ def cmd_info(args) -> int:
 
     from . import _nvrtc
 
-    print(f"tileattn: NVRTC {_nvrtc.nvrtc_version()}, CUDA headers {_nvrtc.cuda_include_dir()}")
+    try:
+        print(f"tileattn: NVRTC {_nvrtc.nvrtc_full_version()}")
+        print(f"CUDA headers: {_nvrtc.headers_version()}")
+    except Exception as e:  # a diagnosis, not a traceback
+        print(f"tileattn: NVRTC or the CUDA headers could not be loaded ({type(e).__name__}: {e}); "
+              "install them with: pip install 'nvidia-cuda-nvrtc>=13' 'nvidia-cuda-runtime>=13'")
     print(f"kernel cache: {_nvrtc.cache_dir()}")
     if _has_gpu():
         cc = torch.cuda.get_device_capability()
@@ -66,6 +71,35 @@ def cmd_check(args) -> int:
     print("\n".join(lines))
     print(f"{len(cases) - failures} passed, {failures} failed")
     return 1 if failures else 0
+
+
+def cmd_fuzz(args) -> int:
+    """Hypothesis-drawn cases against float64: the kernels on a GPU, the NumPy loop nest without."""
+    from tqdm import tqdm
+
+    from . import fuzz
+
+    device = "cuda" if _has_gpu() and not args.cpu else "cpu"
+    if device == "cuda":
+        import torch
+
+        cc = torch.cuda.get_device_capability()
+        arch = cc[0] * 10 + cc[1]
+        versions = args.versions or [n for n, v in VERSIONS.items() if v.runs_on(arch)]
+    else:
+        print("tileattn fuzz: no GPU (or --cpu): checking the NumPy loop nest of each rung instead", file=sys.stderr)
+        versions = args.versions or list(VERSIONS)
+    with tqdm(total=args.cases, desc=f"fuzz ({device})", file=sys.stderr) as bar:
+        summary = fuzz.run(args.cases, args.seed, versions, device=device, progress=bar.update,
+                           time_limit_s=args.time_limit, max_len=args.max_len)
+    if args.out:
+        fuzz.save(summary, args.out)
+    for r in summary["failures"][:20]:
+        print("FAIL", r)
+    print(f"fuzz ({device}, seed {args.seed}): {summary['cases']} cases in {summary['seconds']} s over "
+          f"{len(summary['cases_per_version'])} rungs")
+    print(f"{summary['cases'] - summary['failed']} passed, {summary['failed']} failed")
+    return 1 if summary["failed"] or summary["cases"] < args.cases else 0
 
 
 def _compile_one(job):
@@ -216,11 +250,19 @@ def main(argv=None) -> int:
     b.add_argument("--heads", type=int, help="override the suite's number of heads")
     b.add_argument("--no-peers", action="store_true")
     b.add_argument("--out-dir", default="bench/results")
+    f = sub.add_parser("fuzz", help="hypothesis-drawn cases vs float64 (GPU; NumPy loop nest without one)")
+    f.add_argument("--cases", type=int, default=1000)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--versions", nargs="*", choices=list(VERSIONS))
+    f.add_argument("--max-len", type=int, default=None, help="cap Nq and Nk")
+    f.add_argument("--time-limit", type=float, default=None, help="stop drawing after this many seconds")
+    f.add_argument("--cpu", action="store_true", help="check the NumPy loop nest even where a GPU exists")
+    f.add_argument("--out", help="write the summary JSON here")
     r = sub.add_parser("report", help="regenerate README tables from bench/results/*.json")
     r.add_argument("--readme", default="README.md")
     r.add_argument("--results", default="bench/results")
     args = p.parse_args(argv)
-    return {"info": cmd_info, "check": cmd_check, "compile": cmd_compile, "bench": cmd_bench,
+    return {"info": cmd_info, "check": cmd_check, "compile": cmd_compile, "bench": cmd_bench, "fuzz": cmd_fuzz,
             "report": cmd_report}[args.cmd](args)
 
 

@@ -1,33 +1,51 @@
-"""Run-time compilation and launch: the only module that imports ``cuda.core``.
+"""Run-time compilation and launch: the only module that talks to NVRTC and the CUDA driver.
 
 A rung's CUDA source is compiled by NVRTC for one (kernel instantiation, arch) on first use, with
-the CUDA headers of the ``nvidia-cuda-runtime`` wheel, so no toolkit is needed.  Cubins are kept
-in memory and on disk (``TILEATTN_CACHE_DIR``, default ``~/.cache/tileattn``) under a hash of
-everything that changes the binary: the source and the headers it includes, the instantiation,
-the options, the arch and the NVRTC version.  Compilation needs no GPU, so CPU tests compile every
-rung and read its ptxas report and SASS.
+the CUDA headers of the ``nvidia-cuda-runtime`` wheel, so no toolkit is needed.  Which NVRTC: the
+one the ``nvidia-cuda-nvrtc`` wheel installs, which pip pairs with torch's CUDA build (torch's
+CUDA 13.0 builds pin it to 13.0.x); README says so and a CPU test checks the pairing.
+
+Kernel cache.  Cubins are kept in memory and on disk (``TILEATTN_CACHE_DIR``, default
+``~/.cache/tileattn``, always made absolute and created with mode 0700) under a key that hashes
+everything that changes the binary: the closure of ``#include "..."`` files the source really
+pulls in, the instantiation, the arch, the exact NVRTC option list, NVRTC's full version, the CUDA
+headers' version and cuda.core's version.  An entry is loaded only when it and its folder belong
+to the current user and nobody else may write them; anything else is recompiled, with one warning.
+A per-key file lock makes N processes that start together compile a kernel once.
+
+Compilation needs no GPU, so CPU tests compile every rung and read its ptxas report and SASS.
+Launches go through the driver (``cuLaunchKernel`` on a ``CUkernel``), on the caller's stream,
+with the caller's current context restored afterwards.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
-_NVRTC_OPTIONS = ("-std=c++17", "--use_fast_math=false")
 
 
 class CompileError(RuntimeError):
     """NVRTC rejected a kernel; the message carries its log."""
+
+
+class CacheWarning(UserWarning):
+    """A kernel-cache entry or folder was not trusted and is being ignored (recompiled)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,43 +89,171 @@ def cuda_include_dir() -> str:
 
 @functools.cache
 def nvrtc_version() -> str:
+    """NVRTC's major.minor, as the library reports it."""
     from cuda.bindings import nvrtc
 
     err, major, minor = nvrtc.nvrtcVersion()
     return f"{major}.{minor}"
 
 
-def cache_dir() -> Path:
-    env = os.environ.get("TILEATTN_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tileattn"
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
-def _source_digest(source_file: str) -> str:
-    """Hash of a rung's source and every header in csrc/ (they are all small)."""
+@functools.cache
+def nvrtc_full_version() -> str:
+    """NVRTC's full version: major.minor from the library, the patch level from the wheel that
+    ships it, and the library file itself (path, size, mtime), so that a toolkit's NVRTC or a
+    reinstalled wheel of the same name is never mistaken for another."""
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    lib = load_nvidia_dynamic_lib("nvrtc").abs_path
+    st = os.stat(lib)
+    wheel = _dist_version("nvidia-cuda-nvrtc") or _dist_version("nvidia-cuda-nvrtc-cu12")
+    return f"{nvrtc_version()} (wheel {wheel}; {os.path.realpath(lib)} {st.st_size} {st.st_mtime_ns})"
+
+
+@functools.cache
+def headers_version() -> str:
+    """CUDART_VERSION of the headers kernels compile against, and the wheel that ships them."""
+    text = (Path(cuda_include_dir()) / "cuda_runtime_api.h").read_text(errors="replace")
+    m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
+    return f"CUDART_VERSION {m.group(1) if m else '?'} (wheel {_dist_version('nvidia-cuda-runtime')}; {cuda_include_dir()})"
+
+
+def _program_options(source_file: str, arch: str):
+    from cuda.core import ProgramOptions
+
+    return ProgramOptions(arch=arch, std="c++17", ptxas_options=["-v"],
+                          include_path=[str(CSRC), cuda_include_dir()], name=source_file)
+
+
+def nvrtc_option_list(opts) -> list[str]:
+    """The exact option strings cuda.core hands to nvrtcCompileProgram."""
+    raw = opts.as_bytes("nvrtc") if hasattr(opts, "as_bytes") else opts._prepare_nvrtc_options()
+    return [o.decode() if isinstance(o, bytes) else str(o) for o in raw]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache key: the include closure, the options, the toolchain.
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+def include_closure(source_file: str) -> list[Path]:
+    """The rung's file and every file it pulls in through ``#include "..."``, recursively, resolved
+    as the preprocessor does (the including file's folder first, then csrc/).  A superset of what
+    one instantiation uses (an include inside an #if still counts), so a change to any file a
+    kernel may include changes its key.  <...> includes are the CUDA headers, covered by
+    headers_version()."""
+    seen: dict[Path, None] = {}
+    todo = [CSRC / source_file]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen[path] = None
+        for name in _INCLUDE.findall(path.read_text()):
+            for base in (path.parent, CSRC):
+                if (base / name).exists():
+                    todo.append((base / name).resolve())
+                    break
+            else:
+                raise CompileError(f"{path.name} includes \"{name}\", which is not in {CSRC}")
+    return list(seen)
+
+
+def cache_key(source_file: str, name_expression: str, arch: str) -> str:
+    import cuda.core
+
     h = hashlib.sha256()
-    for p in [CSRC / source_file, *sorted(CSRC.glob("*.cuh"))]:
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
-def _cache_key(source_file: str, name_expression: str, arch: str) -> str:
-    h = hashlib.sha256()
-    for part in (_source_digest(source_file), name_expression, arch, nvrtc_version(), *_NVRTC_OPTIONS):
+    parts = [name_expression, arch, *nvrtc_option_list(_program_options(source_file, arch)),
+             nvrtc_full_version(), headers_version(), f"cuda.core {getattr(cuda.core, '__version__', '?')}"]
+    for path in sorted(include_closure(source_file)):
+        parts += [str(path.relative_to(CSRC.resolve()) if path.is_relative_to(CSRC.resolve()) else path),
+                  hashlib.sha256(path.read_bytes()).hexdigest()]
+    for part in parts:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
 
 
-def _read_cached(path: Path) -> Cubin | None:
-    """A cache entry is <key>.json (metadata + sha256 of the cubin) and <key>.cubin.
-    Anything missing, unparsable or whose checksum fails is treated as a miss."""
+# ---------------------------------------------------------------------------------------------
+# Disk cache: trusted entries only, atomic writes, one compile per key across processes.
+
+
+_resolved_dirs: dict[str, Path] = {}
+
+
+def cache_dir() -> Path:
+    """The cache folder as an absolute path.  A relative TILEATTN_CACHE_DIR is resolved against
+    the working directory of its first use, once: a later chdir does not move the cache."""
+    env = os.environ.get("TILEATTN_CACHE_DIR")
+    if not env:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        env = os.path.join(base, "tileattn")
+    if env not in _resolved_dirs:
+        _resolved_dirs[env] = Path(os.path.abspath(os.path.expanduser(env)))
+    return _resolved_dirs[env]
+
+
+def _uid() -> int:
+    return os.getuid()
+
+
+_warned: set[str] = set()
+
+
+def _distrust(what: str, why: str) -> None:
+    """One warning per distrusted path and reason, through `warnings`."""
+    if (what, why) not in _warned:
+        _warned.add((what, why))
+        warnings.warn(f"tileattn: ignoring kernel cache {what}: {why}; compiling instead", CacheWarning,
+                      stacklevel=4)
+
+
+def _trusted(path: Path, st: os.stat_result) -> str | None:
+    """None if path (already stat'ed) is ours and writable by us alone, else the reason."""
+    if st.st_uid != _uid():
+        return f"owned by uid {st.st_uid}, not by this user (uid {_uid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by group or others (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def _cache_folder() -> Path | None:
+    """The cache folder, created 0700 if missing; None (memory only) if it cannot be trusted."""
+    path = cache_dir()
     try:
-        meta = json.loads(path.with_suffix(".json").read_text())
-        data = path.with_suffix(".cubin").read_bytes()
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(path)
+    except OSError as e:
+        _distrust(str(path), f"cannot create it ({e})")
+        return None
+    if (why := _trusted(path, st)) is not None:
+        _distrust(str(path), why)
+        return None
+    return path
+
+
+def _read_cached(path: Path) -> Cubin | None:
+    """A cache entry is <key>.json (metadata + sha256 of the cubin) and <key>.cubin.  Anything
+    missing, unparsable, foreign, writable by others or whose checksum fails is a miss."""
+    try:
+        files = {}
+        for suffix in (".json", ".cubin"):
+            # Open without following a link, then check what was opened (no check-then-use race).
+            fd = os.open(path.with_suffix(suffix), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as f:
+                if (why := _trusted(path.with_suffix(suffix), os.fstat(f.fileno()))) is not None:
+                    _distrust(str(path.with_suffix(suffix)), why)
+                    return None
+                files[suffix] = f.read()
+        meta = json.loads(files[".json"])
+        data = files[".cubin"]
         if hashlib.sha256(data).hexdigest() != meta["sha256"]:
             return None
         return Cubin(meta["name_expression"], meta["lowered_name"], meta["arch"], data, meta["log"],
@@ -117,7 +263,8 @@ def _read_cached(path: Path) -> Cubin | None:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, then rename: readers never see half a file."""
+    """Write to a temp file (mode 0600) in the same folder, then rename: readers never see half a
+    file, and a foreign file of the same name is replaced, not written through."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -130,7 +277,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def _write_cached(path: Path, cubin: Cubin) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write(path.with_suffix(".cubin"), cubin.data)
         meta = dataclasses.asdict(cubin)
         del meta["data"]
@@ -141,6 +287,7 @@ def _write_cached(path: Path, cubin: Cubin) -> None:
 
 
 _memory_cache: dict[str, Cubin] = {}
+_compile_lock = threading.Lock()  # one compile at a time per process; the file lock covers processes
 
 
 def compile_kernel(source_file: str, name_expression: str, arch: str, *, use_cache: bool = True) -> Cubin:
@@ -148,23 +295,33 @@ def compile_kernel(source_file: str, name_expression: str, arch: str, *, use_cac
 
     Works without a GPU.  Prints a one-line notice on stderr while NVRTC runs.
     """
-    key = _cache_key(source_file, name_expression, arch)
-    if use_cache:
-        if key in _memory_cache:
+    key = cache_key(source_file, name_expression, arch)
+    if use_cache and key in _memory_cache:
+        return _memory_cache[key]
+    with _compile_lock:
+        if use_cache and key in _memory_cache:
             return _memory_cache[key]
-        if (cached := _read_cached(cache_dir() / key)) is not None:
-            _memory_cache[key] = cached
-            return cached
+        folder = _cache_folder() if use_cache else None
+        if folder is None:
+            cubin = _compile(source_file, name_expression, arch)
+        else:
+            from filelock import FileLock
 
-    from cuda.core import Program, ProgramOptions
+            # Whoever holds the key's lock compiles; the others wait, then read its entry.
+            with FileLock(str(folder / f"{key}.lock"), mode=0o600):
+                cubin = _read_cached(folder / key)
+                if cubin is None:
+                    cubin = _compile(source_file, name_expression, arch)
+                    _write_cached(folder / key, cubin)
+        if use_cache:
+            _memory_cache[key] = cubin
+        return cubin
 
-    opts = ProgramOptions(
-        arch=arch,
-        std="c++17",
-        ptxas_options=["-v"],
-        include_path=[str(CSRC), cuda_include_dir()],
-        name=source_file,
-    )
+
+def _compile(source_file: str, name_expression: str, arch: str) -> Cubin:
+    from cuda.core import Program
+
+    opts = _program_options(source_file, arch)
     src = (CSRC / source_file).read_text()
     print(f"tileattn: compiling {name_expression} for {arch} ...", file=sys.stderr, end="", flush=True)
     t0 = time.perf_counter()
@@ -185,20 +342,19 @@ def compile_kernel(source_file: str, name_expression: str, arch: str, *, use_cac
     print(f" {seconds:.1f} s", file=sys.stderr)
     lowered = obj.symbol_mapping[name_expression]
     lowered = lowered.decode() if isinstance(lowered, bytes) else lowered
-    cubin = Cubin(name_expression, lowered, arch, bytes(obj.code), "".join(log_lines), seconds)
-    _memory_cache[key] = cubin
-    if use_cache:
-        _write_cached(cache_dir() / key, cubin)
-    return cubin
+    return Cubin(name_expression, lowered, arch, bytes(obj.code), "".join(log_lines), seconds)
 
 
 def sass(cubin: Cubin) -> str:
-    """Disassembly of a cubin, via the cuobjdump of the nvidia-cuda-cuobjdump wheel (or PATH)."""
-    tool = _find_tool("cuobjdump")
+    """Disassembly of a cubin, via the cuobjdump of the nvidia-cuda-cuobjdump wheel (or PATH).
+    cuobjdump runs nvdisasm (the nvidia-cuda-nvdisasm wheel), which it looks for on PATH: the
+    folder of the one found is put first."""
+    tool, nvdisasm = _find_tool("cuobjdump"), _find_tool("nvdisasm")
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(nvdisasm).parent), os.environ.get("PATH", "")]))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin.data)
         f.flush()
-        return subprocess.run([tool, "-sass", f.name], check=True, capture_output=True, text=True).stdout
+        return subprocess.run([tool, "-sass", f.name], check=True, capture_output=True, text=True, env=env).stdout
 
 
 def _find_tool(name: str) -> str:
@@ -208,24 +364,37 @@ def _find_tool(name: str) -> str:
         import nvidia
 
         for base in nvidia.__path__:
-            for cand in Path(base).glob(f"cu*/bin/{name}"):
+            for cand in sorted(Path(base).glob(f"cu*/bin/{name}")):
                 return str(cand)
     except ImportError:
         pass
     if path := shutil.which(name):
         return path
-    raise RuntimeError(f"{name} not found: pip install nvidia-cuda-{name}")
+    raise RuntimeError(f"{name} not found: pip install nvidia-cuda-{name} (or: pip install 'tileattn[test]')")
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU side: device arch, module load, launch on torch's current stream.
+# GPU side: device arch, module load, launch on the caller's stream.  Through the driver API
+# (cuda.bindings): a kernel takes one by-value struct of TMA descriptors, which cuda.core's
+# launch cannot pass, and a launch must leave the thread's current context as it found it.
+
+
+def _check(result, what: str):
+    """cuda.bindings returns (CUresult, *values): raise on an error, return the values."""
+    from cuda.bindings import driver
+
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise RuntimeError(f"tileattn: {what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    return values[0] if len(values) == 1 else values
 
 
 @functools.cache
 def device_arch(device_index: int) -> tuple[int, int]:
-    from cuda.core import Device
+    import torch
 
-    return Device(device_index).compute_capability
+    return torch.cuda.get_device_capability(device_index)
 
 
 def arch_string(cc: tuple[int, int], *, arch_specific: bool = False) -> str:
@@ -233,104 +402,149 @@ def arch_string(cc: tuple[int, int], *, arch_specific: bool = False) -> str:
     return f"sm_{cc[0]}{cc[1]}" + ("a" if arch_specific else "")
 
 
-class _TorchStream:
-    """Hands torch's current stream to cuda.core through the __cuda_stream__ protocol."""
+@functools.cache
+def _primary_context(device_index: int):
+    """The device's primary context (the one torch uses), retained for the process's life."""
+    from cuda.bindings import driver
 
-    __slots__ = ("handle",)
+    _check(driver.cuInit(0), "cuInit")
+    dev = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
+    return _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
 
-    def __init__(self, handle: int):
-        self.handle = handle
 
-    def __cuda_stream__(self):
-        return (0, self.handle)
+class _OnDevice:
+    """Makes the device's primary context current for a block and puts back whatever context
+    (or none) the thread had before: a call on cuda:1 leaves a thread that was on cuda:0 there."""
+
+    __slots__ = ("ctx", "prev")
+
+    def __init__(self, device_index: int):
+        self.ctx = _primary_context(device_index)
+
+    def __enter__(self):
+        from cuda.bindings import driver
+
+        self.prev = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if int(self.prev) != int(self.ctx):
+            _check(driver.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        return self
+
+    def __exit__(self, *exc):
+        from cuda.bindings import driver
+
+        if int(self.prev) != int(self.ctx):
+            _check(driver.cuCtxSetCurrent(self.prev), "cuCtxSetCurrent")
 
 
 @dataclasses.dataclass
 class LoadedKernel:
-    kernel: object  # cuda.core Kernel
-    smem_limit_set: int = 0
+    kernel: object  # CUkernel (context-independent: cuLibraryGetKernel)
+    library: object  # CUlibrary, kept alive with the kernel
+    smem_limit_set: dict = dataclasses.field(default_factory=dict)  # device index -> bytes allowed
 
 
-_loaded: dict[tuple[int, str], LoadedKernel] = {}
+_loaded: dict[tuple[str, str], LoadedKernel] = {}
+_load_lock = threading.Lock()
 
 
-def load(cubin: Cubin, device_index: int) -> LoadedKernel:
-    key = (device_index, cubin.lowered_name + cubin.arch + hashlib.sha1(cubin.data).hexdigest())
-    if key not in _loaded:
-        from cuda.core import Device, ObjectCode
+def load(cubin: Cubin) -> LoadedKernel:
+    """Load a cubin as a context-independent library; its kernel runs on any device of its arch."""
+    key = (cubin.lowered_name, hashlib.sha256(cubin.data).hexdigest())
+    with _load_lock:
+        if key not in _loaded:
+            from cuda.bindings import driver
 
-        Device(device_index).set_current()
-        # Look the kernel up by its mangled name: cuda.core versions differ in the types their
-        # symbol_mapping takes (str or bytes), the mangled name works in all of them.
-        obj = ObjectCode.from_cubin(cubin.data)
-        _loaded[key] = LoadedKernel(obj.get_kernel(cubin.lowered_name))
-    return _loaded[key]
+            _check(driver.cuInit(0), "cuInit")
+            lib = _check(driver.cuLibraryLoadData(cubin.data, None, None, 0, None, None, 0), "cuLibraryLoadData")
+            kernel = _check(driver.cuLibraryGetKernel(lib, cubin.lowered_name.encode()), "cuLibraryGetKernel")
+            _loaded[key] = LoadedKernel(kernel, lib)
+        return _loaded[key]
 
 
+@functools.cache
+def _tma_enums():
+    from cuda.bindings import driver
+
+    return (driver.cuuint64_t, driver.cuuint32_t,
+            {"bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16},
+            {64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 32: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+             16: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B})
+
+
+@functools.lru_cache(maxsize=4096)
 def tensor_map_4d(ptr: int, dtype: str, dims: tuple[int, ...], strides_bytes: tuple[int, ...],
                   box: tuple[int, int]) -> bytes:
     """The 128-byte CUtensorMap (TMA descriptor) of a 4-d 16-bit tensor: dims innermost first
     (columns, rows, heads, batch), strides in bytes of dims 1..3, box = (columns, rows) of one copy
     with 64, 32 or 16 columns, swizzled over 128, 64 or 32 bytes (SwizzledTile's panel layouts),
-    zeros for elements outside the tensor."""
-    import numpy as np
+    zeros for elements outside the tensor.  Host bytes only, a pure function of its arguments (so
+    cached): they travel to the kernel by value, as a __grid_constant__ parameter, never through
+    a device buffer that a later call could free or overwrite under a running kernel."""
     from cuda.bindings import driver
 
-    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-    data_type = {"bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                 "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[dtype]
+    u64, u32, data_types, swizzles = _tma_enums()
     err, tmap = driver.cuTensorMapEncodeTiled(
-        data_type, 4, ptr, [u64(d) for d in dims], [u64(s) for s in strides_bytes],
+        data_types[dtype], 4, ptr, [u64(d) for d in dims], [u64(s) for s in strides_bytes],
         [u32(box[0]), u32(box[1]), u32(1), u32(1)], [u32(1)] * 4,
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        {64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 32: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
-         16: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B}[box[0]],
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzles[box[0]],
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err}) for dims {dims}, strides {strides_bytes}, box {box}")
-    return np.array(tmap.opaque, dtype=np.uint64).tobytes()
+    return b"".join(int(x).to_bytes(8, "little") for x in tmap.opaque)
 
 
+@functools.cache
 def max_dynamic_smem(device_index: int) -> int:
-    from cuda.core import Device
+    from cuda.bindings import driver
 
-    return Device(device_index).properties.max_shared_memory_per_block_optin
+    attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    return _check(driver.cuDeviceGetAttribute(attr, device_index), "cuDeviceGetAttribute")
+
+
+class Blob(bytes):
+    """A kernel argument passed by value as raw bytes (a struct such as TmaMaps)."""
+
+
+def pack_args(args) -> tuple[int, list]:
+    """The kernelParams array of cuLaunchKernel: one pointer per argument, each to a host copy of
+    it with the kernel's C type.  Returns (address of the array, the objects it points into, which
+    the caller keeps alive until the launch returns)."""
+    import numpy as np
+
+    objs = []
+    for a in args:
+        if isinstance(a, Blob):
+            objs.append(ctypes.create_string_buffer(bytes(a), len(a)))
+        elif isinstance(a, np.generic):
+            objs.append(ctypes.c_char.from_buffer_copy(a.tobytes()) if a.nbytes == 1 else
+                        (ctypes.c_char * a.nbytes).from_buffer_copy(a.tobytes()))
+        elif isinstance(a, int):  # a device pointer
+            objs.append(ctypes.c_uint64(a))
+        else:
+            raise TypeError(f"tileattn: kernel argument of type {type(a).__name__}")
+    array = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
+    objs.append(array)
+    return ctypes.addressof(array), objs
 
 
 def launch(lk: LoadedKernel, device_index: int, stream_handle: int, grid, block, smem: int, args) -> None:
-    """Launch on the given stream (torch's current one), raising the dynamic shared-memory limit
-    the first time a kernel needs more than the default 48 KB."""
-    from cuda.core import Device, LaunchConfig
-    from cuda.core import launch as cc_launch
+    """Launch on the given stream (torch's current one for the inputs' device) with that device's
+    context current for the call only, raising the dynamic shared-memory limit the first time a
+    kernel needs more than the default 48 KB on this device."""
+    from cuda.bindings import driver
 
-    if smem > 48 * 1024 and lk.smem_limit_set < smem:
-        from cuda.bindings import driver
-
-        (err,) = driver.cuKernelSetAttribute(
-            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem,
-            lk.kernel.handle,
-            Device(device_index).device_id,
-        )
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"tileattn: cannot raise dynamic shared memory to {smem} bytes: {err}")
-        lk.smem_limit_set = smem
-    Device(device_index).set_current()  # the calling thread may not have the context current yet
-    cc_launch(_stream(device_index, stream_handle), LaunchConfig(grid=grid, block=block, shmem_size=smem),
-              lk.kernel, *args)
-
-
-_streams: dict[tuple[int, int], object] = {}
-
-
-def _stream(device_index: int, handle: int):
-    """A cuda.core Stream wrapping (not owning) torch's stream, made once per stream handle."""
-    key = (device_index, handle)
-    if key not in _streams:
-        from cuda.core import Device
-
-        dev = Device(device_index)
-        dev.set_current()
-        _streams[key] = dev.create_stream(_TorchStream(handle))
-    return _streams[key]
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    block = tuple(block) + (1,) * (3 - len(block))
+    params, keep_alive = pack_args(args)
+    with _OnDevice(device_index):
+        if smem > 48 * 1024 and lk.smem_limit_set.get(device_index, 0) < smem:
+            dev = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
+            _check(driver.cuKernelSetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem, lk.kernel, dev),
+                f"raising dynamic shared memory to {smem} bytes")
+            lk.smem_limit_set[device_index] = smem
+        _check(driver.cuLaunchKernel(driver.CUfunction(int(lk.kernel)), *grid, *block, smem,
+                                     driver.CUstream(stream_handle), params, 0), "cuLaunchKernel")
+    del keep_alive

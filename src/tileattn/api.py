@@ -16,7 +16,6 @@ Not yet: backward, dropout, arbitrary masks, variable-length batches, KV cache.
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import numbers
@@ -50,9 +49,13 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, 
 
     Returns:
         O (B, Nq, H, D) in q's dtype, or (O, lse) when return_lse.
+
+    Forward only: with grad mode on, an input that requires grad raises (no gradient is dropped
+    silently); call under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
     mode = _causal_mode(causal, default_true="bottom_right")
     _check_rank(q=q, k=k, v=v)
+    _check_no_grad(q=q, k=k, v=v)
     out, lse = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, mode,
                           version, out_layout="bnhd", precision=precision)
     return (out, lse) if return_lse else out
@@ -73,11 +76,16 @@ def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None, *, versio
     """
     mode = _causal_mode(is_causal, default_true="top_left", arg="is_causal")
     _check_rank(q=q, k=k, v=v)
-    out, _ = _attention(q, k, v, scale, mode, version, out_layout="bhnd", precision=precision)
+    _check_no_grad(q=q, k=k, v=v)
+    out, _ = _attention(q, k, v, scale, mode, version, out_layout="bhnd", precision=precision, scale_arg="scale")
     return out
 
 
 # ---------------------------------------------------------------------------------------------
+
+# The dims of each layout, as the caller sees them (error messages speak this language).
+_LAYOUT_DIMS = {"bnhd": ("B", "N", "H", "D"), "bhnd": ("B", "H", "N", "D")}
+_INT32_MAX = 2**31 - 1  # kernels index rows and lengths with 32-bit ints
 
 
 def _causal_mode(causal, *, default_true: str, arg: str = "causal") -> str | None:
@@ -98,8 +106,39 @@ def _check_rank(**tensors):
             raise ValueError(f"{name} must have 4 dims, got {t.dim()} (shape {tuple(t.shape)})")
 
 
-def _validate(q, k, v, softmax_scale, version, precision) -> tuple[str, float]:
-    """Checks on (B, H, N, D) views.  Device is checked last so CPU tests reach every other check."""
+def _check_no_grad(**tensors):
+    """There is no backward pass yet: a gradient must never be dropped silently."""
+    if not torch.is_grad_enabled():
+        return
+    needing = [name for name, t in tensors.items() if t.requires_grad]
+    if needing:
+        raise RuntimeError(
+            f"tileattn has no backward pass yet, but {', '.join(needing)} require{'s' if len(needing) == 1 else ''} "
+            "grad: the output would silently carry no gradient.  For inference, call it under "
+            "`with torch.no_grad():` (or torch.inference_mode()), or pass tensors detached with .detach(); "
+            "to train, use torch.nn.functional.scaled_dot_product_attention for now.")
+
+
+def _scale(softmax_scale, head_dim: int, arg: str) -> float:
+    """The softmax scale as the kernels see it: a float32 that must be finite."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"{arg} must be a real number or None, got {type(softmax_scale).__name__} "
+                        f"({softmax_scale!r})")
+    with np.errstate(over="ignore", invalid="ignore"):
+        as_f32 = np.float32(softmax_scale)
+    if not np.isfinite(as_f32):
+        raise ValueError(f"{arg} must be finite as a float32 (|scale| < 3.4e38), got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def _validate(q, k, v, softmax_scale, version, precision, layout: str, scale_arg: str) -> tuple[str, float]:
+    """Checks on (B, H, N, D) views; every message shows shapes in the caller's layout.  The
+    device is checked last, so CPU tests reach every other check."""
+    dims = _LAYOUT_DIMS[layout]
+    shown = lambda t: tuple(t.transpose(1, 2).shape) if layout == "bnhd" else tuple(t.shape)  # noqa: E731
+    legend = "(" + ", ".join(dims) + ")"
     if q.dtype not in _DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; supported: {', '.join(map(str, _DTYPES))}")
     for name, t in (("k", k), ("v", v)):
@@ -107,15 +146,23 @@ def _validate(q, k, v, softmax_scale, version, precision) -> tuple[str, float]:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
     dtype = _DTYPES[q.dtype]
     B, H, Nq, D = q.shape
+    for name, t in (("k", k), ("v", v)):  # each against q first, then v against k
+        if t.shape[0] != B:
+            raise ValueError(f"{name} must have q's batch size B={B}, got {t.shape[0]}: q {shown(q)}, "
+                             f"{name} {shown(t)} {legend}")
+        if t.shape[-1] != D:
+            raise ValueError(f"{name} must have q's head dim D={D}, got {t.shape[-1]}: q {shown(q)}, "
+                             f"{name} {shown(t)} {legend}")
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if k.shape[0] != B:
-        raise ValueError(f"k and v must have q's batch size {B}, got {k.shape[0]}")
-    if k.shape[-1] != D:
-        raise ValueError(f"k and v must have q's head dim {D}, got {k.shape[-1]}")
+        raise ValueError(f"v must have k's shape {shown(k)}, got {shown(v)} {legend}")
     H_kv = k.shape[1]
     if H_kv == 0 or H % H_kv != 0:
-        raise ValueError(f"q's number of heads {H} must be a multiple of k/v's number of heads, got {H_kv}")
+        raise ValueError(f"q's number of heads H={H} must be a multiple of k/v's, got {H_kv}: q {shown(q)}, "
+                         f"k {shown(k)} {legend}")
+    for name, n in (("q", Nq), ("k", k.shape[2])):
+        if n > _INT32_MAX:
+            raise ValueError(f"{name}'s sequence length must be below 2^31, got {n}: {name} "
+                             f"{shown(q if name == 'q' else k)} {legend}")
     dtype_dims = sorted({d for e in VERSIONS.values() if dtype in e.dtypes for d in e.head_dims})
     if not dtype_dims:
         raise TypeError(f"no rung takes dtype {q.dtype} yet; supported: float32")
@@ -124,7 +171,8 @@ def _validate(q, k, v, softmax_scale, version, precision) -> tuple[str, float]:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1 and t.shape[-1] > 1:
             raise ValueError(f"{name} must have a contiguous last (head) dim, stride 1; got stride "
-                             f"{t.stride(-1)}: call .contiguous() first")
+                             f"{t.stride(-1)} (strides {t.transpose(1, 2).stride() if layout == 'bnhd' else t.stride()}): "
+                             "call .contiguous() first")
     if precision not in (None, "fp32", "tf32"):
         raise ValueError(f"precision must be None, 'fp32' or 'tf32', got {precision!r}")
     if precision is not None and dtype != "float32":
@@ -143,17 +191,14 @@ def _validate(q, k, v, softmax_scale, version, precision) -> tuple[str, float]:
         if entry.precision == "fp32" and precision == "tf32":
             raise ValueError(f"version {version!r} computes at FP32 precision; precision='tf32' asks for a "
                              "TF32 rung: leave version=None or name one")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(D)
-    elif not isinstance(softmax_scale, numbers.Real) or not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite real number or None, got {softmax_scale!r}")
+    softmax_scale = _scale(softmax_scale, D, scale_arg)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
             raise ValueError(f"{name} must be a CUDA tensor, got device '{t.device}'"
                              + ("" if torch.cuda.is_available() else " (and no CUDA device is present)"))
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all must share one device")
-    return dtype, float(softmax_scale)
+    return dtype, softmax_scale
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -177,10 +222,7 @@ def _kernel(version: str, dtype: str, head_dim: int, causal: bool, device_index:
                          f"this GPU allows {limit}")
     arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
     cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, head_dim, causal, arch_num), arch)
-    return _nvrtc.load(cubin, device_index), smem, entry.tile(head_dim, arch_num), entry.threads(head_dim, arch_num)
-
-
-_TMA_CACHE: collections.OrderedDict = collections.OrderedDict()  # layout -> device buffer of 3 tensor maps
+    return _nvrtc.load(cubin), smem, entry.tile(head_dim, arch_num), entry.threads(head_dim, arch_num)
 
 
 def panel_widths(head_dim: int) -> list[int]:
@@ -192,29 +234,19 @@ def panel_widths(head_dim: int) -> list[int]:
     return ([64] if d_smem >= 64 else []) + ([d_smem % 64] if d_smem % 64 else [])
 
 
-def _tensor_maps(q, k, v, dtype: str, Br: int, Bc: int) -> torch.Tensor:
-    """The TMA descriptors of q, k, v ((B, H, N, D) views) in one device buffer, for the rungs that
-    read their tiles through the copy engine: q, k, v with boxes of 64 columns x Br or Bc rows, then,
-    when the padded head dim is not a multiple of 64, q, k, v with the last panel's 32 or 16 columns
-    (the panels of SwizzledTile, mma.cuh).  A descriptor is a function of pointer, shape, strides and
-    box only, so the buffer is cached by those (the last 256 layouts)."""
-    key = (q.device.index, dtype, Br, Bc, *(x for t in (q, k, v) for x in (t.data_ptr(), *t.shape, *t.stride())))
-    buf = _TMA_CACHE.get(key)
-    if buf is None:
-        widths = panel_widths(q.shape[-1])
-        size = q.element_size()
-        blob = b"".join(
-            _nvrtc.tensor_map_4d(t.data_ptr(), dtype, dims=tuple(reversed(t.shape)),
-                                 strides_bytes=tuple(s * size for s in reversed(t.stride()[:3])), box=(w, rows))
-            for w in (widths if len(widths) == 2 else widths * 2)  # narrow maps at index 3..5 (a copy if unused)
-            for t, rows in ((q, Br), (k, Bc), (v, Bc)))
-        buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(q.device)
-        _TMA_CACHE[key] = buf
-        if len(_TMA_CACHE) > 256:
-            _TMA_CACHE.popitem(last=False)
-    else:
-        _TMA_CACHE.move_to_end(key)
-    return buf
+def _tensor_maps(q, k, v, dtype: str, Br: int, Bc: int) -> _nvrtc.Blob:
+    """The kernel's TmaMaps argument (common.cuh), by value: the TMA descriptors of q, k, v
+    ((B, H, N, D) views) with boxes of 64 columns x Br or Bc rows, then, when the padded head dim
+    is not a multiple of 64, q, k, v with the last panel's 32 or 16 columns (the panels of
+    SwizzledTile, mma.cuh).  Each descriptor's encoding is cached on the host by pointer, shape,
+    strides and box (_nvrtc.tensor_map_4d); nothing lives on the device."""
+    widths = panel_widths(q.shape[-1])
+    size = q.element_size()
+    return _nvrtc.Blob(b"".join(
+        _nvrtc.tensor_map_4d(t.data_ptr(), dtype, dims=tuple(reversed(t.shape)),
+                             strides_bytes=tuple(s * size for s in reversed(t.stride()[:3])), box=(w, rows))
+        for w in (widths if len(widths) == 2 else widths * 2)  # narrow maps at index 3..5 (a copy if unused)
+        for t, rows in ((q, Br), (k, Bc), (v, Bc))))
 
 
 def _dispatch(version, dtype: str, head_dim: int, device: torch.device, precision: str | None) -> Version:
@@ -235,10 +267,10 @@ def _dispatch(version, dtype: str, head_dim: int, device: torch.device, precisio
 
 
 def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layout: str, precision=None, out=None,
-               lse=None):
+               lse=None, scale_arg: str = "softmax_scale"):
     """The one core: q (B, H, Nq, D), k/v (B, H_kv, Nk, D) views.  Returns (O, lse), O in out_layout.
     ``out``/``lse`` let the tests hand in NaN-poisoned buffers of the right shape."""
-    dtype, softmax_scale = _validate(q, k, v, softmax_scale, version, precision)
+    dtype, softmax_scale = _validate(q, k, v, softmax_scale, version, precision, out_layout, scale_arg)
     B, H, Nq, D = q.shape
     H_kv, Nk = k.shape[1], k.shape[2]
 
@@ -264,26 +296,26 @@ def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layou
     offset = causal_offset(Nq, Nk, causal)
     lk, smem, (Br, Bc), threads = _kernel(entry.name, dtype, D, causal is not None, q.device.index)
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    if entry.tensor_maps:
-        workspace = _tensor_maps(q, k, v, dtype, Br, Bc)
-    elif entry.workspace_per_row:
+    tail_args = (_tensor_maps(q, k, v, dtype, Br, Bc),) if entry.tensor_maps else ()
+    if entry.workspace_per_row:
         workspace = torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=q.device)
     else:
         workspace = lse  # unused
 
-    # Launch on torch's current stream.
+    # Launch on torch's current stream of the inputs' device.
     i32, i64 = np.int32, np.int64
     head_args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), workspace.data_ptr(),
                  i32(Nq), i32(Nk), i32(H), i32(H // H_kv),
                  *(i64(s) for t in (q, k, v, o) for s in t.stride()[:3]),
                  np.float32(softmax_scale), i32(offset or 0))
+    dev = q.device.index
     stream = torch.cuda.current_stream(q.device).cuda_stream
     BH = B * H
     if entry.grid_style == "per_head":  # gridDim.x reaches 2^31 - 1: one launch
-        _nvrtc.launch(lk, q.device.index, stream, (BH,), (threads,), smem, (*head_args, i32(0)))
+        _nvrtc.launch(lk, dev, stream, (BH,), (threads,), smem, (*head_args, i32(0), *tail_args))
     else:
         Tr = -(-Nq // Br)
         for bh_offset in range(0, BH, _GRID_Y_MAX):
             grid = (Tr, min(_GRID_Y_MAX, BH - bh_offset))
-            _nvrtc.launch(lk, q.device.index, stream, grid, (threads,), smem, (*head_args, i32(bh_offset)))
+            _nvrtc.launch(lk, dev, stream, grid, (threads,), smem, (*head_args, i32(bh_offset), *tail_args))
     return out, lse

@@ -42,6 +42,9 @@ class Version:
     # Spill bytes ptxas may report for an arch_tiles instantiation that measured faster than the
     # spill-free default tile (the rung's source says which and why); 0 for every default tile.
     arch_tile_spill_bytes: int = 0
+    # Spill bytes ptxas may report for a default tile under some NVRTC release, per head dim (the
+    # rung's source says which release and why); the compile tests hold every NVRTC to it.
+    spill_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
     tensor_maps: bool = False  # reads tiles through TMA descriptors of q, k, v (api.py passes them as workspace)
 
     @property
@@ -252,6 +255,7 @@ _V3_2 = dataclasses.replace(
     smem_bytes=lambda D, Br, Bc: _v3_smem(D, Br, Bc) + 5 * 8,  # + the mbarriers of Q, K x2, V x2
     min_arch=90,
     tensor_maps=True,
+    spill_bytes={128: 8},  # NVRTC 13.0, non-causal: read back in the epilogue only (v3_2_mma_tma.cu)
     priority=12,
     summary="v3.1 with Q, K, V tiles loaded by the tensor memory accelerator (one cp.async.bulk.tensor per "
     "tile panel from one thread, mbarrier completion): no per-thread copy code (sm_90)",

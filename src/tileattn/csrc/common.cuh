@@ -12,6 +12,16 @@ namespace tileattn {
 // log2(e): rungs that use exp2 fold it into softmax_scale once, on the host side of the loop.
 #define TILEATTN_LOG2E 1.4426950408889634f
 
+// The TMA descriptors of the rungs that load tiles through the copy engine (v3.2, v3.3): six
+// 128-byte CUtensorMaps, q, k, v with 64-column boxes, then q, k, v with the narrow last panel's
+// box (mma.cuh: tma_tile_load).  They travel by value as one `const __grid_constant__` kernel
+// parameter: the copy engine reads them from the launch's own parameter space, so no device buffer
+// exists that a later call could free or overwrite while this kernel (or a CUDA graph) still runs.
+// 64-byte alignment is what cp.async.bulk.tensor requires of a tensor map.
+struct alignas(64) TmaMaps {
+  unsigned long long desc[6][16];
+};
+
 // Every rung's kernel takes exactly these arguments, in this order (api.py builds them once).
 // Strides are in elements; the last dim (head dim) is contiguous.  h_per_kv = H / H_kv (GQA);
 // query row i of a head sees key j iff j <= i + causal_offset (0: top-left, Nk - Nq: bottom-right).

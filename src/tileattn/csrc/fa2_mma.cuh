@@ -13,9 +13,10 @@ namespace tileattn {
 // The kernel body of the mma.sync rungs.  MT m16 row tiles per warp (v3: 1, v3.1 and v3.2: 2 up
 // to D=128); Q_IN_REGS keeps Q's A fragments in registers for the whole loop instead of re-reading
 // them by ldmatrix at every k-step; TMA (v3.2): Q, K and V arrive by tensor-memory-accelerator
-// copies (tensor maps in `workspace`), counted by mbarriers, instead of by cp.async.
+// copies (through the tensor maps at `tmaps`, a __grid_constant__ parameter of the kernel), counted
+// by mbarriers, instead of by cp.async.
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, int MT, bool Q_IN_REGS, bool TMA>
-__device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T)) {
+__device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps = nullptr) {
   static_assert(sizeof(T) == 2, "the mma.sync rungs take 16-bit (fp16 / bf16) inputs");
   static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 16 && HEAD_DIM <= 256, "head dim: 16..256, step 8");
   constexpr int WROWS = 16 * MT;  // query rows per warp
@@ -57,12 +58,12 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T)) {
   const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
   const int Tc = (kv_limit + Bc - 1) / Bc;
 
-  // TMA: one thread issues each tile (tma_tile_load: one copy per panel, zero-filled tails); the
-  // tensor maps sit at `workspace` (api.py builds them).
+  // TMA: one thread issues each tile (tma_tile_load: one copy per panel, zero-filled tails)
+  // through the kernel's tensor maps (api.py encodes them).
   const int b_ = bh / H, h_ = bh % H;  // (HeadSlice computes them too; reusing those spills at D=64)
   enum { QMAP = 0, KMAP = 1, VMAP = 2 };
   auto tma_tile = [&](int map, unsigned dst, unsigned bar, int rows, int first_row) {
-    tma_tile_load<D_SMEM>(workspace, map, dst, bar, rows, first_row, map == QMAP ? h_ : h_ / h_per_kv, b_);
+    tma_tile_load<D_SMEM>(tmaps, map, dst, bar, rows, first_row, map == QMAP ? h_ : h_ / h_per_kv, b_);
   };
 
   if constexpr (TMA) {

@@ -193,7 +193,7 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 }
 // One box of a 4-d tensor map (coordinates innermost first: column, row, head, batch) from
 // global to shared memory at dst, completion counted on mbarrier bar.  tmap is the generic address
-// of the 128-byte CUtensorMap (here in global memory, written by the host before the launch).
+// of the 128-byte CUtensorMap (a __grid_constant__ kernel parameter: TmaMaps, common.cuh).
 // The CTA's own shared addresses are valid shared::cluster addresses.
 __device__ __forceinline__ void tma_load_4d(unsigned dst, const void* tmap, int c0, int c1, int c2, int c3,
                                             unsigned bar) {
@@ -207,10 +207,10 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const void* tmap, int 
 // (box: the panel's 64, 32 or 16 columns x rows), counted on mbarrier bar.  The copy engine's
 // 128-, 64- and 32-byte swizzles are exactly SwizzledTile's XOR patterns for those panel widths;
 // rows past N and columns past the head dim arrive as zeros (their bytes still count).  tmaps:
-// the tensor maps api.py writes to global memory, 128 bytes each: q, k, v (map 0, 1, 2) with
-// 64-column boxes, then the same with the narrow last panel's box.  head: the map's head index.
+// the kernel's tensor maps (TmaMaps): q, k, v (map 0, 1, 2) with 64-column boxes, then the same
+// with the narrow last panel's box.  head: the map's head index.
 template <int COLS>
-__device__ __forceinline__ void tma_tile_load(const void* tmaps, int map, unsigned dst, unsigned bar, int rows,
+__device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, unsigned dst, unsigned bar, int rows,
                                               int first_row, int head, int batch) {
   using Panels = SwizzledTile<8, COLS>;  // the panels depend on the columns only
   static_assert(Panels::NPANELS <= COLS / 64 + 1, "TMA: at most one narrow panel (32 or 16 columns)");
@@ -218,7 +218,7 @@ __device__ __forceinline__ void tma_tile_load(const void* tmaps, int map, unsign
 #pragma unroll
   for (int p = 0; p < Panels::NPANELS; ++p) {
     const int W = Panels::panel_width(p), c0 = Panels::panel_chunk0(p);
-    tma_load_4d(dst + rows * c0 * 16, static_cast<const char*>(tmaps) + 128 * (map + (W == 8 ? 0 : 3)), c0 * 8,
+    tma_load_4d(dst + rows * c0 * 16, tmaps->desc[map + (W == 8 ? 0 : 3)], c0 * 8,
                 first_row, head, batch, bar);
   }
 }

@@ -36,7 +36,7 @@ constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2).
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T)) {
+__global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "v3.3 is an fp16/bf16 rung");
   static_assert(Br == 128, "two consumer warpgroups of 64 query rows");
@@ -63,12 +63,12 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
     const int b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
-    tma_tile_load<HEAD_DIM>(workspace, 0, s_q, bars.q, Br, q_start, h_, b_);  // maps: q, k, v
+    tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q, bars.q, Br, q_start, h_, b_);  // maps: q, k, v
     for (int j = 0; j < Tc; ++j) {
       bars.wait_k_empty(j);
-      tma_tile_load<HEAD_DIM>(workspace, 1, s_k(j % STAGES), bars.k_full(j), Bc, j * Bc, hk_, b_);
+      tma_tile_load<HEAD_DIM>(&tmaps, 1, s_k(j % STAGES), bars.k_full(j), Bc, j * Bc, hk_, b_);
       bars.wait_v_empty(j);
-      tma_tile_load<HEAD_DIM>(workspace, 2, s_v(j % STAGES), bars.v_full(j), Bc, j * Bc, hk_, b_);
+      tma_tile_load<HEAD_DIM>(&tmaps, 2, s_v(j % STAGES), bars.v_full(j), Bc, j * Bc, hk_, b_);
     }
     return;
   }
