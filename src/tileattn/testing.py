@@ -29,10 +29,12 @@ def tolerance(case, result: dict | None = None) -> float:
 
 
 def lse_tolerance(case) -> float:
-    """Absolute lse bound.  A TF32 product's error grows with the score, so the TF32 bound is for
-    scores at the default scale 1/sqrt(D) and grows with softmax_scale * sqrt(D) beyond it."""
+    """Absolute lse bound.  An error in a score S = scale * q.k is relative to |S|, so the lse's
+    absolute error grows with the score's magnitude: the bounds are for scores at the default
+    scale 1/sqrt(D) and grow with |softmax_scale| * sqrt(D) beyond it (the fuzz run found FP32
+    rungs at 1.0-1.6e-4 with scale 1.5 at D=128, i.e. a relative error of ~3e-6 on lse ~ 50)."""
     precision = VERSIONS[case.version].precision
-    if precision == "tf32" and case.scale is not None:
+    if precision in ("fp32", "tf32") and case.scale is not None:
         return LSE_TOLERANCE[precision] * max(1.0, abs(case.scale) * math.sqrt(case.D))
     return LSE_TOLERANCE[precision]
 
