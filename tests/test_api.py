@@ -179,10 +179,10 @@ def test_fp32_dispatch_by_arch():
 def test_wrong_arch_for_an_explicit_version(monkeypatch):
     monkeypatch.setattr(tileattn.api._nvrtc, "device_arch", lambda index: (10, 0))
     with pytest.raises(ValueError, match=r"version 'v2.3' runs on sm_90, this GPU is sm_100"):
-        tileattn.api._dispatch("v2.3", "float32", 64, torch.device("cuda", 0), None)
+        tileattn.api._dispatch("v2.3", "float32", 64, 0, None)
     monkeypatch.setattr(tileattn.api._nvrtc, "device_arch", lambda index: (8, 0))
     with pytest.raises(ValueError, match=r"version 'v3.2' runs on sm_90\+, this GPU is sm_80"):
-        tileattn.api._dispatch("v3.2", "bfloat16", 64, torch.device("cuda", 0), None)
+        tileattn.api._dispatch("v3.2", "bfloat16", 64, 0, None)
 
 
 def test_arch_tiles_pick_by_arch():

@@ -287,3 +287,161 @@ def test_inputs_never_modified():
     assert all(torch.equal(a, b) for a, b in zip(before, (buf, q, k, v)))
     ref = tileattn.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale=-0.2, causal=True)
     torch.testing.assert_close(o, ref, rtol=0, atol=0)
+
+
+# ---- the custom op, torch.compile, SDPA's signature, transformers -------------------------------
+
+
+@pytest.mark.parametrize("dtype,layout", [("bfloat16", "bnhd"), ("float32", "bhnd"), ("float16", "bnhd")])
+def test_custom_op_opcheck(dtype, layout):
+    import torch
+
+    import tileattn  # noqa: F401  (registers tileattn::fwd)
+
+    dt = getattr(torch, dtype)
+    shape = (2, 77, 4, 64) if layout == "bnhd" else (2, 4, 77, 64)
+    kv_shape = (2, 100, 2, 64) if layout == "bnhd" else (2, 2, 100, 64)
+    q = torch.randn(shape, device="cuda", dtype=dt)
+    k, v = (torch.randn(kv_shape, device="cuda", dtype=dt) for _ in range(2))
+    for causal in (0, 1, 2):
+        torch.library.opcheck(torch.ops.tileattn.fwd.default, (q, k, v, 0.125, causal, layout, None, None))
+
+
+def _block(dim=256, heads=4, kv_heads=2, fn=None):
+    """A small pre-norm transformer block whose attention is tileattn.flash_attn_func."""
+    import torch
+
+    import tileattn
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(dim)
+            self.q = torch.nn.Linear(dim, dim)
+            self.kv = torch.nn.Linear(dim, 2 * dim // heads * kv_heads)
+            self.o = torch.nn.Linear(dim, dim)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+
+        def forward(self, x):
+            B, N, _ = x.shape
+            h = self.norm(x)
+            q = self.q(h).view(B, N, heads, dim // heads)
+            k, v = self.kv(h).view(B, N, 2, kv_heads, dim // heads).unbind(2)
+            a = tileattn.flash_attn_func(q, k, v, causal=True)
+            x = x + self.o(a.reshape(B, N, dim))
+            return x + self.mlp(x)
+
+    return Block()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_torch_compile_fullgraph_matches_eager(dtype):
+    import torch
+
+    dt = getattr(torch, dtype)
+    torch._dynamo.reset()
+    block = _block().to(device="cuda", dtype=dt)
+    x = torch.randn(2, 333, 256, device="cuda", dtype=dt)
+    with torch.no_grad():
+        eager = block(x)
+        compiled = torch.compile(block, fullgraph=True)  # any graph break raises
+        out = compiled(x)
+        out2 = compiled(torch.randn_like(x))  # a second call reuses the graph
+    assert out2.shape == x.shape
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == "bfloat16" else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, eager, **tol)
+
+
+def test_torch_compile_with_cuda_graphs():
+    import torch
+
+    torch._dynamo.reset()
+    block = _block().to(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 200, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        eager = block(x)
+        compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):  # warm-up, record, replay
+            out = compiled(x).clone()
+    torch.testing.assert_close(out, eager, rtol=2e-2, atol=2e-2)
+
+
+def test_sdpa_signature_is_a_drop_in():
+    import torch
+    import torch.nn.functional as F
+
+    import tileattn
+
+    q = torch.randn(2, 8, 300, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ours = tileattn.scaled_dot_product_attention(q, k, v, None, 0.0, True, None, True)  # positional, as SDPA
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(ours, ref, rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        tileattn.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        tileattn.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(300, 300, device="cuda", dtype=torch.bool),
+                                              enable_gqa=True)
+    with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
+        tileattn.scaled_dot_product_attention(q, k, v, dropout_p=0.1, enable_gqa=True)
+
+
+def _tiny_llama():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+
+
+def test_transformers_logits_match_sdpa():
+    import torch
+
+    pytest.importorskip("transformers", reason="transformers is an optional extra (the device image has it)")
+    import tileattn.integrations.transformers as tileattn_hf
+
+    tileattn_hf.register()
+    model = _tiny_llama()
+    ids = torch.randint(0, 1000, (3, 257), device="cuda")
+    logits = {}
+    for impl in ("sdpa", "tileattn"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            logits[impl] = model(input_ids=ids).logits.float()
+    assert model.config._attn_implementation == "tileattn"
+    torch.testing.assert_close(logits["tileattn"], logits["sdpa"], rtol=0, atol=0.05)
+
+    # A padded batch: the mask reaches the attention function, which hands it to SDPA (one warning).
+    from contextlib import nullcontext
+
+    tileattn_hf._warned.clear()
+    mask = torch.ones_like(ids)
+    mask[0, :100] = 0
+    mask[2, :3] = 0
+    for impl in ("sdpa", "tileattn"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad(), pytest.warns(UserWarning, match="attention mask") if impl == "tileattn" else nullcontext():
+            logits[impl] = model(input_ids=ids, attention_mask=mask).logits.float()
+    keep = mask.bool()
+    torch.testing.assert_close(logits["tileattn"][keep], logits["sdpa"][keep], rtol=0, atol=0.05)
+
+
+def test_transformers_training_falls_back_with_correct_gradients():
+    import torch
+
+    pytest.importorskip("transformers", reason="transformers is an optional extra (the device image has it)")
+    import tileattn.integrations.transformers as tileattn_hf
+
+    tileattn_hf.register()
+    model = _tiny_llama().float().train()
+    model.config.attention_dropout = 0.0
+    ids = torch.randint(0, 1000, (2, 65), device="cuda")
+    grads = {}
+    for impl in ("sdpa", "tileattn"):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads[impl] = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+    torch.testing.assert_close(grads["tileattn"], grads["sdpa"])

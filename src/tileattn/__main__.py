@@ -1,4 +1,6 @@
-"""python -m tileattn {info, check, bench}"""
+"""python -m tileattn {info, check, compile, bench, fuzz, report}: the rungs, their checks against
+float64, ahead-of-time compilation, the benchmark (default: the whole ladder beside PyTorch), the
+fuzz run, and the README tables regenerated from bench/results."""
 
 from __future__ import annotations
 
@@ -106,7 +108,7 @@ def _compile_one(job):
     from . import _nvrtc
 
     file, expr, arch = job
-    cubin = _nvrtc.compile_kernel(file, expr, arch)
+    cubin = _nvrtc.compile_kernel(file, expr, arch, announce=False)
     return expr, cubin.compile_seconds, cubin.resources
 
 
@@ -131,15 +133,27 @@ def cmd_compile(args) -> int:
     jobs = [(v.file, v.name_expression(dt, D, causal, cc_num), arch_for(v))
             for v in VERSIONS.values() if (not args.versions or v.name in args.versions) and v.runs_on(cc_num)
             for dt in v.dtypes for D in v.head_dims for causal in (False, True)]
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    from tqdm import tqdm
+
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool, tqdm(total=len(jobs), desc="compile", file=sys.stderr) as bar:
         for expr, seconds, res in pool.map(_compile_one, jobs):
-            print(f"{expr:60s} {seconds:6.1f} s  {res}")
+            bar.write(f"{expr:60s} {seconds:6.1f} s  {res}", file=sys.stdout)
+            bar.update()
     print(f"{len(jobs)} kernels in {_nvrtc.cache_dir()}")
     return 0
 
 
+_SPECIAL_SUITES = ("story", "overhead", "hf")
+
+
 def cmd_bench(args) -> int:
     if not _has_gpu():
+        given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                 if k not in ("cmd", "out_dir", "suite") and v not in (None, False, [])]
+        if args.suite != ["story"]:
+            given.insert(0, "--suite")
+        if given:
+            print(f"tileattn bench: no GPU, so these arguments have no effect: {' '.join(given)}")
         return _cpu_fallback()
     from tqdm import tqdm
 
@@ -147,6 +161,23 @@ def cmd_bench(args) -> int:
 
     total_rc = 0
     for suite_name in args.suite:
+        out = Path(args.out_dir) / f"{suite_name}.json"
+        if suite_name in _SPECIAL_SUITES:
+            with tqdm(total=bench.story_steps() if suite_name == "story" else None, desc=f"bench {suite_name}",
+                      file=sys.stderr) as bar:
+                rows = {"story": lambda: bench.story(progress=bar.update), "overhead": bench.overhead,
+                        "hf": bench.hf_prefill}[suite_name]()
+            if suite_name == "story":
+                bench.add_ratios(rows)
+            result = dict(**bench.environment(), suite=suite_name,
+                          command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows)
+            bench.save(result, out, chart=suite_name == "story")
+            table = {"story": bench.markdown_table, "overhead": bench.overhead_table, "hf": bench.hf_table}[suite_name]
+            print(table(result))
+            if suite_name == "story":
+                print("\n" + bench.story_summary(rows))
+            print(f"\nwrote {out}" + (f" and {out.with_suffix('.png')}" if suite_name == "story" else "") + "\n")
+            continue
         suite = bench.SUITES[suite_name]
         versions = [v for v in (args.versions or suite.versions) if v in VERSIONS]
         cases = suite.cases()
@@ -163,7 +194,6 @@ def cmd_bench(args) -> int:
         bench.add_ratios(rows)
         result = dict(**bench.environment(), suite=suite_name,
                       command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows)
-        out = Path(args.out_dir) / f"{suite_name}.json"
         bench.save(result, out)
         print(bench.markdown_table(result))
         print(f"\nwrote {out} and {out.with_suffix('.png')}\n")
@@ -197,7 +227,11 @@ def cmd_report(args) -> int:
     from .bench import markdown_table, ratio_table
 
     readme = Path(args.readme)
-    text = readme.read_text()
+    if not readme.exists() or not Path(args.results).is_dir():
+        print(f"tileattn report: needs a checkout of tileattn (no {readme} or {args.results}/ here); run it from "
+              "the repository's root or pass --readme and --results")
+        return 1
+    text = original = readme.read_text()
     for path in sorted(Path(args.results).glob("*.json")):
         result = json.loads(path.read_text())
         name = re.escape(path.stem)
@@ -215,8 +249,12 @@ def cmd_report(args) -> int:
                     f"[{path.stem}.png](bench/results/{path.stem}.png)\n<!-- /results:{path.stem} -->")
 
         text, n = pattern.subn(block, text)
-        print(f"{path.name}: {'updated' if n else 'no markers in README, skipped'}")
-    readme.write_text(text)
+        print(f"{path.name}: {f'{n} table(s)' if n else 'no markers in README, skipped'}")
+    if text == original:
+        print(f"{readme}: unchanged")
+    else:
+        readme.write_text(text)
+        print(f"{readme}: updated")
     return 0
 
 
@@ -238,8 +276,10 @@ def main(argv=None) -> int:
     k.add_argument("--arch", help="e.g. sm_90a; default: this GPU's")
     k.add_argument("--jobs", type=int, default=None)
     b = sub.add_parser("bench", help="rungs beside PyTorch's attention backends, one suite at a time")
-    b.add_argument("--suite", nargs="+", default=["ladder_fp32"], choices=list(_suites()),
-                   help="ladder_fp32: the seed's table; fp32: fast FP32 rungs; mma: fp16/bf16 tensor cores")
+    b.add_argument("--suite", nargs="+", default=["story"], choices=[*_SPECIAL_SUITES, *_suites()],
+                   help="story (default): the ladder v1 -> fastest rung, FP32 and bf16, beside PyTorch, ~2 min; "
+                   "ladder_fp32: the seed's table; fp32: fast FP32 rungs; mma: fp16/bf16 tensor cores; "
+                   "overhead: host time per call; hf: end-to-end prefill in transformers")
     b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help="override the suite's rungs")
     b.add_argument("--seqlen", type=int, nargs="*", help="keep only these lengths of the suite")
     b.add_argument("--headdim", type=int, nargs="*", help="keep only these head dims of the suite")

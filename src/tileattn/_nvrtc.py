@@ -290,10 +290,12 @@ _memory_cache: dict[str, Cubin] = {}
 _compile_lock = threading.Lock()  # one compile at a time per process; the file lock covers processes
 
 
-def compile_kernel(source_file: str, name_expression: str, arch: str, *, use_cache: bool = True) -> Cubin:
+def compile_kernel(source_file: str, name_expression: str, arch: str, *, use_cache: bool = True,
+                   announce: bool = True) -> Cubin:
     """Compile one kernel instantiation from ``csrc/<source_file>`` for ``arch`` (e.g. "sm_90a").
 
-    Works without a GPU.  Prints a one-line notice on stderr while NVRTC runs.
+    Works without a GPU.  Prints a one-line notice on stderr while NVRTC runs (unless announce
+    is False: `python -m tileattn compile` shows its own progress).
     """
     key = cache_key(source_file, name_expression, arch)
     if use_cache and key in _memory_cache:
@@ -303,7 +305,7 @@ def compile_kernel(source_file: str, name_expression: str, arch: str, *, use_cac
             return _memory_cache[key]
         folder = _cache_folder() if use_cache else None
         if folder is None:
-            cubin = _compile(source_file, name_expression, arch)
+            cubin = _compile(source_file, name_expression, arch, announce)
         else:
             from filelock import FileLock
 
@@ -311,19 +313,20 @@ def compile_kernel(source_file: str, name_expression: str, arch: str, *, use_cac
             with FileLock(str(folder / f"{key}.lock"), mode=0o600):
                 cubin = _read_cached(folder / key)
                 if cubin is None:
-                    cubin = _compile(source_file, name_expression, arch)
+                    cubin = _compile(source_file, name_expression, arch, announce)
                     _write_cached(folder / key, cubin)
         if use_cache:
             _memory_cache[key] = cubin
         return cubin
 
 
-def _compile(source_file: str, name_expression: str, arch: str) -> Cubin:
+def _compile(source_file: str, name_expression: str, arch: str, announce: bool = True) -> Cubin:
     from cuda.core import Program
 
     opts = _program_options(source_file, arch)
     src = (CSRC / source_file).read_text()
-    print(f"tileattn: compiling {name_expression} for {arch} ...", file=sys.stderr, end="", flush=True)
+    if announce:
+        print(f"tileattn: compiling {name_expression} for {arch} ...", file=sys.stderr, end="", flush=True)
     t0 = time.perf_counter()
     program = Program(src, code_type="c++", options=opts)
     log_lines: list[str] = []
@@ -335,14 +338,34 @@ def _compile(source_file: str, name_expression: str, arch: str) -> Cubin:
     try:
         obj = program.compile("cubin", name_expressions=(name_expression,), logs=_Log())
     except Exception as e:  # cuda.core raises a generic error; keep NVRTC's log in ours
-        print(" failed", file=sys.stderr)
+        if announce:
+            print(" failed", file=sys.stderr)
         raise CompileError(f"NVRTC failed to compile {name_expression} ({source_file}, {arch}):\n"
                            f"{''.join(log_lines)}\n{e}") from None
     seconds = time.perf_counter() - t0
-    print(f" {seconds:.1f} s", file=sys.stderr)
+    if announce:
+        print(f" {seconds:.1f} s", file=sys.stderr)
     lowered = obj.symbol_mapping[name_expression]
     lowered = lowered.decode() if isinstance(lowered, bytes) else lowered
     return Cubin(name_expression, lowered, arch, bytes(obj.code), "".join(log_lines), seconds)
+
+
+def compile_check(source: str, arch: str = "sm_90a", name: str = "probe.cu") -> bytes:
+    """Compile a snippet (with csrc/ on the include path) to a cubin, returned: raises
+    CompileError, with NVRTC's log, when a static_assert or anything else in it fails."""
+    from cuda.core import Program
+
+    log: list[str] = []
+
+    class _Log:
+        def write(self, s):
+            log.append(s)
+
+    try:
+        obj = Program(source, code_type="c++", options=_program_options(name, arch)).compile("cubin", logs=_Log())
+    except Exception as e:
+        raise CompileError(f"{name} ({arch}) failed to compile:\n{''.join(log)}\n{e}") from None
+    return bytes(obj.code)
 
 
 def sass(cubin: Cubin) -> str:
@@ -404,42 +427,21 @@ def arch_string(cc: tuple[int, int], *, arch_specific: bool = False) -> str:
 
 @functools.cache
 def _primary_context(device_index: int):
-    """The device's primary context (the one torch uses), retained for the process's life."""
+    """The device's primary context (the one torch uses), retained for the process's life, and
+    its handle as an int."""
     from cuda.bindings import driver
 
     _check(driver.cuInit(0), "cuInit")
     dev = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
-    return _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-
-
-class _OnDevice:
-    """Makes the device's primary context current for a block and puts back whatever context
-    (or none) the thread had before: a call on cuda:1 leaves a thread that was on cuda:0 there."""
-
-    __slots__ = ("ctx", "prev")
-
-    def __init__(self, device_index: int):
-        self.ctx = _primary_context(device_index)
-
-    def __enter__(self):
-        from cuda.bindings import driver
-
-        self.prev = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if int(self.prev) != int(self.ctx):
-            _check(driver.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
-        return self
-
-    def __exit__(self, *exc):
-        from cuda.bindings import driver
-
-        if int(self.prev) != int(self.ctx):
-            _check(driver.cuCtxSetCurrent(self.prev), "cuCtxSetCurrent")
+    ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    return ctx, int(ctx)
 
 
 @dataclasses.dataclass
 class LoadedKernel:
     kernel: object  # CUkernel (context-independent: cuLibraryGetKernel)
     library: object  # CUlibrary, kept alive with the kernel
+    function: object  # the same kernel as the CUfunction that cuLaunchKernel takes
     smem_limit_set: dict = dataclasses.field(default_factory=dict)  # device index -> bytes allowed
 
 
@@ -457,7 +459,7 @@ def load(cubin: Cubin) -> LoadedKernel:
             _check(driver.cuInit(0), "cuInit")
             lib = _check(driver.cuLibraryLoadData(cubin.data, None, None, 0, None, None, 0), "cuLibraryLoadData")
             kernel = _check(driver.cuLibraryGetKernel(lib, cubin.lowered_name.encode()), "cuLibraryGetKernel")
-            _loaded[key] = LoadedKernel(kernel, lib)
+            _loaded[key] = LoadedKernel(kernel, lib, driver.CUfunction(int(kernel)))
         return _loaded[key]
 
 
@@ -503,48 +505,60 @@ def max_dynamic_smem(device_index: int) -> int:
     return _check(driver.cuDeviceGetAttribute(attr, device_index), "cuDeviceGetAttribute")
 
 
-class Blob(bytes):
-    """A kernel argument passed by value as raw bytes (a struct such as TmaMaps)."""
-
-
-def pack_args(args) -> tuple[int, list]:
-    """The kernelParams array of cuLaunchKernel: one pointer per argument, each to a host copy of
-    it with the kernel's C type.  Returns (address of the array, the objects it points into, which
-    the caller keeps alive until the launch returns)."""
-    import numpy as np
-
-    objs = []
-    for a in args:
-        if isinstance(a, Blob):
-            objs.append(ctypes.create_string_buffer(bytes(a), len(a)))
-        elif isinstance(a, np.generic):
-            objs.append(ctypes.c_char.from_buffer_copy(a.tobytes()) if a.nbytes == 1 else
-                        (ctypes.c_char * a.nbytes).from_buffer_copy(a.tobytes()))
-        elif isinstance(a, int):  # a device pointer
-            objs.append(ctypes.c_uint64(a))
-        else:
-            raise TypeError(f"tileattn: kernel argument of type {type(a).__name__}")
-    array = (ctypes.c_void_p * len(objs))(*[ctypes.addressof(o) for o in objs])
-    objs.append(array)
-    return ctypes.addressof(array), objs
-
-
-def launch(lk: LoadedKernel, device_index: int, stream_handle: int, grid, block, smem: int, args) -> None:
-    """Launch on the given stream (torch's current one for the inputs' device) with that device's
-    context current for the call only, raising the dynamic shared-memory limit the first time a
-    kernel needs more than the default 48 KB on this device."""
+def set_max_dynamic_smem(lk: LoadedKernel, device_index: int, smem: int) -> None:
+    """Let the kernel use more than the default 48 KB of dynamic shared memory on this device."""
     from cuda.bindings import driver
 
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    block = tuple(block) + (1,) * (3 - len(block))
-    params, keep_alive = pack_args(args)
-    with _OnDevice(device_index):
-        if smem > 48 * 1024 and lk.smem_limit_set.get(device_index, 0) < smem:
-            dev = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
-            _check(driver.cuKernelSetAttribute(
-                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem, lk.kernel, dev),
-                f"raising dynamic shared memory to {smem} bytes")
-            lk.smem_limit_set[device_index] = smem
-        _check(driver.cuLaunchKernel(driver.CUfunction(int(lk.kernel)), *grid, *block, smem,
-                                     driver.CUstream(stream_handle), params, 0), "cuLaunchKernel")
-    del keep_alive
+    if smem > 48 * 1024 and lk.smem_limit_set.get(device_index, 0) < smem:
+        dev = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
+        _check(driver.cuKernelSetAttribute(
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem, lk.kernel, dev),
+            f"raising dynamic shared memory to {smem} bytes")
+        lk.smem_limit_set[device_index] = smem
+
+
+class ParamBuffer(threading.local):
+    """A host image of a kernel's parameter block, one per thread, and the kernelParams array of
+    cuLaunchKernel: one pointer per parameter, at the compiler's offsets into that image.
+    cuLaunchKernel copies the parameters when it is called, so the buffer is free again as soon
+    as the launch returns; per thread, so concurrent callers never share one."""
+
+    def __init__(self, size: int, offsets: list[int]):
+        self.buf = ctypes.create_string_buffer(max(size, 1))
+        base = ctypes.addressof(self.buf)
+        self.kernel_params = (ctypes.c_void_p * len(offsets))(*[base + off for off in offsets])
+        self.params_addr = ctypes.addressof(self.kernel_params)
+
+
+_streams: dict[int, object] = {}
+
+
+def launch(function, device_index: int, stream_handle: int, grid: tuple[int, int, int],
+           block: int, smem: int, params_addr: int) -> None:
+    """cuLaunchKernel of a CUkernel (as a CUfunction) with its kernelParams array, on the given
+    stream (torch's current one for the inputs' device).  The device's primary context is made
+    current for the call only: a thread that had another context current (another device) or none
+    gets it back, so a call on cuda:1 never moves the caller off cuda:0."""
+    driver = _driver()
+    stream = _streams.get(stream_handle)
+    if stream is None:
+        stream = _streams[stream_handle] = driver.CUstream(stream_handle)
+    ctx, ctx_int = _primary_context(device_index)
+    err, prev = driver.cuCtxGetCurrent()
+    switch = int(prev) != ctx_int
+    if switch:
+        _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    try:
+        (err,) = driver.cuLaunchKernel(function, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, params_addr, 0)
+    finally:
+        if switch:
+            _check(driver.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _check((err,), "cuLaunchKernel")
+
+
+@functools.cache
+def _driver():
+    from cuda.bindings import driver
+
+    return driver

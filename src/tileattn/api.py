@@ -1,14 +1,18 @@
-"""Public entry points: validate -> allocate -> dispatch -> compile once -> launch.
+"""Public entry points: validate -> plan (dispatch, compile and load once per key) -> allocate ->
+fill the parameter struct -> launch.
 
 Shape legend: B batch, Nq / Nk query / key length, H query heads, H_kv key/value heads
 (H % H_kv == 0: GQA/MQA), D head dim.  ``flash_attn_func`` takes flash-attn's layout
 (B, N, H, D); ``scaled_dot_product_attention`` takes PyTorch's (B, H, N, D).  Both are views onto
 one core that works on (B, H, N, D) strided views, so neither layout is ever copied.
 
+The core is the ``torch.library`` custom op ``tileattn::fwd`` (with a fake implementation for
+torch.compile); eager calls skip the dispatcher and run the same function directly.
+
 Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core rungs at FP32 accuracy by 3xTF32: v2.3 on
 sm_90's wgmma, the default there, and v2.2 on mma.sync, the default elsewhere; v2.3_tf32 / v2.2_tf32
-with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3,
-v3.1; v3.2 with TMA loads on sm_90) at every head dim that is a multiple of 8 from 16 to 256; any
+with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1; v3.2 with TMA
+loads and v3.3 on wgmma on sm_90) at every head dim that is a multiple of 8 from 16 to 256; any
 Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous head dim; causal masks aligned top-left
 or bottom-right; GQA/MQA; the log-sum-exp of each row.
 Not yet: backward, dropout, arbitrary masks, variable-length batches, KV cache.
@@ -16,6 +20,7 @@ Not yet: backward, dropout, arbitrary masks, variable-length batches, KV cache.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -23,12 +28,14 @@ import numbers
 import numpy as np
 import torch
 
-from . import _nvrtc
+from . import _nvrtc, _params
 from .reference import CAUSAL_MODES, causal_offset
 from .versions import VERSIONS, Version, select
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _GRID_Y_MAX = 65535  # gridDim.y limit: B*H above it is split over several launches
+_CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}  # how the custom op takes the mode
+_CAUSAL_OF_CODE = {c: m for m, c in _CAUSAL_CODE.items()}
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, return_lse=False, precision=None):
@@ -54,30 +61,40 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, 
     silently); call under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
     mode = _causal_mode(causal, default_true="bottom_right")
-    _check_rank(q=q, k=k, v=v)
-    _check_no_grad(q=q, k=k, v=v)
-    out, lse = _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, mode,
-                          version, out_layout="bnhd", precision=precision)
+    out, lse = _call(q, k, v, softmax_scale, mode, "bnhd", version, precision, "softmax_scale")
     return (out, lse) if return_lse else out
 
 
-def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None, *, version=None, precision=None):
-    """Attention in PyTorch's SDPA layout.
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, version=None, precision=None):
+    """Attention with ``torch.nn.functional.scaled_dot_product_attention``'s signature and layout.
 
     Args:
-        q: (B, H, Nq, D) CUDA tensor; k, v: (B, H_kv, Nk, D).
+        query: (B, H, Nq, D) CUDA tensor; key, value: (B, H_kv, Nk, D).
+        attn_mask: must be None (arbitrary masks are not supported yet: NotImplementedError).
+        dropout_p: must be 0.0 (no dropout yet: NotImplementedError).
         is_causal: False, True (= "top_left", SDPA's convention: query i sees keys j <= i),
             "top_left" or "bottom_right".
         scale: softmax scale, default 1/sqrt(D).
+        enable_gqa: as in PyTorch: with False, key/value must have query's number of heads.
         version, precision: as in ``flash_attn_func``.
 
     Returns:
-        O (B, H, Nq, D) in q's dtype.
+        O (B, H, Nq, D) in query's dtype.
     """
+    if attn_mask is not None:
+        raise NotImplementedError("tileattn.scaled_dot_product_attention: attn_mask is not supported yet (only "
+                                  "None, with is_causal for causal masks); use torch's SDPA for arbitrary masks")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0.0:
+        raise NotImplementedError(f"tileattn.scaled_dot_product_attention: dropout_p must be 0.0 (no dropout yet), "
+                                  f"got {dropout_p!r}")
     mode = _causal_mode(is_causal, default_true="top_left", arg="is_causal")
-    _check_rank(q=q, k=k, v=v)
-    _check_no_grad(q=q, k=k, v=v)
-    out, _ = _attention(q, k, v, scale, mode, version, out_layout="bhnd", precision=precision, scale_arg="scale")
+    if not enable_gqa and isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) \
+            and query.dim() == 4 and key.dim() == 4 and query.shape[1] != key.shape[1]:
+        raise ValueError(f"key has {key.shape[1]} heads but query has {query.shape[1]}: pass enable_gqa=True "
+                         f"for grouped-query attention (as torch's SDPA asks); query {tuple(query.shape)}, key "
+                         f"{tuple(key.shape)} (B, H, N, D)")
+    out, _ = _call(query, key, value, scale, mode, "bhnd", version, precision, "scale")
     return out
 
 
@@ -119,32 +136,95 @@ def _check_no_grad(**tensors):
             "to train, use torch.nn.functional.scaled_dot_product_attention for now.")
 
 
-def _scale(softmax_scale, head_dim: int, arg: str) -> float:
-    """The softmax scale as the kernels see it: a float32 that must be finite."""
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim)
+_F32_ROUNDS_TO_INF = 2.0**128 - 2.0**103  # the smallest magnitude float32() rounds to infinity
+
+
+def _scale(softmax_scale, arg: str) -> float:
+    """The softmax scale as the kernels see it: a float32 that must be finite.  (Plain Python, so
+    torch.compile traces it.)"""
     if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"{arg} must be a real number or None, got {type(softmax_scale).__name__} "
                         f"({softmax_scale!r})")
-    with np.errstate(over="ignore", invalid="ignore"):
-        as_f32 = np.float32(softmax_scale)
-    if not np.isfinite(as_f32):
+    value = float(softmax_scale)
+    if not (abs(value) < _F32_ROUNDS_TO_INF):  # also catches nan
         raise ValueError(f"{arg} must be finite as a float32 (|scale| < 3.4e38), got {softmax_scale!r}")
-    return float(softmax_scale)
+    return value
 
 
-def _validate(q, k, v, softmax_scale, version, precision, layout: str, scale_arg: str) -> tuple[str, float]:
-    """Checks on (B, H, N, D) views; every message shows shapes in the caller's layout.  The
-    device is checked last, so CPU tests reach every other check."""
+def _call(q, k, v, softmax_scale, mode, layout: str, version, precision, scale_arg: str):
+    """The public functions' shared tail: checks that need Python objects, then the custom op
+    (under torch.compile) or its implementation (eager: no dispatcher round trip)."""
+    _check_rank(q=q, k=k, v=v)
+    _check_no_grad(q=q, k=k, v=v)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    else:
+        softmax_scale = _scale(softmax_scale, scale_arg)
+    if torch.compiler.is_compiling():
+        return torch.ops.tileattn.fwd(q, k, v, softmax_scale, _CAUSAL_CODE[mode], layout, version, precision)
+    return _forward(q, k, v, softmax_scale, mode, layout, version, precision)
+
+
+@torch.library.custom_op("tileattn::fwd", mutates_args=(), device_types="cuda")
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: int, layout: str,
+            version: str | None, precision: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """tileattn::fwd(q, k, v, softmax_scale, causal, layout, version, precision) -> (O, lse).
+    q, k, v in ``layout`` ("bnhd": flash-attn's, "bhnd": SDPA's); causal 0 (none), 1 (top-left),
+    2 (bottom-right); O in ``layout``, lse (B, H, Nq) float32."""
+    return _forward(q, k, v, softmax_scale, _CAUSAL_OF_CODE[causal], layout, version, precision)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, softmax_scale, causal, layout, version, precision):
+    qh, kh, vh = _heads_view(q, k, v, layout)
+    _validate(qh, kh, vh, version, precision, layout)
+    B, H, Nq, D = qh.shape
+    out = q.new_empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D))
+    return out, q.new_empty((B, H, Nq), dtype=torch.float32)
+
+
+def _heads_view(q, k, v, layout: str):
+    return (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if layout == "bnhd" else (q, k, v)
+
+
+def _validate(q, k, v, version, precision, layout: str) -> str:
+    """Checks on (B, H, N, D) views, every message in the caller's layout; returns the dtype name.
+    What depends only on (dtype, head dim, version, precision) is checked once per combination
+    (_static_checks); the rest on every call.  The device comes last, so CPU tests reach the rest."""
+    dtype = _DTYPES.get(q.dtype)
+    if dtype is None:
+        raise TypeError(f"q has dtype {q.dtype}; supported: {', '.join(map(str, _DTYPES))}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        name, t = ("k", k) if k.dtype != q.dtype else ("v", v)
+        raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    qs, ks, vs = q.shape, k.shape, v.shape
+    B, H, Nq, D = qs
+    if ks[0] != B or ks[3] != D or vs[0] != B or vs[3] != D or ks != vs or ks[1] == 0 or H % ks[1] \
+            or Nq > _INT32_MAX or ks[2] > _INT32_MAX:
+        _shape_error(q, k, v, layout)
+    _static_checks(dtype, D, version, precision)
+    if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.stride(-1) != 1 and t.shape[-1] > 1:
+                raise ValueError(f"{name} must have a contiguous last (head) dim, stride 1; got stride "
+                                 f"{t.stride(-1)} (strides {t.transpose(1, 2).stride() if layout == 'bnhd' else t.stride()}): "
+                                 "call .contiguous() first")
+    dev = q.device
+    if dev.type != "cuda" or k.device != dev or v.device != dev:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.device.type != "cuda":
+                raise ValueError(f"{name} must be a CUDA tensor, got device '{t.device}'"
+                                 + ("" if torch.cuda.is_available() else " (and no CUDA device is present)"))
+            if t.device != dev:
+                raise ValueError(f"{name} is on {t.device} but q is on {dev}; all must share one device")
+    return dtype
+
+
+def _shape_error(q, k, v, layout: str):
+    """Raise the error that names the first shape mismatch, in the caller's layout."""
     dims = _LAYOUT_DIMS[layout]
     shown = lambda t: tuple(t.transpose(1, 2).shape) if layout == "bnhd" else tuple(t.shape)  # noqa: E731
     legend = "(" + ", ".join(dims) + ")"
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"q has dtype {q.dtype}; supported: {', '.join(map(str, _DTYPES))}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-    dtype = _DTYPES[q.dtype]
     B, H, Nq, D = q.shape
     for name, t in (("k", k), ("v", v)):  # each against q first, then v against k
         if t.shape[0] != B:
@@ -159,24 +239,27 @@ def _validate(q, k, v, softmax_scale, version, precision, layout: str, scale_arg
     if H_kv == 0 or H % H_kv != 0:
         raise ValueError(f"q's number of heads H={H} must be a multiple of k/v's, got {H_kv}: q {shown(q)}, "
                          f"k {shown(k)} {legend}")
-    for name, n in (("q", Nq), ("k", k.shape[2])):
-        if n > _INT32_MAX:
-            raise ValueError(f"{name}'s sequence length must be below 2^31, got {n}: {name} "
-                             f"{shown(q if name == 'q' else k)} {legend}")
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[2] > _INT32_MAX:
+            raise ValueError(f"{name}'s sequence length must be below 2^31, got {t.shape[2]}: {name} "
+                             f"{shown(t)} {legend}")
+    raise AssertionError("unreachable: no shape error found")
+
+
+@functools.lru_cache(maxsize=None)
+def _static_checks(dtype: str, D: int, version, precision) -> None:
+    """The checks that depend on nothing but (dtype, head dim, version, precision): run once per
+    combination that passes (an exception is not cached, so a bad call raises every time)."""
     dtype_dims = sorted({d for e in VERSIONS.values() if dtype in e.dtypes for d in e.head_dims})
     if not dtype_dims:
-        raise TypeError(f"no rung takes dtype {q.dtype} yet; supported: float32")
+        raise TypeError(f"no rung takes dtype {dtype} yet; supported: float32")
+    torch_dtype = {v: k for k, v in _DTYPES.items()}[dtype]
     if D not in dtype_dims:
-        raise ValueError(f"head dim {D} is not supported for {q.dtype}; supported: {dtype_dims}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1 and t.shape[-1] > 1:
-            raise ValueError(f"{name} must have a contiguous last (head) dim, stride 1; got stride "
-                             f"{t.stride(-1)} (strides {t.transpose(1, 2).stride() if layout == 'bnhd' else t.stride()}): "
-                             "call .contiguous() first")
+        raise ValueError(f"head dim {D} is not supported for {torch_dtype}; supported: {dtype_dims}")
     if precision not in (None, "fp32", "tf32"):
         raise ValueError(f"precision must be None, 'fp32' or 'tf32', got {precision!r}")
     if precision is not None and dtype != "float32":
-        raise ValueError(f"precision applies to float32 inputs only, got precision={precision!r} with {q.dtype}")
+        raise ValueError(f"precision applies to float32 inputs only, got precision={precision!r} with {torch_dtype}")
     if version is not None:
         if version not in VERSIONS:
             raise ValueError(f"unknown version {version!r}; known: {list(VERSIONS)}")
@@ -191,14 +274,6 @@ def _validate(q, k, v, softmax_scale, version, precision, layout: str, scale_arg
         if entry.precision == "fp32" and precision == "tf32":
             raise ValueError(f"version {version!r} computes at FP32 precision; precision='tf32' asks for a "
                              "TF32 rung: leave version=None or name one")
-    softmax_scale = _scale(softmax_scale, D, scale_arg)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} must be a CUDA tensor, got device '{t.device}'"
-                             + ("" if torch.cuda.is_available() else " (and no CUDA device is present)"))
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all must share one device")
-    return dtype, softmax_scale
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -207,22 +282,6 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     elems = 16 // t.element_size()
     ok = t.data_ptr() % 16 == 0 and all(s % elems == 0 for s in t.stride()[:-1])
     return t if ok else t.contiguous()
-
-
-@functools.cache
-def _kernel(version: str, dtype: str, head_dim: int, causal: bool, device_index: int):
-    """Compile (or fetch from cache) and load one instantiation; check it fits this device."""
-    entry = VERSIONS[version]
-    cc = _nvrtc.device_arch(device_index)
-    arch_num = cc[0] * 10 + cc[1]
-    smem = entry.smem(head_dim, arch_num)
-    limit = _nvrtc.max_dynamic_smem(device_index)
-    if smem > limit:
-        raise ValueError(f"version {version!r} at head dim {head_dim} needs {smem} bytes of shared memory; "
-                         f"this GPU allows {limit}")
-    arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
-    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, head_dim, causal, arch_num), arch)
-    return _nvrtc.load(cubin), smem, entry.tile(head_dim, arch_num), entry.threads(head_dim, arch_num)
 
 
 def panel_widths(head_dim: int) -> list[int]:
@@ -234,23 +293,71 @@ def panel_widths(head_dim: int) -> list[int]:
     return ([64] if d_smem >= 64 else []) + ([d_smem % 64] if d_smem % 64 else [])
 
 
-def _tensor_maps(q, k, v, dtype: str, Br: int, Bc: int) -> _nvrtc.Blob:
-    """The kernel's TmaMaps argument (common.cuh), by value: the TMA descriptors of q, k, v
-    ((B, H, N, D) views) with boxes of 64 columns x Br or Bc rows, then, when the padded head dim
-    is not a multiple of 64, q, k, v with the last panel's 32 or 16 columns (the panels of
-    SwizzledTile, mma.cuh).  Each descriptor's encoding is cached on the host by pointer, shape,
-    strides and box (_nvrtc.tensor_map_4d); nothing lives on the device."""
-    widths = panel_widths(q.shape[-1])
-    size = q.element_size()
-    return _nvrtc.Blob(b"".join(
-        _nvrtc.tensor_map_4d(t.data_ptr(), dtype, dims=tuple(reversed(t.shape)),
-                             strides_bytes=tuple(s * size for s in reversed(t.stride()[:3])), box=(w, rows))
-        for w in (widths if len(widths) == 2 else widths * 2)  # narrow maps at index 3..5 (a copy if unused)
-        for t, rows in ((q, Br), (k, Bc), (v, Bc))))
+@functools.lru_cache(maxsize=1024)
+def _tensor_maps(q_ptr, k_ptr, v_ptr, q_layout, k_layout, v_layout, dtype: str, esize: int, Br: int, Bc: int) -> bytes:
+    """The kernel's TmaMaps argument (common.cuh): the TMA descriptors of q, k, v ((B, H, N, D)
+    views given as pointer and (shape, strides)) with boxes of 64 columns x Br or Bc rows, then,
+    when the padded head dim is not a multiple of 64, q, k, v with the last panel's 32 or 16
+    columns (the panels of SwizzledTile, mma.cuh).  Host bytes, cached by everything they depend
+    on; they travel by value in the launch's parameters, nothing lives on the device."""
+    widths = panel_widths(q_layout[0][-1])
+    maps = []
+    for w in (widths if len(widths) == 2 else widths * 2):  # narrow maps at index 3..5 (a copy if unused)
+        for ptr, (shape, stride), rows in ((q_ptr, q_layout, Br), (k_ptr, k_layout, Bc), (v_ptr, v_layout, Bc)):
+            maps.append(_nvrtc.tensor_map_4d(ptr, dtype, dims=tuple(reversed(shape)),
+                                             strides_bytes=tuple(s * esize for s in reversed(stride[:3])), box=(w, rows)))
+    return b"".join(maps)
 
 
-def _dispatch(version, dtype: str, head_dim: int, device: torch.device, precision: str | None) -> Version:
-    cc = _nvrtc.device_arch(device.index)
+@dataclasses.dataclass
+class Plan:
+    """Everything about a launch that depends only on its key (rung, dtype, head dim, causal,
+    device): built once, then each call fills the parameter struct and launches."""
+
+    entry: Version
+    dtype: str
+    device_index: int
+    function: object  # CUfunction of the loaded CUkernel
+    Br: int
+    Bc: int
+    threads: int
+    smem: int
+    pack: object  # struct.Struct.pack_into for the kernel's parameter block (the compiler's offsets)
+    params: _nvrtc.ParamBuffer  # a thread-local image of that block and its kernelParams array
+
+
+_PLANS: dict[tuple, Plan] = {}
+
+
+def _plan(dtype: str, D: int, causal: bool, version, precision, device_index: int) -> Plan:
+    key = (dtype, D, causal, version, precision, device_index)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _make_plan(dtype, D, causal, version, precision, device_index)
+    return plan
+
+
+def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_index: int) -> Plan:
+    entry = _dispatch(version, dtype, D, device_index, precision)
+    cc = _nvrtc.device_arch(device_index)
+    arch_num = cc[0] * 10 + cc[1]
+    smem = entry.smem(D, arch_num)
+    limit = _nvrtc.max_dynamic_smem(device_index)
+    if smem > limit:
+        raise ValueError(f"version {entry.name!r} at head dim {D} needs {smem} bytes of shared memory; "
+                         f"this GPU allows {limit}")
+    arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal, arch_num), arch)
+    lk = _nvrtc.load(cubin)
+    _nvrtc.set_max_dynamic_smem(lk, device_index, smem)
+    Br, Bc = entry.tile(D, arch_num)
+    layout, offsets = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps)
+    return Plan(entry, dtype, device_index, lk.function, Br, Bc, entry.threads(D, arch_num), smem,
+                layout.pack_into, _nvrtc.ParamBuffer(layout.size, offsets))
+
+
+def _dispatch(version, dtype: str, head_dim: int, device_index: int, precision: str | None) -> Version:
+    cc = _nvrtc.device_arch(device_index)
     arch = cc[0] * 10 + cc[1]
     if version is None:
         entry = select(dtype, head_dim, arch, precision)
@@ -266,19 +373,19 @@ def _dispatch(version, dtype: str, head_dim: int, device: torch.device, precisio
     return entry
 
 
-def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layout: str, precision=None, out=None,
-               lse=None, scale_arg: str = "softmax_scale"):
-    """The one core: q (B, H, Nq, D), k/v (B, H_kv, Nk, D) views.  Returns (O, lse), O in out_layout.
-    ``out``/``lse`` let the tests hand in NaN-poisoned buffers of the right shape."""
-    dtype, softmax_scale = _validate(q, k, v, softmax_scale, version, precision, out_layout, scale_arg)
-    B, H, Nq, D = q.shape
-    H_kv, Nk = k.shape[1], k.shape[2]
+def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, version, precision, out=None, lse=None):
+    """The one core, behind both public functions and the custom op: q, k, v in ``layout``.
+    Returns (O in ``layout``, lse (B, H, Nq)).  ``out``/``lse`` let the tests hand in NaN-poisoned
+    buffers of the right shape."""
+    qh, kh, vh = _heads_view(q, k, v, layout)
+    dtype = _validate(qh, kh, vh, version, precision, layout)
+    B, H, Nq, D = qh.shape
+    H_kv, Nk = kh.shape[1], kh.shape[2]
 
     # Allocate.  O is written in the caller's layout through a (B, H, N, D) view of it.
-    shape = (B, Nq, H, D) if out_layout == "bnhd" else (B, H, Nq, D)
     if out is None:
-        out = torch.empty(shape, dtype=q.dtype, device=q.device)
-    o = out.transpose(1, 2) if out_layout == "bnhd" else out
+        out = torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=q.dtype, device=q.device)
+    o = out.transpose(1, 2) if layout == "bnhd" else out
     if lse is None:
         lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     if B * H * Nq == 0:
@@ -289,33 +396,48 @@ def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layou
     # A negative scale goes onto q (a sign flip is exact in every float format), so kernels that
     # fold the scale into exp2(scale * S - m) may assume scale >= 0 (see fa2_mma.cuh).
     if softmax_scale < 0:
-        q, softmax_scale = -q, -softmax_scale
+        qh, softmax_scale = -qh, -softmax_scale
 
-    # Dispatch and compile (cached per instantiation and device).
-    entry = _dispatch(version, dtype, D, q.device, precision)
-    offset = causal_offset(Nq, Nk, causal)
-    lk, smem, (Br, Bc), threads = _kernel(entry.name, dtype, D, causal is not None, q.device.index)
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    tail_args = (_tensor_maps(q, k, v, dtype, Br, Bc),) if entry.tensor_maps else ()
+    plan = _plan(dtype, D, causal is not None, version, precision, q.device.index)
+    entry = plan.entry
+    qh, kh, vh = _aligned(qh), _aligned(kh), _aligned(vh)
     if entry.workspace_per_row:
-        workspace = torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=q.device)
+        workspace = torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=q.device).data_ptr()
     else:
-        workspace = lse  # unused
+        workspace = 0
+
+    # The arguments in _params.FWD_ARGS order (TILEATTN_FWD_PARAMS), then the TMA maps.
+    offset = causal_offset(Nq, Nk, causal)
+    qs, ks, vs, os_ = qh.stride(), kh.stride(), vh.stride(), o.stride()
+    q_ptr, k_ptr, v_ptr = qh.data_ptr(), kh.data_ptr(), vh.data_ptr()
+    args = [q_ptr, k_ptr, v_ptr, o.data_ptr(), lse.data_ptr(), workspace, Nq, Nk, H, H // H_kv,
+            *qs[:3], *ks[:3], *vs[:3], *os_[:3], softmax_scale, offset or 0, 0]
+    if entry.tensor_maps:
+        args.append(_tensor_maps(q_ptr, k_ptr, v_ptr, (tuple(qh.shape), qs), (tuple(kh.shape), ks),
+                                 (tuple(vh.shape), vs), dtype, qh.element_size(), plan.Br, plan.Bc))
 
     # Launch on torch's current stream of the inputs' device.
-    i32, i64 = np.int32, np.int64
-    head_args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), workspace.data_ptr(),
-                 i32(Nq), i32(Nk), i32(H), i32(H // H_kv),
-                 *(i64(s) for t in (q, k, v, o) for s in t.stride()[:3]),
-                 np.float32(softmax_scale), i32(offset or 0))
-    dev = q.device.index
     stream = torch.cuda.current_stream(q.device).cuda_stream
     BH = B * H
+    buf = plan.params
     if entry.grid_style == "per_head":  # gridDim.x reaches 2^31 - 1: one launch
-        _nvrtc.launch(lk, dev, stream, (BH,), (threads,), smem, (*head_args, i32(0), *tail_args))
+        plan.pack(buf.buf, 0, *args)
+        _nvrtc.launch(plan.function, plan.device_index, stream, (BH, 1, 1), plan.threads, plan.smem, buf.params_addr)
     else:
-        Tr = -(-Nq // Br)
+        Tr = -(-Nq // plan.Br)
+        bh_slot = len(_params.FWD_ARGS) - 1
         for bh_offset in range(0, BH, _GRID_Y_MAX):
-            grid = (Tr, min(_GRID_Y_MAX, BH - bh_offset))
-            _nvrtc.launch(lk, dev, stream, grid, (threads,), smem, (*head_args, i32(bh_offset), *tail_args))
+            args[bh_slot] = bh_offset
+            plan.pack(buf.buf, 0, *args)
+            _nvrtc.launch(plan.function, plan.device_index, stream, (Tr, min(_GRID_Y_MAX, BH - bh_offset), 1),
+                          plan.threads, plan.smem, buf.params_addr)
     return out, lse
+
+
+def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layout: str, precision=None, out=None,
+               lse=None):
+    """(B, H, N, D) views in, O in ``out_layout``: the harness's entry (testing.run_case)."""
+    if out_layout == "bnhd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else _scale(softmax_scale, "softmax_scale")
+    return _forward(q, k, v, scale, causal, out_layout, version, precision, out=out, lse=lse)
