@@ -441,7 +441,7 @@ def _primary_context(device_index: int):
 class LoadedKernel:
     kernel: object  # CUkernel (context-independent: cuLibraryGetKernel)
     library: object  # CUlibrary, kept alive with the kernel
-    function: object  # the same kernel as the CUfunction that cuLaunchKernel takes
+    function: int  # the CUkernel's handle, which cuLaunchKernel takes as a CUfunction
     smem_limit_set: dict = dataclasses.field(default_factory=dict)  # device index -> bytes allowed
 
 
@@ -459,7 +459,7 @@ def load(cubin: Cubin) -> LoadedKernel:
             _check(driver.cuInit(0), "cuInit")
             lib = _check(driver.cuLibraryLoadData(cubin.data, None, None, 0, None, None, 0), "cuLibraryLoadData")
             kernel = _check(driver.cuLibraryGetKernel(lib, cubin.lowered_name.encode()), "cuLibraryGetKernel")
-            _loaded[key] = LoadedKernel(kernel, lib, driver.CUfunction(int(kernel)))
+            _loaded[key] = LoadedKernel(kernel, lib, int(kernel))
         return _loaded[key]
 
 
@@ -530,35 +530,61 @@ class ParamBuffer(threading.local):
         self.params_addr = ctypes.addressof(self.kernel_params)
 
 
-_streams: dict[int, object] = {}
+class _Libcuda:
+    """The three driver entry points of the launch path, called through ctypes: a cuda.bindings
+    call converts each argument into a Python object (a few microseconds a launch); these take
+    plain integers."""
+
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")  # the driver: a system library, never a wheel
+        self.launch = lib.cuLaunchKernel
+        self.launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        self.launch.restype = ctypes.c_int
+        self.get_current = lib.cuCtxGetCurrent
+        self.get_current.argtypes = [ctypes.c_void_p]
+        self.get_current.restype = ctypes.c_int
+        self.set_current = lib.cuCtxSetCurrent
+        self.set_current.argtypes = [ctypes.c_void_p]
+        self.set_current.restype = ctypes.c_int
 
 
-def launch(function, device_index: int, stream_handle: int, grid: tuple[int, int, int],
-           block: int, smem: int, params_addr: int) -> None:
+@functools.cache
+def _libcuda() -> _Libcuda:
+    return _Libcuda()
+
+
+class _CurrentContext(threading.local):
+    def __init__(self):
+        self.slot = ctypes.c_void_p()
+        self.addr = ctypes.addressof(self.slot)
+
+
+_current = _CurrentContext()
+
+
+def launch(function: int, device_index: int, stream: int, grid_x: int, grid_y: int, block: int, smem: int,
+           params_addr: int) -> None:
     """cuLaunchKernel of a CUkernel (as a CUfunction) with its kernelParams array, on the given
     stream (torch's current one for the inputs' device).  The device's primary context is made
     current for the call only: a thread that had another context current (another device) or none
     gets it back, so a call on cuda:1 never moves the caller off cuda:0."""
-    driver = _driver()
-    stream = _streams.get(stream_handle)
-    if stream is None:
-        stream = _streams[stream_handle] = driver.CUstream(stream_handle)
-    ctx, ctx_int = _primary_context(device_index)
-    err, prev = driver.cuCtxGetCurrent()
-    switch = int(prev) != ctx_int
-    if switch:
-        _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    cu = _libcuda()
+    ctx = _primary_context(device_index)[1]
+    cu.get_current(_current.addr)
+    prev = _current.slot.value
+    if prev != ctx:
+        _check_int(cu.set_current(ctx), "cuCtxSetCurrent")
     try:
-        (err,) = driver.cuLaunchKernel(function, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, params_addr, 0)
+        err = cu.launch(function, grid_x, grid_y, 1, block, 1, 1, smem, stream, params_addr, None)
     finally:
-        if switch:
-            _check(driver.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
-    if err != driver.CUresult.CUDA_SUCCESS:
-        _check((err,), "cuLaunchKernel")
+        if prev != ctx:
+            _check_int(cu.set_current(prev), "cuCtxSetCurrent")
+    if err:
+        _check_int(err, "cuLaunchKernel")
 
 
-@functools.cache
-def _driver():
-    from cuda.bindings import driver
+def _check_int(err: int, what: str) -> None:
+    if err:
+        from cuda.bindings import driver
 
-    return driver
+        _check((driver.CUresult(err),), what)

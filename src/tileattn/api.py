@@ -176,9 +176,8 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: fl
 
 @_fwd_op.register_fake
 def _(q, k, v, softmax_scale, causal, layout, version, precision):
-    qh, kh, vh = _heads_view(q, k, v, layout)
-    _validate(qh, kh, vh, version, precision, layout)
-    B, H, Nq, D = qh.shape
+    _validate(q, k, v, version, precision, layout)
+    (B, H, Nq, D), _ = _bhnd(q, layout)
     out = q.new_empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D))
     return out, q.new_empty((B, H, Nq), dtype=torch.float32)
 
@@ -188,27 +187,25 @@ def _heads_view(q, k, v, layout: str):
 
 
 def _validate(q, k, v, version, precision, layout: str) -> str:
-    """Checks on (B, H, N, D) views, every message in the caller's layout; returns the dtype name.
-    What depends only on (dtype, head dim, version, precision) is checked once per combination
-    (_static_checks); the rest on every call.  The device comes last, so CPU tests reach the rest."""
+    """Checks on the caller's tensors in their layout; returns the dtype name.  What depends only
+    on (dtype, head dim, version, precision) is checked once per combination (_static_checks);
+    the rest on every call.  The device comes last, so CPU tests reach the rest."""
     dtype = _DTYPES.get(q.dtype)
     if dtype is None:
         raise TypeError(f"q has dtype {q.dtype}; supported: {', '.join(map(str, _DTYPES))}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         name, t = ("k", k) if k.dtype != q.dtype else ("v", v)
         raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-    qs, ks, vs = q.shape, k.shape, v.shape
-    B, H, Nq, D = qs
-    if ks[0] != B or ks[3] != D or vs[0] != B or vs[3] != D or ks != vs or ks[1] == 0 or H % ks[1] \
-            or Nq > _INT32_MAX or ks[2] > _INT32_MAX:
+    (B, H, Nq, D), _ = _bhnd(q, layout)
+    ks, vs = _bhnd(k, layout)[0], _bhnd(v, layout)[0]
+    if ks[0] != B or ks[3] != D or ks != vs or ks[1] == 0 or H % ks[1] or Nq > _INT32_MAX or ks[2] > _INT32_MAX:
         _shape_error(q, k, v, layout)
-    _static_checks(dtype, D, version, precision)
+    _static_checks(dtype, int(D), version, precision)
     if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.stride(-1) != 1 and t.shape[-1] > 1:
                 raise ValueError(f"{name} must have a contiguous last (head) dim, stride 1; got stride "
-                                 f"{t.stride(-1)} (strides {t.transpose(1, 2).stride() if layout == 'bnhd' else t.stride()}): "
-                                 "call .contiguous() first")
+                                 f"{t.stride(-1)} (strides {t.stride()}): call .contiguous() first")
     dev = q.device
     if dev.type != "cuda" or k.device != dev or v.device != dev:
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -221,10 +218,13 @@ def _validate(q, k, v, version, precision, layout: str) -> str:
 
 
 def _shape_error(q, k, v, layout: str):
-    """Raise the error that names the first shape mismatch, in the caller's layout."""
-    dims = _LAYOUT_DIMS[layout]
-    shown = lambda t: tuple(t.transpose(1, 2).shape) if layout == "bnhd" else tuple(t.shape)  # noqa: E731
-    legend = "(" + ", ".join(dims) + ")"
+    """Raise the error that names the first shape mismatch, with shapes in the caller's layout."""
+    legend = "(" + ", ".join(_LAYOUT_DIMS[layout]) + ")"
+    originals = {}
+    q, k, v = _heads_view(q, k, v, layout)  # (B, H, N, D) views to index
+    for t in (q, k, v):  # the messages show each tensor as the caller passed it
+        originals[id(t)] = tuple(t.transpose(1, 2).shape) if layout == "bnhd" else tuple(t.shape)
+    shown = lambda t: originals[id(t)]  # noqa: E731
     B, H, Nq, D = q.shape
     for name, t in (("k", k), ("v", v)):  # each against q first, then v against k
         if t.shape[0] != B:
@@ -274,14 +274,6 @@ def _static_checks(dtype: str, D: int, version, precision) -> None:
         if entry.precision == "fp32" and precision == "tf32":
             raise ValueError(f"version {version!r} computes at FP32 precision; precision='tf32' asks for a "
                              "TF32 rung: leave version=None or name one")
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """The kernels copy 16-byte vectors (cp.async), so rows must start on 16-byte boundaries.
-    A view that breaks that (an odd offset or stride) is copied once; the user's tensor is untouched."""
-    elems = 16 // t.element_size()
-    ok = t.data_ptr() % 16 == 0 and all(s % elems == 0 for s in t.stride()[:-1])
-    return t if ok else t.contiguous()
 
 
 def panel_widths(head_dim: int) -> list[int]:
@@ -373,21 +365,40 @@ def _dispatch(version, dtype: str, head_dim: int, device_index: int, precision: 
     return entry
 
 
+def _bhnd(t, layout: str) -> tuple[tuple, tuple]:
+    """(shape, strides) of t as (B, H, N, D), without making a view (views cost a microsecond each)."""
+    sh, st = t.shape, t.stride()
+    if layout == "bnhd":
+        return (sh[0], sh[2], sh[1], sh[3]), (st[0], st[2], st[1], st[3])
+    return tuple(sh), st
+
+
+def _rows_aligned(t, strides: tuple) -> bool:
+    """The kernels copy 16-byte vectors (cp.async, TMA), so rows must start on 16-byte boundaries."""
+    elems = 16 // t.element_size()
+    return t.data_ptr() % 16 == 0 and strides[0] % elems == 0 and strides[1] % elems == 0 and strides[2] % elems == 0
+
+
 def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, version, precision, out=None, lse=None):
     """The one core, behind both public functions and the custom op: q, k, v in ``layout``.
     Returns (O in ``layout``, lse (B, H, Nq)).  ``out``/``lse`` let the tests hand in NaN-poisoned
-    buffers of the right shape."""
-    qh, kh, vh = _heads_view(q, k, v, layout)
-    dtype = _validate(qh, kh, vh, version, precision, layout)
-    B, H, Nq, D = qh.shape
-    H_kv, Nk = kh.shape[1], kh.shape[2]
+    buffers of the right shape.  Shapes and strides are handled as tuples in (B, H, N, D) order:
+    nothing is transposed, and nothing the caller passed is modified (a misaligned input is copied,
+    a negative scale negates a copy of q)."""
+    dtype = _validate(q, k, v, version, precision, layout)
+    (B, H, Nq, D), qs = _bhnd(q, layout)
+    (_, H_kv, Nk, _), ks = _bhnd(k, layout)
+    vs = _bhnd(v, layout)[1]
+    device = q.device
 
-    # Allocate.  O is written in the caller's layout through a (B, H, N, D) view of it.
+    # Allocate O in the caller's layout, contiguous, and lse (B, H, Nq).
     if out is None:
-        out = torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=q.dtype, device=q.device)
-    o = out.transpose(1, 2) if layout == "bnhd" else out
+        out = torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=q.dtype, device=device)
+        os_ = (Nq * H * D, D, H * D) if layout == "bnhd" else (H * Nq * D, Nq * D, D)
+    else:
+        os_ = _bhnd(out, layout)[1]
     if lse is None:
-        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=device)
     if B * H * Nq == 0:
         return out, lse
     if Nk == 0:  # no key at all: every row's output is 0 and its lse -inf
@@ -396,42 +407,60 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
     # A negative scale goes onto q (a sign flip is exact in every float format), so kernels that
     # fold the scale into exp2(scale * S - m) may assume scale >= 0 (see fa2_mma.cuh).
     if softmax_scale < 0:
-        qh, softmax_scale = -qh, -softmax_scale
+        q, softmax_scale = -q, -softmax_scale
+        qs = _bhnd(q, layout)[1]
+    if not _rows_aligned(q, qs):
+        q = q.contiguous()
+        qs = _bhnd(q, layout)[1]
+    if not _rows_aligned(k, ks):
+        k = k.contiguous()
+        ks = _bhnd(k, layout)[1]
+    if not _rows_aligned(v, vs):
+        v = v.contiguous()
+        vs = _bhnd(v, layout)[1]
 
-    plan = _plan(dtype, D, causal is not None, version, precision, q.device.index)
+    plan = _plan(dtype, D, causal is not None, version, precision, device.index)
     entry = plan.entry
-    qh, kh, vh = _aligned(qh), _aligned(kh), _aligned(vh)
+    workspace = 0
     if entry.workspace_per_row:
-        workspace = torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=q.device).data_ptr()
-    else:
-        workspace = 0
+        workspace_t = torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=device)
+        workspace = workspace_t.data_ptr()
 
     # The arguments in _params.FWD_ARGS order (TILEATTN_FWD_PARAMS), then the TMA maps.
     offset = causal_offset(Nq, Nk, causal)
-    qs, ks, vs, os_ = qh.stride(), kh.stride(), vh.stride(), o.stride()
-    q_ptr, k_ptr, v_ptr = qh.data_ptr(), kh.data_ptr(), vh.data_ptr()
-    args = [q_ptr, k_ptr, v_ptr, o.data_ptr(), lse.data_ptr(), workspace, Nq, Nk, H, H // H_kv,
-            *qs[:3], *ks[:3], *vs[:3], *os_[:3], softmax_scale, offset or 0, 0]
+    q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    args = [q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr(), workspace, Nq, Nk, H, H // H_kv,
+            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
+            softmax_scale, offset or 0, 0]
     if entry.tensor_maps:
-        args.append(_tensor_maps(q_ptr, k_ptr, v_ptr, (tuple(qh.shape), qs), (tuple(kh.shape), ks),
-                                 (tuple(vh.shape), vs), dtype, qh.element_size(), plan.Br, plan.Bc))
+        args.append(_tensor_maps(q_ptr, k_ptr, v_ptr, ((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks),
+                                 ((B, H_kv, Nk, D), vs), dtype, q.element_size(), plan.Br, plan.Bc))
 
     # Launch on torch's current stream of the inputs' device.
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = _current_stream(device.index)
     BH = B * H
     buf = plan.params
     if entry.grid_style == "per_head":  # gridDim.x reaches 2^31 - 1: one launch
         plan.pack(buf.buf, 0, *args)
-        _nvrtc.launch(plan.function, plan.device_index, stream, (BH, 1, 1), plan.threads, plan.smem, buf.params_addr)
+        _nvrtc.launch(plan.function, plan.device_index, stream, BH, 1, plan.threads, plan.smem, buf.params_addr)
     else:
         Tr = -(-Nq // plan.Br)
-        bh_slot = len(_params.FWD_ARGS) - 1
         for bh_offset in range(0, BH, _GRID_Y_MAX):
-            args[bh_slot] = bh_offset
+            args[_BH_OFFSET] = bh_offset
             plan.pack(buf.buf, 0, *args)
-            _nvrtc.launch(plan.function, plan.device_index, stream, (Tr, min(_GRID_Y_MAX, BH - bh_offset), 1),
+            _nvrtc.launch(plan.function, plan.device_index, stream, Tr, min(_GRID_Y_MAX, BH - bh_offset),
                           plan.threads, plan.smem, buf.params_addr)
     return out, lse
+
+
+_BH_OFFSET = [n for n, _ in _params.FWD_ARGS].index("bh_offset")
+
+
+def _current_stream(device_index: int) -> int:
+    """The raw handle of torch's current stream on a device (the public torch.cuda.current_stream
+    builds a Python Stream object per call, a few microseconds)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
 
 
 def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layout: str, precision=None, out=None,
