@@ -169,8 +169,9 @@ def cmd_bench(args) -> int:
                         "hf": bench.hf_prefill}[suite_name]()
             if suite_name == "story":
                 bench.add_ratios(rows)
+            # These suites take no narrowing arguments: record the command that reproduces them.
             result = dict(**bench.environment(), suite=suite_name,
-                          command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows)
+                          command=f"python -m tileattn bench --suite {suite_name}", rows=rows)
             bench.save(result, out, chart=suite_name == "story")
             table = {"story": bench.markdown_table, "overhead": bench.overhead_table, "hf": bench.hf_table}[suite_name]
             print(table(result))
@@ -218,43 +219,58 @@ def _cpu_fallback() -> int:
 
 
 def cmd_report(args) -> int:
-    """Regenerate README.md's result tables from the committed JSON under bench/results/.
-    Each table sits between <!-- results:NAME --> and <!-- /results:NAME --> markers;
-    <!-- results:NAME N=8192 --> keeps only that sequence length (the full table is in the JSON);
-    <!-- results:NAME ratios --> is one line per shape with every rung's ratio to every peer."""
+    """Regenerate the result tables of README.md and docs/*.md from the committed JSON under
+    bench/results/.  Each table sits between <!-- results:NAME --> and <!-- /results:NAME -->
+    markers; <!-- results:NAME N=8192 --> keeps only that sequence length (the full table is in the
+    JSON); <!-- results:NAME ratios --> is one line per shape with every rung's ratio to every peer.
+    The story, overhead and hf suites have tables of their own."""
+    import os
     import re
 
-    from .bench import markdown_table, ratio_table
+    from . import bench
 
-    readme = Path(args.readme)
-    if not readme.exists() or not Path(args.results).is_dir():
-        print(f"tileattn report: needs a checkout of tileattn (no {readme} or {args.results}/ here); run it from "
+    readme, results = Path(args.readme), Path(args.results)
+    if not readme.exists() or not results.is_dir():
+        print(f"tileattn report: needs a checkout of tileattn (no {readme} or {results}/ here); run it from "
               "the repository's root or pass --readme and --results")
         return 1
-    text = original = readme.read_text()
-    for path in sorted(Path(args.results).glob("*.json")):
-        result = json.loads(path.read_text())
-        name = re.escape(path.stem)
-        pattern = re.compile(rf"<!-- results:{name}( N=(\d+)| ratios)? -->.*?<!-- /results:{name} -->", re.S)
+    docs = [readme, *sorted((readme.parent / "docs").glob("*.md"))]
+    data = {path: json.loads(path.read_text()) for path in sorted(results.glob("*.json"))}
+    for doc in docs:
+        text = original = doc.read_text()
+        rel = os.path.relpath(results, doc.parent)
+        for path, result in data.items():
+            name = re.escape(path.stem)
+            pattern = re.compile(rf"<!-- results:{name}( N=(\d+)| ratios)? -->.*?<!-- /results:{name} -->", re.S)
 
-        def block(m):
-            if m.group(1) == " ratios":
-                table = ratio_table(result)
-            else:
-                table = markdown_table(result if not m.group(2) else dict(
-                    result, rows=[r for r in result["rows"] if r["Nq"] == int(m.group(2))]))
-            return (f"<!-- results:{path.stem}{m.group(1) or ''} -->\n{table}\n\n"
-                    f"{result['gpu']}, commit {result['commit']}, torch {result['torch']}, {result['date'][:10]}; "
-                    f"`{result['command']}`; all rows: [{path.name}](bench/results/{path.name}), chart: "
-                    f"[{path.stem}.png](bench/results/{path.stem}.png)\n<!-- /results:{path.stem} -->")
+            def block(m, path=path, result=result):
+                suite = result.get("suite")
+                if m.group(1) == " ratios":
+                    table = bench.ratio_table(result)
+                elif suite == "overhead":
+                    table = bench.overhead_table(result)
+                elif suite == "hf":
+                    table = bench.hf_table(result)
+                else:
+                    table = bench.markdown_table(result if not m.group(2) else dict(
+                        result, rows=[r for r in result["rows"] if r["Nq"] == int(m.group(2))]))
+                    if suite == "story":
+                        table += "\n\n" + "\n".join(f"- {line}" for line in bench.story_summary(result["rows"]).splitlines())
+                chart = (f", chart: [{path.stem}.png]({rel}/{path.stem}.png)"
+                         if (path.parent / f"{path.stem}.png").exists() else "")
+                return (f"<!-- results:{path.stem}{m.group(1) or ''} -->\n{table}\n\n"
+                        f"{result['gpu']}, commit {result['commit']}, torch {result['torch']}, {result['date'][:10]}; "
+                        f"`{result['command']}`; all rows: [{path.name}]({rel}/{path.name}){chart}\n"
+                        f"<!-- /results:{path.stem} -->")
 
-        text, n = pattern.subn(block, text)
-        print(f"{path.name}: {f'{n} table(s)' if n else 'no markers in README, skipped'}")
-    if text == original:
-        print(f"{readme}: unchanged")
-    else:
-        readme.write_text(text)
-        print(f"{readme}: updated")
+            text, n = pattern.subn(block, text)
+            if n:
+                print(f"{doc}: {path.name}, {n} table(s)")
+        if text == original:
+            print(f"{doc}: unchanged")
+        else:
+            doc.write_text(text)
+            print(f"{doc}: updated")
     return 0
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from . import _nvrtc, _params
-from .reference import CAUSAL_MODES, causal_offset
+from .reference import CAUSAL_MODES
 from .versions import VERSIONS, Version, select
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -154,8 +154,12 @@ def _scale(softmax_scale, arg: str) -> float:
 def _call(q, k, v, softmax_scale, mode, layout: str, version, precision, scale_arg: str):
     """The public functions' shared tail: checks that need Python objects, then the custom op
     (under torch.compile) or its implementation (eager: no dispatcher round trip)."""
-    _check_rank(q=q, k=k, v=v)
-    _check_no_grad(q=q, k=k, v=v)
+    Tensor = torch.Tensor
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+            and q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
+        _check_rank(q=q, k=k, v=v)  # raises, naming the argument
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        _check_no_grad(q=q, k=k, v=v)  # raises
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     else:
@@ -176,8 +180,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: fl
 
 @_fwd_op.register_fake
 def _(q, k, v, softmax_scale, causal, layout, version, precision):
-    _validate(q, k, v, version, precision, layout)
-    (B, H, Nq, D), _ = _bhnd(q, layout)
+    _, (B, H, Nq, D), *_ = _validate(q, k, v, version, precision, layout)
     out = q.new_empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D))
     return out, q.new_empty((B, H, Nq), dtype=torch.float32)
 
@@ -186,35 +189,39 @@ def _heads_view(q, k, v, layout: str):
     return (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if layout == "bnhd" else (q, k, v)
 
 
-def _validate(q, k, v, version, precision, layout: str) -> str:
-    """Checks on the caller's tensors in their layout; returns the dtype name.  What depends only
-    on (dtype, head dim, version, precision) is checked once per combination (_static_checks);
-    the rest on every call.  The device comes last, so CPU tests reach the rest."""
+def _validate(q, k, v, version, precision, layout: str):
+    """Checks on the caller's tensors in their layout.  Returns the dtype name and, for q, k, v,
+    (shape, strides) in (B, H, N, D) order.  What depends only on (dtype, head dim, version,
+    precision) is checked once per combination (_static_checks); the rest on every call.  The
+    device comes last, so CPU tests reach the rest."""
     dtype = _DTYPES.get(q.dtype)
     if dtype is None:
         raise TypeError(f"q has dtype {q.dtype}; supported: {', '.join(map(str, _DTYPES))}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         name, t = ("k", k) if k.dtype != q.dtype else ("v", v)
         raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-    (B, H, Nq, D), _ = _bhnd(q, layout)
-    ks, vs = _bhnd(k, layout)[0], _bhnd(v, layout)[0]
-    if ks[0] != B or ks[3] != D or ks != vs or ks[1] == 0 or H % ks[1] or Nq > _INT32_MAX or ks[2] > _INT32_MAX:
+    (qsh, qst), (ksh, kst), (vsh, vst) = _bhnd(q, layout), _bhnd(k, layout), _bhnd(v, layout)
+    B, H, Nq, D = qsh
+    if ksh[0] != B or ksh[3] != D or ksh != vsh or ksh[1] == 0 or H % ksh[1] or Nq > _INT32_MAX or ksh[2] > _INT32_MAX:
         _shape_error(q, k, v, layout)
     _static_checks(dtype, int(D), version, precision)
-    if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
+    if qst[3] != 1 or kst[3] != 1 or vst[3] != 1:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.stride(-1) != 1 and t.shape[-1] > 1:
                 raise ValueError(f"{name} must have a contiguous last (head) dim, stride 1; got stride "
                                  f"{t.stride(-1)} (strides {t.stride()}): call .contiguous() first")
     dev = q.device
-    if dev.type != "cuda" or k.device != dev or v.device != dev:
+    if dev.type != _DEVICE_TYPE or k.device != dev or v.device != dev:
         for name, t in (("q", q), ("k", k), ("v", v)):
-            if t.device.type != "cuda":
+            if t.device.type != _DEVICE_TYPE:
                 raise ValueError(f"{name} must be a CUDA tensor, got device '{t.device}'"
                                  + ("" if torch.cuda.is_available() else " (and no CUDA device is present)"))
             if t.device != dev:
                 raise ValueError(f"{name} is on {t.device} but q is on {dev}; all must share one device")
-    return dtype
+    return dtype, qsh, qst, ksh, kst, vst
+
+
+_DEVICE_TYPE = "cuda"  # (scripts/host_overhead.py sets "cpu" to time the host path without a GPU)
 
 
 def _shape_error(q, k, v, layout: str):
@@ -314,6 +321,9 @@ class Plan:
     Bc: int
     threads: int
     smem: int
+    per_head: bool  # grid = B*H (K/V-outer rungs), else (Tr, B*H)
+    workspace_per_row: int
+    tensor_maps: bool
     pack: object  # struct.Struct.pack_into for the kernel's parameter block (the compiler's offsets)
     params: _nvrtc.ParamBuffer  # a thread-local image of that block and its kernelParams array
 
@@ -345,7 +355,8 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
     Br, Bc = entry.tile(D, arch_num)
     layout, offsets = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps)
     return Plan(entry, dtype, device_index, lk.function, Br, Bc, entry.threads(D, arch_num), smem,
-                layout.pack_into, _nvrtc.ParamBuffer(layout.size, offsets))
+                entry.grid_style == "per_head", entry.workspace_per_row, entry.tensor_maps, layout.pack_into,
+                _nvrtc.ParamBuffer(layout.size, offsets))
 
 
 def _dispatch(version, dtype: str, head_dim: int, device_index: int, precision: str | None) -> Version:
@@ -385,10 +396,7 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
     buffers of the right shape.  Shapes and strides are handled as tuples in (B, H, N, D) order:
     nothing is transposed, and nothing the caller passed is modified (a misaligned input is copied,
     a negative scale negates a copy of q)."""
-    dtype = _validate(q, k, v, version, precision, layout)
-    (B, H, Nq, D), qs = _bhnd(q, layout)
-    (_, H_kv, Nk, _), ks = _bhnd(k, layout)
-    vs = _bhnd(v, layout)[1]
+    dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs = _validate(q, k, v, version, precision, layout)
     device = q.device
 
     # Allocate O in the caller's layout, contiguous, and lse (B, H, Nq).
@@ -409,30 +417,29 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
     if softmax_scale < 0:
         q, softmax_scale = -q, -softmax_scale
         qs = _bhnd(q, layout)[1]
-    if not _rows_aligned(q, qs):
-        q = q.contiguous()
-        qs = _bhnd(q, layout)[1]
-    if not _rows_aligned(k, ks):
-        k = k.contiguous()
-        ks = _bhnd(k, layout)[1]
-    if not _rows_aligned(v, vs):
-        v = v.contiguous()
-        vs = _bhnd(v, layout)[1]
+    # The kernels copy 16-byte vectors (cp.async, TMA): rows must start on 16-byte boundaries.  A
+    # view that breaks that (an odd offset or stride) is copied once.
+    elems = 16 // q.element_size()
+    q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    # (elems is a power of two: the OR of the strides is a multiple of it iff each stride is.)
+    if (q_ptr | k_ptr | v_ptr) % 16 or (qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) % elems:
+        q, k, v = (t if t.data_ptr() % 16 == 0 and all(s % elems == 0 for s in _bhnd(t, layout)[1][:3])
+                   else t.contiguous() for t in (q, k, v))
+        qs, ks, vs = _bhnd(q, layout)[1], _bhnd(k, layout)[1], _bhnd(v, layout)[1]
+        q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
 
     plan = _plan(dtype, D, causal is not None, version, precision, device.index)
-    entry = plan.entry
     workspace = 0
-    if entry.workspace_per_row:
-        workspace_t = torch.empty(B * H * Nq * entry.workspace_per_row, dtype=torch.float32, device=device)
+    if plan.workspace_per_row:
+        workspace_t = torch.empty(B * H * Nq * plan.workspace_per_row, dtype=torch.float32, device=device)
         workspace = workspace_t.data_ptr()
 
     # The arguments in _params.FWD_ARGS order (TILEATTN_FWD_PARAMS), then the TMA maps.
-    offset = causal_offset(Nq, Nk, causal)
-    q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    offset = 0 if causal != "bottom_right" else Nk - Nq  # query i sees key j iff j <= i + offset
     args = [q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr(), workspace, Nq, Nk, H, H // H_kv,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
-            softmax_scale, offset or 0, 0]
-    if entry.tensor_maps:
+            softmax_scale, offset, 0]
+    if plan.tensor_maps:
         args.append(_tensor_maps(q_ptr, k_ptr, v_ptr, ((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks),
                                  ((B, H_kv, Nk, D), vs), dtype, q.element_size(), plan.Br, plan.Bc))
 
@@ -440,7 +447,7 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
     stream = _current_stream(device.index)
     BH = B * H
     buf = plan.params
-    if entry.grid_style == "per_head":  # gridDim.x reaches 2^31 - 1: one launch
+    if plan.per_head:  # gridDim.x reaches 2^31 - 1: one launch
         plan.pack(buf.buf, 0, *args)
         _nvrtc.launch(plan.function, plan.device_index, stream, BH, 1, plan.threads, plan.smem, buf.params_addr)
     else:
