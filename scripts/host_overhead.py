@@ -20,8 +20,21 @@ calls = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 entry = VERSIONS["v3.3"]
 cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression("bfloat16", 64, False, 90), "sm_90a")
 layout, offsets = _params.packer(cubin.data, cubin.lowered_name, True)
-plan = api.Plan(entry, "bfloat16", 0, 0, 128, 128, 384, 1000, False, 0, True, layout.pack_into,
-                _nvrtc.ParamBuffer(layout.size, offsets))
+plan = api.Plan(
+    entry,
+    "bfloat16",
+    0,
+    0,
+    128,
+    128,
+    384,
+    1000,
+    False,
+    0,
+    True,
+    layout.pack_into,
+    _nvrtc.ParamBuffer(layout.size, offsets),
+)
 api._DEVICE_TYPE = "cpu"
 api._plan = lambda *key: plan
 api._current_stream = lambda index: 0
@@ -30,9 +43,13 @@ _nvrtc.launch = lambda *a: None
 
 q, k, v = (torch.randn(1, 16, 1, 64, dtype=torch.bfloat16) for _ in range(3))
 with torch.no_grad():
-    for fn_name, fn in [("flash_attn_func", lambda: tileattn.flash_attn_func(q, k, v)),
-                        ("torch.empty x2 (CPU)", lambda: (torch.empty((1, 16, 1, 64), dtype=torch.bfloat16),
-                                                          torch.empty((1, 1, 16), dtype=torch.float32)))]:
+    for fn_name, fn in [
+        ("flash_attn_func", lambda: tileattn.flash_attn_func(q, k, v)),
+        (
+            "torch.empty x2 (CPU)",
+            lambda: (torch.empty((1, 16, 1, 64), dtype=torch.bfloat16), torch.empty((1, 1, 16), dtype=torch.float32)),
+        ),
+    ]:
         for _ in range(1000):
             fn()
         best = float("inf")

@@ -1,10 +1,12 @@
 """Run one rung (or PyTorch's flash backend, "sdpa_flash") once on one shape after a warm-up launch,
 for `ncu` to profile, e.g.
     ncu --clock-control none -k regex:v3_1_fwd --launch-skip 1 -c 1 python3 scripts/profile_one.py v3.1 bfloat16 64
-    ncu --clock-control none -k regex:flash_fwd --launch-skip 1 -c 1 python3 scripts/profile_one.py sdpa_flash bfloat16 64
+    ncu --clock-control none -k regex:flash_fwd --launch-skip 1 -c 1 \
+        python3 scripts/profile_one.py sdpa_flash bfloat16 64
 Optional B H N [causal] after D pick another shape, e.g. a small one under compute-sanitizer:
     compute-sanitizer --tool racecheck python3 scripts/profile_one.py v2.3 float32 128 1 2 300 causal
 """
+
 import sys
 
 import torch

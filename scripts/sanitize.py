@@ -23,9 +23,11 @@ for name, v in VERSIONS.items():
     dtype = v.dtypes[0]
     dims = sorted({v.head_dims[0], 64, v.head_dims[-1]} & set(v.head_dims))
     cases = [Case(name, B=1, H=2, Nq=67, D=D, causal=c, dtype=dtype) for D in dims for c in (None, "top_left")]
-    cases += [Case(name, B=2, H=4, H_kv=2, Nq=33, Nk=130, D=64, causal="bottom_right", dtype=dtype),
-              Case(name, B=1, H=2, Nq=130, Nk=33, D=64, causal="bottom_right", dtype=dtype),  # rows seeing no key
-              Case(name, B=1, H=2, Nq=1, Nk=17, D=64, causal=None, dtype=dtype, layout="bnhd")]
+    cases += [
+        Case(name, B=2, H=4, H_kv=2, Nq=33, Nk=130, D=64, causal="bottom_right", dtype=dtype),
+        Case(name, B=1, H=2, Nq=130, Nk=33, D=64, causal="bottom_right", dtype=dtype),  # rows seeing no key
+        Case(name, B=1, H=2, Nq=1, Nk=17, D=64, causal=None, dtype=dtype, layout="bnhd"),
+    ]
     for case in cases:
         ok = passed(case, res := run_case(case, gen))
         failures += not ok

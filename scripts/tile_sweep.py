@@ -44,8 +44,10 @@ def main():
     flash = {(r["D"], r["causal"]): r["tflops"] for r in rows if r["impl"] == args.peer}
     for r in rows:
         ratio = r["tflops"] / flash[(r["D"], r["causal"])]
-        print(f"{r['impl']:>16} D={r['D']:<4} causal={r['causal']!s:<5} {r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s "
-              f"{ratio:5.3f}x {args.peer}  err={r.get('rel_err', float('nan')):.1e}")
+        print(
+            f"{r['impl']:>16} D={r['D']:<4} causal={r['causal']!s:<5} {r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s "
+            f"{ratio:5.3f}x {args.peer}  err={r.get('rel_err', float('nan')):.1e}"
+        )
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "tile_sweep.json"), "w") as f:
             json.dump(rows, f, indent=1)

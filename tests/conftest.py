@@ -22,8 +22,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             version = getattr(item, "callspec", None) and item.callspec.params.get("version")
             if "gpu" in item.keywords and version in VERSIONS and not VERSIONS[version].runs_on(arch):
-                item.add_marker(pytest.mark.skip(reason=f"{version} runs on {VERSIONS[version].arch_range()}, "
-                                                        f"this GPU is sm_{arch}"))
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason=f"{version} runs on {VERSIONS[version].arch_range()}, this GPU is sm_{arch}"
+                    )
+                )
         return
     skip = pytest.mark.skip(reason="no CUDA device present")
     for item in items:

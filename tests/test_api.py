@@ -49,14 +49,20 @@ def test_head_dim_lists_supported():
 def test_mismatched_shapes_in_the_callers_layout():
     q, k, v = qkv(B=1, N=16, H=2)
     # flash_attn_func's (B, N, H, D): v with 17 keys against k's 16.
-    with pytest.raises(ValueError, match=r"v must have k's shape \(1, 16, 2, 64\), got \(1, 17, 2, 64\) \(B, N, H, D\)"):
+    with pytest.raises(
+        ValueError, match=r"v must have k's shape \(1, 16, 2, 64\), got \(1, 17, 2, 64\) \(B, N, H, D\)"
+    ):
         flash_attn_func(q, k, torch.randn(1, 17, 2, 64))
     # SDPA's (B, H, N, D): the same mistake, shown in that layout.
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
-    with pytest.raises(ValueError, match=r"v must have k's shape \(1, 2, 16, 64\), got \(1, 2, 17, 64\) \(B, H, N, D\)"):
+    with pytest.raises(
+        ValueError, match=r"v must have k's shape \(1, 2, 16, 64\), got \(1, 2, 17, 64\) \(B, H, N, D\)"
+    ):
         scaled_dot_product_attention(qt, kt, torch.randn(1, 2, 17, 64))
     q, k, v = qkv()
-    with pytest.raises(ValueError, match=r"k must have q's batch size B=2, got 1: q \(2, 16, 4, 64\), k \(1, 16, 4, 64\)"):
+    with pytest.raises(
+        ValueError, match=r"k must have q's batch size B=2, got 1: q \(2, 16, 4, 64\), k \(1, 16, 4, 64\)"
+    ):
         flash_attn_func(q, k[:1], v[:1])
     with pytest.raises(ValueError, match=r"number of heads H=4 must be a multiple of k/v's, got 3"):
         flash_attn_func(*qkv(H=4, H_kv=3))
@@ -65,7 +71,9 @@ def test_mismatched_shapes_in_the_callers_layout():
 def test_head_dim_mismatch_names_q_and_k():
     q, k, v = qkv()
     # k's head dim differs from q's (v agrees with q): the message is about q and k, not k and v.
-    with pytest.raises(ValueError, match=r"k must have q's head dim D=64, got 32: q \(2, 16, 4, 64\), k \(2, 16, 4, 32\)"):
+    with pytest.raises(
+        ValueError, match=r"k must have q's head dim D=64, got 32: q \(2, 16, 4, 64\), k \(2, 16, 4, 32\)"
+    ):
         flash_attn_func(q, k[..., :32], v)
     with pytest.raises(ValueError, match=r"v must have q's head dim D=64, got 32"):
         flash_attn_func(q, k, v[..., :32])
@@ -117,7 +125,9 @@ def test_lengths_of_2_to_the_31_are_rejected():
     small = torch.empty(1, 16, 1, 64, device="meta")
     with pytest.raises(ValueError, match=r"q's sequence length must be below 2\^31, got 2147483648"):
         flash_attn_func(q, small, small)
-    with pytest.raises(ValueError, match=r"k's sequence length must be below 2\^31, got 2147483648: k \(1, 2147483648, 1, 64\)"):
+    with pytest.raises(
+        ValueError, match=r"k's sequence length must be below 2\^31, got 2147483648: k \(1, 2147483648, 1, 64\)"
+    ):
         flash_attn_func(small, q, q)
 
 
@@ -197,9 +207,13 @@ def test_ratio_table_divides_by_peers_of_the_same_shape():
     from tileattn.bench import ratio_table
 
     base = dict(B=4, H=16, Nq=8192, Nk=8192, D=64, dtype="bfloat16", causal=False)
-    rows = [dict(base, impl="v3.1", tflops=300.0), dict(base, impl="v3.2", tflops=330.0),
-            dict(base, impl="sdpa_flash", tflops=300.0), dict(base, impl="sdpa_cudnn", tflops=440.0),
-            dict(base, impl="sdpa_flash", tflops=1.0, Nq=1024)]  # another shape: must not be used
+    rows = [
+        dict(base, impl="v3.1", tflops=300.0),
+        dict(base, impl="v3.2", tflops=330.0),
+        dict(base, impl="sdpa_flash", tflops=300.0),
+        dict(base, impl="sdpa_cudnn", tflops=440.0),
+        dict(base, impl="sdpa_flash", tflops=1.0, Nq=1024),
+    ]  # another shape: must not be used
     table = ratio_table({"rows": rows}).splitlines()
     assert table[0].split(" | ")[-3:] == ["v3.1 / sdpa_flash", "v3.2 / sdpa_flash", "v3.2 / sdpa_cudnn |"]
     line = next(x for x in table if "| 8192 |" in x)
@@ -210,7 +224,9 @@ def test_speedup_vs_previous_rung_of_the_same_precision():
     from tileattn.bench import add_ratios
 
     base = dict(B=4, H=8, Nq=8192, Nk=8192, D=128, dtype="float32", causal=False, kind="tensor_fp32")
-    rows = [dict(base, impl=n, ms=ms) for n, ms in [("v2.2", 18.0), ("v2.2_tf32", 11.0), ("v2.3", 12.0), ("v2.3_tf32", 6.0)]]
+    rows = [
+        dict(base, impl=n, ms=ms) for n, ms in [("v2.2", 18.0), ("v2.2_tf32", 11.0), ("v2.3", 12.0), ("v2.3_tf32", 6.0)]
+    ]
     rows.append(dict({k: v for k, v in base.items() if k != "kind"}, impl="sdpa_efficient", ms=24.0))
     add_ratios(rows)
     speedup = {r["impl"]: r.get("speedup_vs_prev") for r in rows}
@@ -224,4 +240,3 @@ def test_tma_panel_widths_follow_the_swizzled_tile():
     assert panel_widths(16) == [16] and panel_widths(24) == [32] and panel_widths(32) == [32]
     assert panel_widths(40) == [64] and panel_widths(64) == [64]  # 48 columns are stored as 64
     assert panel_widths(72) == [64, 16] and panel_widths(96) == [64, 32] and panel_widths(128) == [64]
-

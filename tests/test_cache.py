@@ -69,12 +69,26 @@ def test_foreign_entry_is_recompiled_with_one_warning(cache, capfd, monkeypatch)
 
 def _stat_as_owned_by(uid, real_stat, folder):
     """os.stat that reports the cache folder itself as owned by `uid` (the folder check)."""
+
     def fake(path, *a, **kw):
         st = real_stat(path, *a, **kw)
         if os.fspath(path) == os.fspath(folder):
-            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, uid, st.st_gid, st.st_size,
-                                   st.st_atime, st.st_mtime, st.st_ctime))
+            return os.stat_result(
+                (
+                    st.st_mode,
+                    st.st_ino,
+                    st.st_dev,
+                    st.st_nlink,
+                    uid,
+                    st.st_gid,
+                    st.st_size,
+                    st.st_atime,
+                    st.st_mtime,
+                    st.st_ctime,
+                )
+            )
         return st
+
     return fake
 
 
@@ -148,8 +162,12 @@ def test_four_cold_processes_compile_once(cache):
         print(len(c.data))
     """)
     env = dict(os.environ, TILEATTN_CACHE_DIR=str(cache))
-    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
     results = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), results
     assert len({out for out, _ in results}) == 1
@@ -194,13 +212,15 @@ def test_closure_follows_a_rung_that_includes_another():
 
 
 def test_key_follows_options_and_toolchain(monkeypatch):
-    key = lambda: _nvrtc.cache_key(V1.file, EXPR, "sm_80")  # noqa: E731
+    key = lambda: _nvrtc.cache_key(V1.file, EXPR, "sm_80")
     base = key()
     assert key() == base and _nvrtc.cache_key(V1.file, EXPR, "sm_90a") != base
     real_options = _nvrtc.nvrtc_option_list
-    for attr, fake in [("nvrtc_option_list", lambda opts: [*real_options(opts), "-lineinfo"]),
-                       ("nvrtc_full_version", lambda: "13.0 (wheel 13.0.99)"),
-                       ("headers_version", lambda: "CUDART_VERSION 13020")]:
+    for attr, fake in [
+        ("nvrtc_option_list", lambda opts: [*real_options(opts), "-lineinfo"]),
+        ("nvrtc_full_version", lambda: "13.0 (wheel 13.0.99)"),
+        ("headers_version", lambda: "CUDART_VERSION 13020"),
+    ]:
         with monkeypatch.context() as m:
             m.setattr(_nvrtc, attr, fake)
             assert key() != base, f"the key ignores {attr}"

@@ -18,16 +18,27 @@ INSTANCES = [(name, D, False) for name, v in VERSIONS.items() for D in v.head_di
     (name, 64, True) for name in VERSIONS
 ]
 # What each rung must show in SASS: LDGSTS is cp.async.
-MUST_HAVE = {"v1.1": ["LDGSTS"], "v2": ["LDGSTS"], "v2.1": ["LDGSTS", "LDS.128"], "v2.2": ["LDGSTS", "HMMA"], "v2.2_tf32": ["LDGSTS", "HMMA"],
-             "v3": ["LDGSTS", "HMMA", "LDSM"], "v3.1": ["LDGSTS", "HMMA", "LDSM"],
-             # UTMALDG: the TMA tile copy; SYNCS.*: the mbarrier that counts its bytes; no cp.async left.
-             "v3.2": ["UTMALDG", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "HMMA", "LDSM"],
-             # HGMMA: warpgroup MMA; SYNCS.*: the producer/consumer mbarriers.
-             "v2.3": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
-             "v2.3_tf32": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
-             "v3.3": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"]}
-MUST_NOT_HAVE_BY_RUNG = {"v3.2": ["LDGSTS"], "v2.3": ["HMMA", "LDSM"], "v2.3_tf32": ["HMMA", "LDSM"],
-                         "v3.3": ["HMMA", "LDSM", "LDGSTS"]}
+MUST_HAVE = {
+    "v1.1": ["LDGSTS"],
+    "v2": ["LDGSTS"],
+    "v2.1": ["LDGSTS", "LDS.128"],
+    "v2.2": ["LDGSTS", "HMMA"],
+    "v2.2_tf32": ["LDGSTS", "HMMA"],
+    "v3": ["LDGSTS", "HMMA", "LDSM"],
+    "v3.1": ["LDGSTS", "HMMA", "LDSM"],
+    # UTMALDG: the TMA tile copy; SYNCS.*: the mbarrier that counts its bytes; no cp.async left.
+    "v3.2": ["UTMALDG", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "HMMA", "LDSM"],
+    # HGMMA: warpgroup MMA; SYNCS.*: the producer/consumer mbarriers.
+    "v2.3": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
+    "v2.3_tf32": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
+    "v3.3": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
+}
+MUST_NOT_HAVE_BY_RUNG = {
+    "v3.2": ["LDGSTS"],
+    "v2.3": ["HMMA", "LDSM"],
+    "v2.3_tf32": ["HMMA", "LDSM"],
+    "v3.3": ["HMMA", "LDSM", "LDGSTS"],
+}
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 
 
@@ -67,8 +78,11 @@ def spill_budget(name, D, arch):
     return max(v.arch_tile_spill_bytes if v.is_arch_tile(D, arch_number(arch)) else 0, v.spill_bytes.get(D, 0))
 
 
-@pytest.mark.parametrize("name,D,causal,arch", [(n, D, c, a) for n, D, c in INSTANCES for a in ARCHS
-                                                if VERSIONS[n].runs_on(arch_number(a))], ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "name,D,causal,arch",
+    [(n, D, c, a) for n, D, c in INSTANCES for a in ARCHS if VERSIONS[n].runs_on(arch_number(a))],
+    ids=lambda x: str(x),
+)
 def test_compiles_without_stack_or_spills(name, D, causal, arch):
     res = compiled(name, D, causal, arch).resources
     assert res["registers"] is not None, "ptxas -v report missing"
@@ -77,16 +91,22 @@ def test_compiles_without_stack_or_spills(name, D, causal, arch):
     assert res["registers"] <= 65536 // VERSIONS[name].threads(D, arch_number(arch)), "block would not fit"
 
 
-@pytest.mark.parametrize("name,D,causal,arch", [(n, D, c, a) for n, D, c in INSTANCES
-                                                for a in EXTRA_ARCHS.get(n, []) if D in (64, 128, 256)])
+@pytest.mark.parametrize(
+    "name,D,causal,arch", [(n, D, c, a) for n, D, c in INSTANCES for a in EXTRA_ARCHS.get(n, []) if D in (64, 128, 256)]
+)
 def test_compiles_on_consumer_archs(name, D, causal, arch):
     res = compiled(name, D, causal, arch).resources
     assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
 
 
 def _every_dtype_instances():
-    return [(n, D, dt) for n, v in VERSIONS.items() if len(v.dtypes) > 1 and v.runs_on(90)
-            for dt in v.dtypes[1:] for D in v.head_dims[:: max(1, len(v.head_dims) // 4)]]
+    return [
+        (n, D, dt)
+        for n, v in VERSIONS.items()
+        if len(v.dtypes) > 1 and v.runs_on(90)
+        for dt in v.dtypes[1:]
+        for D in v.head_dims[:: max(1, len(v.head_dims) // 4)]
+    ]
 
 
 @pytest.mark.parametrize("name", [n for n, v in VERSIONS.items() if len(v.dtypes) > 1])

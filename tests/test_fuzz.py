@@ -18,4 +18,7 @@ def test_same_seed_draws_the_same_cases():
     a = fuzz.run(10, seed=7, versions=["v2", "v3.3"], device="cpu", max_len=50)
     b = fuzz.run(10, seed=7, versions=["v2", "v3.3"], device="cpu", max_len=50)
     assert [r["case"] for r in a["failures"] + []] == [r["case"] for r in b["failures"]]
-    assert a["cases_per_version"] == b["cases_per_version"] and a["worst_rel_err_per_version"] == b["worst_rel_err_per_version"]
+    assert (
+        a["cases_per_version"] == b["cases_per_version"]
+        and a["worst_rel_err_per_version"] == b["worst_rel_err_per_version"]
+    )

@@ -1,7 +1,6 @@
 """Every rung against float64 on awkward shapes, outputs poisoned with NaN before each launch.
 Fresh random inputs each run; the seed is in the failure message."""
 
-import math
 import os
 
 import pytest
@@ -36,8 +35,16 @@ def test_awkward_lengths(version, D, N, causal):
 
 
 @pytest.mark.parametrize("version", RUNGS)
-@pytest.mark.parametrize("Nq,Nk,causal", [(100, 300, "bottom_right"), (300, 100, "bottom_right"),
-                                          (100, 300, "top_left"), (300, 100, "top_left"), (33, 1, None)])
+@pytest.mark.parametrize(
+    "Nq,Nk,causal",
+    [
+        (100, 300, "bottom_right"),
+        (300, 100, "bottom_right"),
+        (100, 300, "top_left"),
+        (300, 100, "top_left"),
+        (33, 1, None),
+    ],
+)
 def test_nq_ne_nk(version, Nq, Nk, causal):
     _check(Case(version, Nq=Nq, Nk=Nk, causal=causal))
 
@@ -85,8 +92,16 @@ def test_mma_head_dims(version, dtype, D):
 
 
 @pytest.mark.parametrize("version", MMA)
-@pytest.mark.parametrize("Nq,Nk,causal", [(113, 1023, "bottom_right"), (1023, 113, "bottom_right"),
-                                          (113, 1023, "top_left"), (1023, 113, "top_left"), (203, 17, None)])
+@pytest.mark.parametrize(
+    "Nq,Nk,causal",
+    [
+        (113, 1023, "bottom_right"),
+        (1023, 113, "bottom_right"),
+        (113, 1023, "top_left"),
+        (1023, 113, "top_left"),
+        (203, 17, None),
+    ],
+)
 def test_mma_nq_ne_nk(version, Nq, Nk, causal):
     _check(Case(version, B=2, H=2, Nq=Nq, Nk=Nk, D=64, causal=causal, dtype="bfloat16"))
 
@@ -117,7 +132,8 @@ def test_default_dispatch_half_and_causal_conventions():
     o_br = tileattn.flash_attn_func(q, k, v, causal=True)  # bottom-right: query i sees j <= i + 200
     o_tl = tileattn.flash_attn_func(q, k, v, causal="top_left")
     ref = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+    ).transpose(1, 2)
     assert o_br.dtype == torch.bfloat16
     assert (o_tl.float() - ref.float()).abs().max().item() < 2e-2  # SDPA's is_causal is top-left
     assert (o_br.float() - ref.float()).abs().max().item() > 1e-1
@@ -130,12 +146,14 @@ def test_public_wrappers_agree_and_default_dispatch():
 
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda") for _ in range(3))
     o_flash, lse = tileattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
-    o_sdpa = tileattn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                   is_causal=True)
+    o_sdpa = tileattn.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+    )
     assert o_flash.shape == (2, 300, 4, 64) and lse.shape == (2, 4, 300) and lse.dtype == torch.float32
     torch.testing.assert_close(o_flash.transpose(1, 2), o_sdpa, rtol=0, atol=0)
-    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2).double(), k.transpose(1, 2).double(),
-                                                           v.transpose(1, 2).double(), is_causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2).double(), k.transpose(1, 2).double(), v.transpose(1, 2).double(), is_causal=True
+    )
     assert ((o_sdpa.double() - ref).norm() / ref.norm()).item() < 1e-5
     # softmax_scale is honoured
     o2 = tileattn.flash_attn_func(q, k, v, softmax_scale=0.3)
@@ -320,7 +338,9 @@ def _block(dim=256, heads=4, kv_heads=2, fn=None):
             self.q = torch.nn.Linear(dim, dim)
             self.kv = torch.nn.Linear(dim, 2 * dim // heads * kv_heads)
             self.o = torch.nn.Linear(dim, dim)
-            self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+            self.mlp = torch.nn.Sequential(
+                torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim)
+            )
 
         def forward(self, x):
             B, N, _ = x.shape
@@ -380,8 +400,9 @@ def test_sdpa_signature_is_a_drop_in():
     with pytest.raises(ValueError, match="enable_gqa=True"):
         tileattn.scaled_dot_product_attention(q, k, v)
     with pytest.raises(NotImplementedError, match="attn_mask"):
-        tileattn.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(300, 300, device="cuda", dtype=torch.bool),
-                                              enable_gqa=True)
+        tileattn.scaled_dot_product_attention(
+            q, k, v, attn_mask=torch.ones(300, 300, device="cuda", dtype=torch.bool), enable_gqa=True
+        )
     with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
         tileattn.scaled_dot_product_attention(q, k, v, dropout_p=0.1, enable_gqa=True)
 
@@ -390,8 +411,16 @@ def _tiny_llama():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-                         num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=1024)
+    config = LlamaConfig(
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=1000,
+        max_position_embeddings=1024,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
 
@@ -422,7 +451,10 @@ def test_transformers_logits_match_sdpa():
     mask[2, :3] = 0
     for impl in ("sdpa", "tileattn"):
         model.set_attn_implementation(impl)
-        with torch.no_grad(), pytest.warns(UserWarning, match="attention mask") if impl == "tileattn" else nullcontext():
+        with (
+            torch.no_grad(),
+            pytest.warns(UserWarning, match="attention mask") if impl == "tileattn" else nullcontext(),
+        ):
             logits[impl] = model(input_ids=ids, attention_mask=mask).logits.float()
     keep = mask.bool()
     torch.testing.assert_close(logits["tileattn"][keep], logits["sdpa"][keep], rtol=0, atol=0.05)

@@ -3,15 +3,17 @@ size back from the compiled cubin and packs at those offsets.  Here every instan
 compile matrix is checked: the compiler's sizes are the C types the host packs."""
 
 import pytest
+from test_compile import ARCHS, INSTANCES
 
 from tileattn import _nvrtc, _params
 from tileattn.versions import VERSIONS, arch_number
 
-from test_compile import ARCHS, INSTANCES
 
-
-@pytest.mark.parametrize("name,D,causal,arch", [(n, D, c, a) for n, D, c in INSTANCES for a in ARCHS
-                                                if VERSIONS[n].runs_on(arch_number(a))], ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "name,D,causal,arch",
+    [(n, D, c, a) for n, D, c in INSTANCES for a in ARCHS if VERSIONS[n].runs_on(arch_number(a))],
+    ids=lambda x: str(x),
+)
 def test_parameter_block_matches_the_compiler(name, D, causal, arch):
     v = VERSIONS[name]
     cubin = _nvrtc.compile_kernel(v.file, v.name_expression(v.dtypes[0], D, causal, arch_number(arch)), arch)

@@ -14,8 +14,10 @@ def test_nvrtc_is_the_one_paired_with_torchs_cuda_build():
     nvrtc = tuple(int(x) for x in _nvrtc.nvrtc_version().split("."))
     if torch_cuda[0] < 13:
         pytest.skip(f"torch built for CUDA {torch.version.cuda}: tileattn still uses NVRTC 13 (README)")
-    assert nvrtc == torch_cuda, (f"NVRTC {nvrtc} but torch is built for CUDA {torch.version.cuda}: "
-                                 "pip should have paired them (torch pins nvidia-cuda-nvrtc)")
+    assert nvrtc == torch_cuda, (
+        f"NVRTC {nvrtc} but torch is built for CUDA {torch.version.cuda}: "
+        "pip should have paired them (torch pins nvidia-cuda-nvrtc)"
+    )
 
 
 def test_versions_in_the_key_are_full():

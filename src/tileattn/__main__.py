@@ -13,7 +13,6 @@ from pathlib import Path
 from .versions import VERSIONS
 
 
-
 def _has_gpu() -> bool:
     import torch
 
@@ -29,8 +28,10 @@ def cmd_info(args) -> int:
         print(f"tileattn: NVRTC {_nvrtc.nvrtc_full_version()}")
         print(f"CUDA headers: {_nvrtc.headers_version()}")
     except Exception as e:  # a diagnosis, not a traceback
-        print(f"tileattn: NVRTC or the CUDA headers could not be loaded ({type(e).__name__}: {e}); "
-              "install them with: pip install 'nvidia-cuda-nvrtc>=13' 'nvidia-cuda-runtime>=13'")
+        print(
+            f"tileattn: NVRTC or the CUDA headers could not be loaded ({type(e).__name__}: {e}); "
+            "install them with: pip install 'nvidia-cuda-nvrtc>=13' 'nvidia-cuda-runtime>=13'"
+        )
     print(f"kernel cache: {_nvrtc.cache_dir()}")
     if _has_gpu():
         cc = torch.cuda.get_device_capability()
@@ -92,14 +93,23 @@ def cmd_fuzz(args) -> int:
         print("tileattn fuzz: no GPU (or --cpu): checking the NumPy loop nest of each rung instead", file=sys.stderr)
         versions = args.versions or list(VERSIONS)
     with tqdm(total=args.cases, desc=f"fuzz ({device})", file=sys.stderr) as bar:
-        summary = fuzz.run(args.cases, args.seed, versions, device=device, progress=bar.update,
-                           time_limit_s=args.time_limit, max_len=args.max_len)
+        summary = fuzz.run(
+            args.cases,
+            args.seed,
+            versions,
+            device=device,
+            progress=bar.update,
+            time_limit_s=args.time_limit,
+            max_len=args.max_len,
+        )
     if args.out:
         fuzz.save(summary, args.out)
     for r in summary["failures"][:20]:
         print("FAIL", r)
-    print(f"fuzz ({device}, seed {args.seed}): {summary['cases']} cases in {summary['seconds']} s over "
-          f"{len(summary['cases_per_version'])} rungs")
+    print(
+        f"fuzz ({device}, seed {args.seed}): {summary['cases']} cases in {summary['seconds']} s over "
+        f"{len(summary['cases_per_version'])} rungs"
+    )
     print(f"{summary['cases'] - summary['failed']} passed, {summary['failed']} failed")
     return 1 if summary["failed"] or summary["cases"] < args.cases else 0
 
@@ -119,23 +129,31 @@ def cmd_compile(args) -> int:
     from . import _nvrtc
 
     if args.arch:
-        arch_for = lambda v: args.arch  # noqa: E731
+        arch_for = lambda v: args.arch
         cc_num = int("".join(ch for ch in args.arch if ch.isdigit()))
     elif _has_gpu():
         import torch
 
         cc = torch.cuda.get_device_capability()
-        arch_for = lambda v: _nvrtc.arch_string(cc, arch_specific=v.arch_specific)  # noqa: E731
+        arch_for = lambda v: _nvrtc.arch_string(cc, arch_specific=v.arch_specific)
         cc_num = cc[0] * 10 + cc[1]
     else:
         print("tileattn compile: no GPU found; pass --arch (e.g. sm_90a)")
         return 1
-    jobs = [(v.file, v.name_expression(dt, D, causal, cc_num), arch_for(v))
-            for v in VERSIONS.values() if (not args.versions or v.name in args.versions) and v.runs_on(cc_num)
-            for dt in v.dtypes for D in v.head_dims for causal in (False, True)]
+    jobs = [
+        (v.file, v.name_expression(dt, D, causal, cc_num), arch_for(v))
+        for v in VERSIONS.values()
+        if (not args.versions or v.name in args.versions) and v.runs_on(cc_num)
+        for dt in v.dtypes
+        for D in v.head_dims
+        for causal in (False, True)
+    ]
     from tqdm import tqdm
 
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool, tqdm(total=len(jobs), desc="compile", file=sys.stderr) as bar:
+    with (
+        ProcessPoolExecutor(max_workers=args.jobs) as pool,
+        tqdm(total=len(jobs), desc="compile", file=sys.stderr) as bar,
+    ):
         for expr, seconds, res in pool.map(_compile_one, jobs):
             bar.write(f"{expr:60s} {seconds:6.1f} s  {res}", file=sys.stdout)
             bar.update()
@@ -148,8 +166,11 @@ _SPECIAL_SUITES = ("story", "overhead", "hf")
 
 def cmd_bench(args) -> int:
     if not _has_gpu():
-        given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
-                 if k not in ("cmd", "out_dir", "suite") and v not in (None, False, [])]
+        given = [
+            f"--{k.replace('_', '-')}"
+            for k, v in vars(args).items()
+            if k not in ("cmd", "out_dir", "suite") and v not in (None, False, [])
+        ]
         if args.suite != ["story"]:
             given.insert(0, "--suite")
         if given:
@@ -163,15 +184,25 @@ def cmd_bench(args) -> int:
     for suite_name in args.suite:
         out = Path(args.out_dir) / f"{suite_name}.json"
         if suite_name in _SPECIAL_SUITES:
-            with tqdm(total=bench.story_steps() if suite_name == "story" else None, desc=f"bench {suite_name}",
-                      file=sys.stderr) as bar:
-                rows = {"story": lambda: bench.story(progress=bar.update), "overhead": bench.overhead,
-                        "hf": bench.hf_prefill}[suite_name]()
+            with tqdm(
+                total=bench.story_steps() if suite_name == "story" else None,
+                desc=f"bench {suite_name}",
+                file=sys.stderr,
+            ) as bar:
+                rows = {
+                    "story": lambda: bench.story(progress=bar.update),
+                    "overhead": bench.overhead,
+                    "hf": bench.hf_prefill,
+                }[suite_name]()
             if suite_name == "story":
                 bench.add_ratios(rows)
             # These suites take no narrowing arguments: record the command that reproduces them.
-            result = dict(**bench.environment(), suite=suite_name,
-                          command=f"python -m tileattn bench --suite {suite_name}", rows=rows)
+            result = dict(
+                **bench.environment(),
+                suite=suite_name,
+                command=f"python -m tileattn bench --suite {suite_name}",
+                rows=rows,
+            )
             bench.save(result, out, chart=suite_name == "story")
             table = {"story": bench.markdown_table, "overhead": bench.overhead_table, "hf": bench.hf_table}[suite_name]
             print(table(result))
@@ -183,18 +214,26 @@ def cmd_bench(args) -> int:
         versions = [v for v in (args.versions or suite.versions) if v in VERSIONS]
         cases = suite.cases()
         # Narrow a suite (lengths, head dims, dtype, causal) or resize its shapes (batch, heads).
-        cases = [dataclasses.replace(c, B=args.batch or c.B, H=args.heads or c.H) for c in cases
-                 if (not args.seqlen or c.N in args.seqlen) and (not args.headdim or c.D in args.headdim)
-                 and (not args.dtype or c.dtype in args.dtype) and (args.causal is None or c.causal in args.causal)]
+        cases = [
+            dataclasses.replace(c, B=args.batch or c.B, H=args.heads or c.H)
+            for c in cases
+            if (not args.seqlen or c.N in args.seqlen)
+            and (not args.headdim or c.D in args.headdim)
+            and (not args.dtype or c.dtype in args.dtype)
+            and (args.causal is None or c.causal in args.causal)
+        ]
         peers = [] if args.no_peers else list(suite.peers)
-        total = sum(len([v for v in versions if VERSIONS[v].supports(c.dtype, c.D, bench._arch(),
-                                                                      VERSIONS[v].precision)]) + len(peers)
-                    for c in cases)
+        total = sum(
+            len([v for v in versions if VERSIONS[v].supports(c.dtype, c.D, bench._arch(), VERSIONS[v].precision)])
+            + len(peers)
+            for c in cases
+        )
         with tqdm(total=total, desc=f"bench {suite_name}", file=sys.stderr) as bar:
             rows = bench.run(cases, versions, peers, progress=bar.update, flex_seqlens=suite.flex_seqlens)
         bench.add_ratios(rows)
-        result = dict(**bench.environment(), suite=suite_name,
-                      command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows)
+        result = dict(
+            **bench.environment(), suite=suite_name, command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows
+        )
         bench.save(result, out)
         print(bench.markdown_table(result))
         print(f"\nwrote {out} and {out.with_suffix('.png')}\n")
@@ -206,8 +245,10 @@ def _cpu_fallback() -> int:
 
     from .reference import attention_naive, attention_tiled
 
-    print("tileattn bench: no CUDA GPU found, so no kernel can run here.\n"
-          "Running the NumPy reference of the v2 loop nest on a small shape instead (B=1, H=2, N=300, D=64).")
+    print(
+        "tileattn bench: no CUDA GPU found, so no kernel can run here.\n"
+        "Running the NumPy reference of the v2 loop nest on a small shape instead (B=1, H=2, N=300, D=64)."
+    )
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 2, 300, 64)) for _ in range(3))
     for causal in (None, "top_left"):
@@ -231,8 +272,10 @@ def cmd_report(args) -> int:
 
     readme, results = Path(args.readme), Path(args.results)
     if not readme.exists() or not results.is_dir():
-        print(f"tileattn report: needs a checkout of tileattn (no {readme} or {results}/ here); run it from "
-              "the repository's root or pass --readme and --results")
+        print(
+            f"tileattn report: needs a checkout of tileattn (no {readme} or {results}/ here); run it from "
+            "the repository's root or pass --readme and --results"
+        )
         return 1
     docs = [readme, *sorted((readme.parent / "docs").glob("*.md"))]
     data = {path: json.loads(path.read_text()) for path in sorted(results.glob("*.json"))}
@@ -252,16 +295,26 @@ def cmd_report(args) -> int:
                 elif suite == "hf":
                     table = bench.hf_table(result)
                 else:
-                    table = bench.markdown_table(result if not m.group(2) else dict(
-                        result, rows=[r for r in result["rows"] if r["Nq"] == int(m.group(2))]))
+                    table = bench.markdown_table(
+                        result
+                        if not m.group(2)
+                        else dict(result, rows=[r for r in result["rows"] if r["Nq"] == int(m.group(2))])
+                    )
                     if suite == "story":
-                        table += "\n\n" + "\n".join(f"- {line}" for line in bench.story_summary(result["rows"]).splitlines())
-                chart = (f", chart: [{path.stem}.png]({rel}/{path.stem}.png)"
-                         if (path.parent / f"{path.stem}.png").exists() else "")
-                return (f"<!-- results:{path.stem}{m.group(1) or ''} -->\n{table}\n\n"
-                        f"{result['gpu']}, commit {result['commit']}, torch {result['torch']}, {result['date'][:10]}; "
-                        f"`{result['command']}`; all rows: [{path.name}]({rel}/{path.name}){chart}\n"
-                        f"<!-- /results:{path.stem} -->")
+                        table += "\n\n" + "\n".join(
+                            f"- {line}" for line in bench.story_summary(result["rows"]).splitlines()
+                        )
+                chart = (
+                    f", chart: [{path.stem}.png]({rel}/{path.stem}.png)"
+                    if (path.parent / f"{path.stem}.png").exists()
+                    else ""
+                )
+                return (
+                    f"<!-- results:{path.stem}{m.group(1) or ''} -->\n{table}\n\n"
+                    f"{result['gpu']}, commit {result['commit']}, torch {result['torch']}, {result['date'][:10]}; "
+                    f"`{result['command']}`; all rows: [{path.name}]({rel}/{path.name}){chart}\n"
+                    f"<!-- /results:{path.stem} -->"
+                )
 
             text, n = pattern.subn(block, text)
             if n:
@@ -292,16 +345,22 @@ def main(argv=None) -> int:
     k.add_argument("--arch", help="e.g. sm_90a; default: this GPU's")
     k.add_argument("--jobs", type=int, default=None)
     b = sub.add_parser("bench", help="rungs beside PyTorch's attention backends, one suite at a time")
-    b.add_argument("--suite", nargs="+", default=["story"], choices=[*_SPECIAL_SUITES, *_suites()],
-                   help="story (default): the ladder v1 -> fastest rung, FP32 and bf16, beside PyTorch, ~2 min; "
-                   "ladder_fp32: the seed's table; fp32: fast FP32 rungs; mma: fp16/bf16 tensor cores; "
-                   "overhead: host time per call; hf: end-to-end prefill in transformers")
+    b.add_argument(
+        "--suite",
+        nargs="+",
+        default=["story"],
+        choices=[*_SPECIAL_SUITES, *_suites()],
+        help="story (default): the ladder v1 -> fastest rung, FP32 and bf16, beside PyTorch, ~2 min; "
+        "ladder_fp32: the seed's table; fp32: fast FP32 rungs; mma: fp16/bf16 tensor cores; "
+        "overhead: host time per call; hf: end-to-end prefill in transformers",
+    )
     b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help="override the suite's rungs")
     b.add_argument("--seqlen", type=int, nargs="*", help="keep only these lengths of the suite")
     b.add_argument("--headdim", type=int, nargs="*", help="keep only these head dims of the suite")
     b.add_argument("--dtype", nargs="*", choices=["float32", "float16", "bfloat16"], help="keep only these dtypes")
-    b.add_argument("--causal", nargs="*", type=lambda x: x.lower() in ("1", "true", "yes"),
-                   help="keep only these: true / false")
+    b.add_argument(
+        "--causal", nargs="*", type=lambda x: x.lower() in ("1", "true", "yes"), help="keep only these: true / false"
+    )
     b.add_argument("--batch", type=int, help="override the suite's batch size")
     b.add_argument("--heads", type=int, help="override the suite's number of heads")
     b.add_argument("--no-peers", action="store_true")
@@ -318,8 +377,14 @@ def main(argv=None) -> int:
     r.add_argument("--readme", default="README.md")
     r.add_argument("--results", default="bench/results")
     args = p.parse_args(argv)
-    return {"info": cmd_info, "check": cmd_check, "compile": cmd_compile, "bench": cmd_bench, "fuzz": cmd_fuzz,
-            "report": cmd_report}[args.cmd](args)
+    return {
+        "info": cmd_info,
+        "check": cmd_check,
+        "compile": cmd_compile,
+        "bench": cmd_bench,
+        "fuzz": cmd_fuzz,
+        "report": cmd_report,
+    }[args.cmd](args)
 
 
 if __name__ == "__main__":

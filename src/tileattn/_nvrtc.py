@@ -121,14 +121,16 @@ def headers_version() -> str:
     """CUDART_VERSION of the headers kernels compile against, and the wheel that ships them."""
     text = (Path(cuda_include_dir()) / "cuda_runtime_api.h").read_text(errors="replace")
     m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
-    return f"CUDART_VERSION {m.group(1) if m else '?'} (wheel {_dist_version('nvidia-cuda-runtime')}; {cuda_include_dir()})"
+    wheel = _dist_version("nvidia-cuda-runtime")
+    return f"CUDART_VERSION {m.group(1) if m else '?'} (wheel {wheel}; {cuda_include_dir()})"
 
 
 def _program_options(source_file: str, arch: str):
     from cuda.core import ProgramOptions
 
-    return ProgramOptions(arch=arch, std="c++17", ptxas_options=["-v"],
-                          include_path=[str(CSRC), cuda_include_dir()], name=source_file)
+    return ProgramOptions(
+        arch=arch, std="c++17", ptxas_options=["-v"], include_path=[str(CSRC), cuda_include_dir()], name=source_file
+    )
 
 
 def nvrtc_option_list(opts) -> list[str]:
@@ -162,7 +164,7 @@ def include_closure(source_file: str) -> list[Path]:
                     todo.append((base / name).resolve())
                     break
             else:
-                raise CompileError(f"{path.name} includes \"{name}\", which is not in {CSRC}")
+                raise CompileError(f'{path.name} includes "{name}", which is not in {CSRC}')
     return list(seen)
 
 
@@ -170,11 +172,19 @@ def cache_key(source_file: str, name_expression: str, arch: str) -> str:
     import cuda.core
 
     h = hashlib.sha256()
-    parts = [name_expression, arch, *nvrtc_option_list(_program_options(source_file, arch)),
-             nvrtc_full_version(), headers_version(), f"cuda.core {getattr(cuda.core, '__version__', '?')}"]
+    parts = [
+        name_expression,
+        arch,
+        *nvrtc_option_list(_program_options(source_file, arch)),
+        nvrtc_full_version(),
+        headers_version(),
+        f"cuda.core {getattr(cuda.core, '__version__', '?')}",
+    ]
     for path in sorted(include_closure(source_file)):
-        parts += [str(path.relative_to(CSRC.resolve()) if path.is_relative_to(CSRC.resolve()) else path),
-                  hashlib.sha256(path.read_bytes()).hexdigest()]
+        parts += [
+            str(path.relative_to(CSRC.resolve()) if path.is_relative_to(CSRC.resolve()) else path),
+            hashlib.sha256(path.read_bytes()).hexdigest(),
+        ]
     for part in parts:
         h.update(part.encode())
         h.update(b"\0")
@@ -211,8 +221,7 @@ def _distrust(what: str, why: str) -> None:
     """One warning per distrusted path and reason, through `warnings`."""
     if (what, why) not in _warned:
         _warned.add((what, why))
-        warnings.warn(f"tileattn: ignoring kernel cache {what}: {why}; compiling instead", CacheWarning,
-                      stacklevel=4)
+        warnings.warn(f"tileattn: ignoring kernel cache {what}: {why}; compiling instead", CacheWarning, stacklevel=4)
 
 
 def _trusted(path: Path, st: os.stat_result) -> str | None:
@@ -256,8 +265,14 @@ def _read_cached(path: Path) -> Cubin | None:
         data = files[".cubin"]
         if hashlib.sha256(data).hexdigest() != meta["sha256"]:
             return None
-        return Cubin(meta["name_expression"], meta["lowered_name"], meta["arch"], data, meta["log"],
-                     meta.get("compile_seconds", 0.0))
+        return Cubin(
+            meta["name_expression"],
+            meta["lowered_name"],
+            meta["arch"],
+            data,
+            meta["log"],
+            meta.get("compile_seconds", 0.0),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -290,8 +305,9 @@ _memory_cache: dict[str, Cubin] = {}
 _compile_lock = threading.Lock()  # one compile at a time per process; the file lock covers processes
 
 
-def compile_kernel(source_file: str, name_expression: str, arch: str, *, use_cache: bool = True,
-                   announce: bool = True) -> Cubin:
+def compile_kernel(
+    source_file: str, name_expression: str, arch: str, *, use_cache: bool = True, announce: bool = True
+) -> Cubin:
     """Compile one kernel instantiation from ``csrc/<source_file>`` for ``arch`` (e.g. "sm_90a").
 
     Works without a GPU.  Prints a one-line notice on stderr while NVRTC runs (unless announce
@@ -340,8 +356,9 @@ def _compile(source_file: str, name_expression: str, arch: str, announce: bool =
     except Exception as e:  # cuda.core raises a generic error; keep NVRTC's log in ours
         if announce:
             print(" failed", file=sys.stderr)
-        raise CompileError(f"NVRTC failed to compile {name_expression} ({source_file}, {arch}):\n"
-                           f"{''.join(log_lines)}\n{e}") from None
+        raise CompileError(
+            f"NVRTC failed to compile {name_expression} ({source_file}, {arch}):\n{''.join(log_lines)}\n{e}"
+        ) from None
     seconds = time.perf_counter() - t0
     if announce:
         print(f" {seconds:.1f} s", file=sys.stderr)
@@ -467,16 +484,25 @@ def load(cubin: Cubin) -> LoadedKernel:
 def _tma_enums():
     from cuda.bindings import driver
 
-    return (driver.cuuint64_t, driver.cuuint32_t,
-            {"bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-             "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16},
-            {64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 32: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
-             16: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B})
+    return (
+        driver.cuuint64_t,
+        driver.cuuint32_t,
+        {
+            "bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        },
+        {
+            64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            32: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+            16: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
+        },
+    )
 
 
 @functools.lru_cache(maxsize=4096)
-def tensor_map_4d(ptr: int, dtype: str, dims: tuple[int, ...], strides_bytes: tuple[int, ...],
-                  box: tuple[int, int]) -> bytes:
+def tensor_map_4d(
+    ptr: int, dtype: str, dims: tuple[int, ...], strides_bytes: tuple[int, ...], box: tuple[int, int]
+) -> bytes:
     """The 128-byte CUtensorMap (TMA descriptor) of a 4-d 16-bit tensor: dims innermost first
     (columns, rows, heads, batch), strides in bytes of dims 1..3, box = (columns, rows) of one copy
     with 64, 32 or 16 columns, swizzled over 128, 64 or 32 bytes (SwizzledTile's panel layouts),
@@ -487,11 +513,18 @@ def tensor_map_4d(ptr: int, dtype: str, dims: tuple[int, ...], strides_bytes: tu
 
     u64, u32, data_types, swizzles = _tma_enums()
     err, tmap = driver.cuTensorMapEncodeTiled(
-        data_types[dtype], 4, ptr, [u64(d) for d in dims], [u64(s) for s in strides_bytes],
-        [u32(box[0]), u32(box[1]), u32(1), u32(1)], [u32(1)] * 4,
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzles[box[0]],
+        data_types[dtype],
+        4,
+        ptr,
+        [u64(d) for d in dims],
+        [u64(s) for s in strides_bytes],
+        [u32(box[0]), u32(box[1]), u32(1), u32(1)],
+        [u32(1)] * 4,
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        swizzles[box[0]],
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err}) for dims {dims}, strides {strides_bytes}, box {box}")
     return b"".join(int(x).to_bytes(8, "little") for x in tmap.opaque)
@@ -511,9 +544,12 @@ def set_max_dynamic_smem(lk: LoadedKernel, device_index: int, smem: int) -> None
 
     if smem > 48 * 1024 and lk.smem_limit_set.get(device_index, 0) < smem:
         dev = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
-        _check(driver.cuKernelSetAttribute(
-            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem, lk.kernel, dev),
-            f"raising dynamic shared memory to {smem} bytes")
+        _check(
+            driver.cuKernelSetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem, lk.kernel, dev
+            ),
+            f"raising dynamic shared memory to {smem} bytes",
+        )
         lk.smem_limit_set[device_index] = smem
 
 
@@ -562,8 +598,9 @@ class _CurrentContext(threading.local):
 _current = _CurrentContext()
 
 
-def launch(function: int, device_index: int, stream: int, grid_x: int, grid_y: int, block: int, smem: int,
-           params_addr: int) -> None:
+def launch(
+    function: int, device_index: int, stream: int, grid_x: int, grid_y: int, block: int, smem: int, params_addr: int
+) -> None:
     """cuLaunchKernel of a CUkernel (as a CUfunction) with its kernelParams array, on the given
     stream (torch's current one for the inputs' device).  The device's primary context is made
     current for the call only: a thread that had another context current (another device) or none

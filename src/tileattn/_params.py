@@ -16,13 +16,31 @@ import struct
 
 # TILEATTN_FWD_PARAMS, in order, as struct codes: Q = 64-bit address, q = long long, i = int, f = float.
 FWD_ARGS: list[tuple[str, str]] = [
-    ("q", "Q"), ("k", "Q"), ("v", "Q"), ("o", "Q"), ("lse", "Q"), ("workspace", "Q"),
-    ("Nq", "i"), ("Nk", "i"), ("H", "i"), ("h_per_kv", "i"),
-    ("q_sb", "q"), ("q_sh", "q"), ("q_sn", "q"),
-    ("k_sb", "q"), ("k_sh", "q"), ("k_sn", "q"),
-    ("v_sb", "q"), ("v_sh", "q"), ("v_sn", "q"),
-    ("o_sb", "q"), ("o_sh", "q"), ("o_sn", "q"),
-    ("softmax_scale", "f"), ("causal_offset", "i"), ("bh_offset", "i"),
+    ("q", "Q"),
+    ("k", "Q"),
+    ("v", "Q"),
+    ("o", "Q"),
+    ("lse", "Q"),
+    ("workspace", "Q"),
+    ("Nq", "i"),
+    ("Nk", "i"),
+    ("H", "i"),
+    ("h_per_kv", "i"),
+    ("q_sb", "q"),
+    ("q_sh", "q"),
+    ("q_sn", "q"),
+    ("k_sb", "q"),
+    ("k_sh", "q"),
+    ("k_sn", "q"),
+    ("v_sb", "q"),
+    ("v_sh", "q"),
+    ("v_sn", "q"),
+    ("o_sb", "q"),
+    ("o_sh", "q"),
+    ("o_sn", "q"),
+    ("softmax_scale", "f"),
+    ("causal_offset", "i"),
+    ("bh_offset", "i"),
 ]
 TMA_MAPS_BYTES = 6 * 128  # TmaMaps: q, k, v with 64-column boxes, then with the narrow last panel's box
 TMA_ARG = ("tmaps", f"{TMA_MAPS_BYTES}s")
@@ -37,13 +55,13 @@ def arg_codes(tensor_maps: bool) -> list[tuple[str, str]]:
 
 def elf_sections(data: bytes):
     """(name, bytes) of each section of a 64-bit little-endian ELF file (a cubin)."""
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names = headers[shstrndx][4]
     for h in headers:
         end = data.index(b"\0", names + h[0])
-        yield data[names + h[0]:end].decode(), data[h[4]:h[4] + h[5]]
+        yield data[names + h[0] : end].decode(), data[h[4] : h[4] + h[5]]
 
 
 def kernel_params(cubin: bytes, lowered_name: str) -> list[tuple[int, int]]:
@@ -56,7 +74,7 @@ def kernel_params(cubin: bytes, lowered_name: str) -> list[tuple[int, int]]:
         while i + 4 <= len(sec):
             fmt, attr = sec[i], sec[i + 1]
             if fmt == _EIFMT_SVAL:
-                size, = struct.unpack_from("<H", sec, i + 2)
+                (size,) = struct.unpack_from("<H", sec, i + 2)
                 if attr == _EIATTR_KPARAM_INFO:
                     _, ordinal, offset, flags = struct.unpack_from("<IHHI", sec, i + 4)
                     params[ordinal] = (offset, (flags >> 18) & 0x3FFF)
@@ -74,8 +92,10 @@ def packer(cubin: bytes, lowered_name: str, tensor_maps: bool) -> tuple[struct.S
     args = arg_codes(tensor_maps)
     sizes = [struct.calcsize("<" + code) for _, code in args]
     if [s for _, s in layout] != sizes:
-        raise RuntimeError(f"tileattn: the parameters of {lowered_name} are {[s for _, s in layout]} bytes, but the host "
-                           f"packs {sizes} ({[n for n, _ in args]}): csrc and _params.py disagree")
+        raise RuntimeError(
+            f"tileattn: the parameters of {lowered_name} are {[s for _, s in layout]} bytes, but the host "
+            f"packs {sizes} ({[n for n, _ in args]}): csrc and _params.py disagree"
+        )
     fmt, pos = "<", 0
     for (offset, size), (_, code) in zip(layout, args):
         fmt += "x" * (offset - pos) + code

@@ -65,8 +65,19 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, 
     return (out, lse) if return_lse else out
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, version=None, precision=None):
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    *,
+    version=None,
+    precision=None,
+):
     """Attention with ``torch.nn.functional.scaled_dot_product_attention``'s signature and layout.
 
     Args:
@@ -83,17 +94,28 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         O (B, H, Nq, D) in query's dtype.
     """
     if attn_mask is not None:
-        raise NotImplementedError("tileattn.scaled_dot_product_attention: attn_mask is not supported yet (only "
-                                  "None, with is_causal for causal masks); use torch's SDPA for arbitrary masks")
+        raise NotImplementedError(
+            "tileattn.scaled_dot_product_attention: attn_mask is not supported yet (only "
+            "None, with is_causal for causal masks); use torch's SDPA for arbitrary masks"
+        )
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0.0:
-        raise NotImplementedError(f"tileattn.scaled_dot_product_attention: dropout_p must be 0.0 (no dropout yet), "
-                                  f"got {dropout_p!r}")
+        raise NotImplementedError(
+            f"tileattn.scaled_dot_product_attention: dropout_p must be 0.0 (no dropout yet), got {dropout_p!r}"
+        )
     mode = _causal_mode(is_causal, default_true="top_left", arg="is_causal")
-    if not enable_gqa and isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) \
-            and query.dim() == 4 and key.dim() == 4 and query.shape[1] != key.shape[1]:
-        raise ValueError(f"key has {key.shape[1]} heads but query has {query.shape[1]}: pass enable_gqa=True "
-                         f"for grouped-query attention (as torch's SDPA asks); query {tuple(query.shape)}, key "
-                         f"{tuple(key.shape)} (B, H, N, D)")
+    if (
+        not enable_gqa
+        and isinstance(query, torch.Tensor)
+        and isinstance(key, torch.Tensor)
+        and query.dim() == 4
+        and key.dim() == 4
+        and query.shape[1] != key.shape[1]
+    ):
+        raise ValueError(
+            f"key has {key.shape[1]} heads but query has {query.shape[1]}: pass enable_gqa=True "
+            f"for grouped-query attention (as torch's SDPA asks); query {tuple(query.shape)}, key "
+            f"{tuple(key.shape)} (B, H, N, D)"
+        )
     out, _ = _call(query, key, value, scale, mode, "bhnd", version, precision, "scale")
     return out
 
@@ -133,7 +155,8 @@ def _check_no_grad(**tensors):
             f"tileattn has no backward pass yet, but {', '.join(needing)} require{'s' if len(needing) == 1 else ''} "
             "grad: the output would silently carry no gradient.  For inference, call it under "
             "`with torch.no_grad():` (or torch.inference_mode()), or pass tensors detached with .detach(); "
-            "to train, use torch.nn.functional.scaled_dot_product_attention for now.")
+            "to train, use torch.nn.functional.scaled_dot_product_attention for now."
+        )
 
 
 _F32_ROUNDS_TO_INF = 2.0**128 - 2.0**103  # the smallest magnitude float32() rounds to infinity
@@ -143,8 +166,7 @@ def _scale(softmax_scale, arg: str) -> float:
     """The softmax scale as the kernels see it: a float32 that must be finite.  (Plain Python, so
     torch.compile traces it.)"""
     if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"{arg} must be a real number or None, got {type(softmax_scale).__name__} "
-                        f"({softmax_scale!r})")
+        raise TypeError(f"{arg} must be a real number or None, got {type(softmax_scale).__name__} ({softmax_scale!r})")
     value = float(softmax_scale)
     if not (abs(value) < _F32_ROUNDS_TO_INF):  # also catches nan
         raise ValueError(f"{arg} must be finite as a float32 (|scale| < 3.4e38), got {softmax_scale!r}")
@@ -155,8 +177,14 @@ def _call(q, k, v, softmax_scale, mode, layout: str, version, precision, scale_a
     """The public functions' shared tail: checks that need Python objects, then the custom op
     (under torch.compile) or its implementation (eager: no dispatcher round trip)."""
     Tensor = torch.Tensor
-    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-            and q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
+    if not (
+        isinstance(q, Tensor)
+        and isinstance(k, Tensor)
+        and isinstance(v, Tensor)
+        and q.dim() == 4
+        and k.dim() == 4
+        and v.dim() == 4
+    ):
         _check_rank(q=q, k=k, v=v)  # raises, naming the argument
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         _check_no_grad(q=q, k=k, v=v)  # raises
@@ -170,8 +198,16 @@ def _call(q, k, v, softmax_scale, mode, layout: str, version, precision, scale_a
 
 
 @torch.library.custom_op("tileattn::fwd", mutates_args=(), device_types="cuda")
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: int, layout: str,
-            version: str | None, precision: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: int,
+    layout: str,
+    version: str | None,
+    precision: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """tileattn::fwd(q, k, v, softmax_scale, causal, layout, version, precision) -> (O, lse).
     q, k, v in ``layout`` ("bnhd": flash-attn's, "bhnd": SDPA's); causal 0 (none), 1 (top-left),
     2 (bottom-right); O in ``layout``, lse (B, H, Nq) float32."""
@@ -208,14 +244,18 @@ def _validate(q, k, v, version, precision, layout: str):
     if qst[3] != 1 or kst[3] != 1 or vst[3] != 1:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.stride(-1) != 1 and t.shape[-1] > 1:
-                raise ValueError(f"{name} must have a contiguous last (head) dim, stride 1; got stride "
-                                 f"{t.stride(-1)} (strides {t.stride()}): call .contiguous() first")
+                raise ValueError(
+                    f"{name} must have a contiguous last (head) dim, stride 1; got stride "
+                    f"{t.stride(-1)} (strides {t.stride()}): call .contiguous() first"
+                )
     dev = q.device
     if dev.type != _DEVICE_TYPE or k.device != dev or v.device != dev:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.device.type != _DEVICE_TYPE:
-                raise ValueError(f"{name} must be a CUDA tensor, got device '{t.device}'"
-                                 + ("" if torch.cuda.is_available() else " (and no CUDA device is present)"))
+                raise ValueError(
+                    f"{name} must be a CUDA tensor, got device '{t.device}'"
+                    + ("" if torch.cuda.is_available() else " (and no CUDA device is present)")
+                )
             if t.device != dev:
                 raise ValueError(f"{name} is on {t.device} but q is on {dev}; all must share one device")
     return dtype, qsh, qst, ksh, kst, vst
@@ -231,29 +271,33 @@ def _shape_error(q, k, v, layout: str):
     q, k, v = _heads_view(q, k, v, layout)  # (B, H, N, D) views to index
     for t in (q, k, v):  # the messages show each tensor as the caller passed it
         originals[id(t)] = tuple(t.transpose(1, 2).shape) if layout == "bnhd" else tuple(t.shape)
-    shown = lambda t: originals[id(t)]  # noqa: E731
+    shown = lambda t: originals[id(t)]
     B, H, Nq, D = q.shape
     for name, t in (("k", k), ("v", v)):  # each against q first, then v against k
         if t.shape[0] != B:
-            raise ValueError(f"{name} must have q's batch size B={B}, got {t.shape[0]}: q {shown(q)}, "
-                             f"{name} {shown(t)} {legend}")
+            raise ValueError(
+                f"{name} must have q's batch size B={B}, got {t.shape[0]}: q {shown(q)}, {name} {shown(t)} {legend}"
+            )
         if t.shape[-1] != D:
-            raise ValueError(f"{name} must have q's head dim D={D}, got {t.shape[-1]}: q {shown(q)}, "
-                             f"{name} {shown(t)} {legend}")
+            raise ValueError(
+                f"{name} must have q's head dim D={D}, got {t.shape[-1]}: q {shown(q)}, {name} {shown(t)} {legend}"
+            )
     if k.shape != v.shape:
         raise ValueError(f"v must have k's shape {shown(k)}, got {shown(v)} {legend}")
     H_kv = k.shape[1]
     if H_kv == 0 or H % H_kv != 0:
-        raise ValueError(f"q's number of heads H={H} must be a multiple of k/v's, got {H_kv}: q {shown(q)}, "
-                         f"k {shown(k)} {legend}")
+        raise ValueError(
+            f"q's number of heads H={H} must be a multiple of k/v's, got {H_kv}: q {shown(q)}, k {shown(k)} {legend}"
+        )
     for name, t in (("q", q), ("k", k)):
         if t.shape[2] > _INT32_MAX:
-            raise ValueError(f"{name}'s sequence length must be below 2^31, got {t.shape[2]}: {name} "
-                             f"{shown(t)} {legend}")
+            raise ValueError(
+                f"{name}'s sequence length must be below 2^31, got {t.shape[2]}: {name} {shown(t)} {legend}"
+            )
     raise AssertionError("unreachable: no shape error found")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _static_checks(dtype: str, D: int, version, precision) -> None:
     """The checks that depend on nothing but (dtype, head dim, version, precision): run once per
     combination that passes (an exception is not cached, so a bad call raises every time)."""
@@ -276,11 +320,14 @@ def _static_checks(dtype: str, D: int, version, precision) -> None:
         if D not in entry.tiles:
             raise ValueError(f"version {version!r} supports head dims {list(entry.head_dims)}, got {D}")
         if entry.precision == "tf32" and precision != "tf32":
-            raise ValueError(f"version {version!r} computes with TF32 products (~1e-3 error); "
-                             "pass precision='tf32' to opt in")
+            raise ValueError(
+                f"version {version!r} computes with TF32 products (~1e-3 error); pass precision='tf32' to opt in"
+            )
         if entry.precision == "fp32" and precision == "tf32":
-            raise ValueError(f"version {version!r} computes at FP32 precision; precision='tf32' asks for a "
-                             "TF32 rung: leave version=None or name one")
+            raise ValueError(
+                f"version {version!r} computes at FP32 precision; precision='tf32' asks for a "
+                "TF32 rung: leave version=None or name one"
+            )
 
 
 def panel_widths(head_dim: int) -> list[int]:
@@ -301,10 +348,17 @@ def _tensor_maps(q_ptr, k_ptr, v_ptr, q_layout, k_layout, v_layout, dtype: str, 
     on; they travel by value in the launch's parameters, nothing lives on the device."""
     widths = panel_widths(q_layout[0][-1])
     maps = []
-    for w in (widths if len(widths) == 2 else widths * 2):  # narrow maps at index 3..5 (a copy if unused)
+    for w in widths if len(widths) == 2 else widths * 2:  # narrow maps at index 3..5 (a copy if unused)
         for ptr, (shape, stride), rows in ((q_ptr, q_layout, Br), (k_ptr, k_layout, Bc), (v_ptr, v_layout, Bc)):
-            maps.append(_nvrtc.tensor_map_4d(ptr, dtype, dims=tuple(reversed(shape)),
-                                             strides_bytes=tuple(s * esize for s in reversed(stride[:3])), box=(w, rows)))
+            maps.append(
+                _nvrtc.tensor_map_4d(
+                    ptr,
+                    dtype,
+                    dims=tuple(reversed(shape)),
+                    strides_bytes=tuple(s * esize for s in reversed(stride[:3])),
+                    box=(w, rows),
+                )
+            )
     return b"".join(maps)
 
 
@@ -346,17 +400,30 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
     smem = entry.smem(D, arch_num)
     limit = _nvrtc.max_dynamic_smem(device_index)
     if smem > limit:
-        raise ValueError(f"version {entry.name!r} at head dim {D} needs {smem} bytes of shared memory; "
-                         f"this GPU allows {limit}")
+        raise ValueError(
+            f"version {entry.name!r} at head dim {D} needs {smem} bytes of shared memory; this GPU allows {limit}"
+        )
     arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
     cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal, arch_num), arch)
     lk = _nvrtc.load(cubin)
     _nvrtc.set_max_dynamic_smem(lk, device_index, smem)
     Br, Bc = entry.tile(D, arch_num)
     layout, offsets = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps)
-    return Plan(entry, dtype, device_index, lk.function, Br, Bc, entry.threads(D, arch_num), smem,
-                entry.grid_style == "per_head", entry.workspace_per_row, entry.tensor_maps, layout.pack_into,
-                _nvrtc.ParamBuffer(layout.size, offsets))
+    return Plan(
+        entry,
+        dtype,
+        device_index,
+        lk.function,
+        Br,
+        Bc,
+        entry.threads(D, arch_num),
+        smem,
+        entry.grid_style == "per_head",
+        entry.workspace_per_row,
+        entry.tensor_maps,
+        layout.pack_into,
+        _nvrtc.ParamBuffer(layout.size, offsets),
+    )
 
 
 def _dispatch(version, dtype: str, head_dim: int, device_index: int, precision: str | None) -> Version:
@@ -366,9 +433,11 @@ def _dispatch(version, dtype: str, head_dim: int, device_index: int, precision: 
         entry = select(dtype, head_dim, arch, precision)
         if entry is None:
             alternatives = sorted({v.name for v in VERSIONS.values() if dtype in v.dtypes})
-            raise ValueError(f"no rung takes {dtype} at head dim {head_dim} on sm_{arch}"
-                             f"{f' with precision={precision!r}' if precision else ''}; rungs for {dtype}: "
-                             f"{alternatives} (see tileattn.VERSIONS for the archs each runs on)")
+            raise ValueError(
+                f"no rung takes {dtype} at head dim {head_dim} on sm_{arch}"
+                f"{f' with precision={precision!r}' if precision else ''}; rungs for {dtype}: "
+                f"{alternatives} (see tileattn.VERSIONS for the archs each runs on)"
+            )
         return entry
     entry = VERSIONS[version]
     if not entry.runs_on(arch):
@@ -423,8 +492,10 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
     q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
     # (elems is a power of two: the OR of the strides is a multiple of it iff each stride is.)
     if (q_ptr | k_ptr | v_ptr) % 16 or (qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) % elems:
-        q, k, v = (t if t.data_ptr() % 16 == 0 and all(s % elems == 0 for s in _bhnd(t, layout)[1][:3])
-                   else t.contiguous() for t in (q, k, v))
+        q, k, v = (
+            t if t.data_ptr() % 16 == 0 and all(s % elems == 0 for s in _bhnd(t, layout)[1][:3]) else t.contiguous()
+            for t in (q, k, v)
+        )
         qs, ks, vs = _bhnd(q, layout)[1], _bhnd(k, layout)[1], _bhnd(v, layout)[1]
         q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
 
@@ -436,12 +507,48 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
 
     # The arguments in _params.FWD_ARGS order (TILEATTN_FWD_PARAMS), then the TMA maps.
     offset = 0 if causal != "bottom_right" else Nk - Nq  # query i sees key j iff j <= i + offset
-    args = [q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr(), workspace, Nq, Nk, H, H // H_kv,
-            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
-            softmax_scale, offset, 0]
+    args = [
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        out.data_ptr(),
+        lse.data_ptr(),
+        workspace,
+        Nq,
+        Nk,
+        H,
+        H // H_kv,
+        qs[0],
+        qs[1],
+        qs[2],
+        ks[0],
+        ks[1],
+        ks[2],
+        vs[0],
+        vs[1],
+        vs[2],
+        os_[0],
+        os_[1],
+        os_[2],
+        softmax_scale,
+        offset,
+        0,
+    ]
     if plan.tensor_maps:
-        args.append(_tensor_maps(q_ptr, k_ptr, v_ptr, ((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks),
-                                 ((B, H_kv, Nk, D), vs), dtype, q.element_size(), plan.Br, plan.Bc))
+        args.append(
+            _tensor_maps(
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                ((B, H, Nq, D), qs),
+                ((B, H_kv, Nk, D), ks),
+                ((B, H_kv, Nk, D), vs),
+                dtype,
+                q.element_size(),
+                plan.Br,
+                plan.Bc,
+            )
+        )
 
     # Launch on torch's current stream of the inputs' device.
     stream = _current_stream(device.index)
@@ -455,8 +562,16 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
         for bh_offset in range(0, BH, _GRID_Y_MAX):
             args[_BH_OFFSET] = bh_offset
             plan.pack(buf.buf, 0, *args)
-            _nvrtc.launch(plan.function, plan.device_index, stream, Tr, min(_GRID_Y_MAX, BH - bh_offset),
-                          plan.threads, plan.smem, buf.params_addr)
+            _nvrtc.launch(
+                plan.function,
+                plan.device_index,
+                stream,
+                Tr,
+                min(_GRID_Y_MAX, BH - bh_offset),
+                plan.threads,
+                plan.smem,
+                buf.params_addr,
+            )
     return out, lse
 
 
@@ -470,8 +585,9 @@ def _current_stream(device_index: int) -> int:
     return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _attention(q, k, v, softmax_scale, causal: str | None, version, *, out_layout: str, precision=None, out=None,
-               lse=None):
+def _attention(
+    q, k, v, softmax_scale, causal: str | None, version, *, out_layout: str, precision=None, out=None, lse=None
+):
     """(B, H, N, D) views in, O in ``out_layout``: the harness's entry (testing.run_case)."""
     if out_layout == "bnhd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

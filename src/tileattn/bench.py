@@ -59,16 +59,27 @@ class Suite:
 
 SUITES = {
     # The seed's table: its ladder at B=4, H=8, N=8192, D=64, FP32.
-    "ladder_fp32": Suite(("v1", "v1_br48", "v1.1", "v2"), ((4, 8, 8192, 64),), ("float32",),
-                         ("sdpa_efficient", "sdpa_math", "flex_attention")),
+    "ladder_fp32": Suite(
+        ("v1", "v1_br48", "v1.1", "v2"),
+        ((4, 8, 8192, 64),),
+        ("float32",),
+        ("sdpa_efficient", "sdpa_math", "flex_attention"),
+    ),
     # The fast FP32 rungs across head dims and lengths (B*N = 32768 tokens).
-    "fp32": Suite(("v2", "v2.1", "v2.2", "v2.2_tf32", "v2.3", "v2.3_tf32"),
-                  ((4, 8, 8192, 64), (4, 8, 8192, 32), (4, 8, 8192, 128), (32, 8, 1024, 64), (1, 8, 32768, 64)),
-                  ("float32",), ("sdpa_efficient", "sdpa_math", "flex_attention")),
+    "fp32": Suite(
+        ("v2", "v2.1", "v2.2", "v2.2_tf32", "v2.3", "v2.3_tf32"),
+        ((4, 8, 8192, 64), (4, 8, 8192, 32), (4, 8, 8192, 128), (32, 8, 1024, 64), (1, 8, 32768, 64)),
+        ("float32",),
+        ("sdpa_efficient", "sdpa_math", "flex_attention"),
+    ),
     # Tensor-core fp16/bf16: H=16, B*N = 32768.
-    "mma": Suite(("v3", "v3.1", "v3.2", "v3.3"), tuple((32768 // N, 16, N, D) for D in (64, 128) for N in (1024, 4096, 8192, 32768)),
-                 ("bfloat16", "float16"), ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex_attention"),
-                 flex_seqlens=(8192,)),
+    "mma": Suite(
+        ("v3", "v3.1", "v3.2", "v3.3"),
+        tuple((32768 // N, 16, N, D) for D in (64, 128) for N in (1024, 4096, 8192, 32768)),
+        ("bfloat16", "float16"),
+        ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex_attention"),
+        flex_seqlens=(8192,),
+    ),
 }
 
 
@@ -122,8 +133,9 @@ def run(cases: list[Case], versions: list[str], peers: list[str], progress=None,
     for case in cases:
         dt = _DTYPE[case.dtype]
         gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(case.B, case.H, case.N, case.D, device="cuda", dtype=dt, generator=gen)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(case.B, case.H, case.N, case.D, device="cuda", dtype=dt, generator=gen) for _ in range(3)
+        )
         base = dict(B=case.B, H=case.H, Nq=case.N, Nk=case.N, D=case.D, dtype=case.dtype, causal=case.causal)
         for name in versions:
             entry = VERSIONS[name]
@@ -131,15 +143,30 @@ def run(cases: list[Case], versions: list[str], peers: list[str], progress=None,
                 continue
             t0 = time.perf_counter()
             precision = "tf32" if entry.precision == "tf32" else None
-            fn = lambda: api.scaled_dot_product_attention(q, k, v, is_causal=case.causal, version=name,  # noqa: E731
-                                                          precision=precision)
+            fn = lambda q=q, k=k, v=v: api.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=case.causal,
+                version=name,
+                precision=precision,
+            )
             out = fn()
             torch.cuda.synchronize()
             first_call_s = time.perf_counter() - t0
             err = rel_err(out, q, k, v, case.causal)
             ms = _time(fn)
-            rows.append(dict(impl=name, kind=entry.kind, **base, ms=ms, tflops=case.flops / ms / 1e9,
-                             rel_err=err, compile_s=_compile_seconds(name, case)))
+            rows.append(
+                dict(
+                    impl=name,
+                    kind=entry.kind,
+                    **base,
+                    ms=ms,
+                    tflops=case.flops / ms / 1e9,
+                    rel_err=err,
+                    compile_s=_compile_seconds(name, case),
+                )
+            )
             rows[-1]["first_call_s"] = first_call_s
             if progress:
                 progress()
@@ -171,8 +198,11 @@ def _arch() -> int:
 def _compile_seconds(name: str, case: Case) -> float | None:
     entry = VERSIONS[name]
     cc = torch.cuda.get_device_capability()
-    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(case.dtype, case.D, case.causal, cc[0] * 10 + cc[1]),
-                                  _nvrtc.arch_string(cc, arch_specific=entry.arch_specific))
+    cubin = _nvrtc.compile_kernel(
+        entry.file,
+        entry.name_expression(case.dtype, case.D, case.causal, cc[0] * 10 + cc[1]),
+        _nvrtc.arch_string(cc, arch_specific=entry.arch_specific),
+    )
     return cubin.compile_seconds
 
 
@@ -185,9 +215,16 @@ def environment() -> dict:
         commit, dirty = _git_state()
     import triton
 
-    return dict(gpu=torch.cuda.get_device_name(), commit=commit, dirty=dirty, torch=torch.__version__,
-                triton=triton.__version__, cuda=torch.version.cuda, nvrtc=_nvrtc.nvrtc_version(),
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    return dict(
+        gpu=torch.cuda.get_device_name(),
+        commit=commit,
+        dirty=dirty,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        nvrtc=_nvrtc.nvrtc_version(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
 
 
 def _git_state() -> tuple[str | None, bool]:
@@ -200,10 +237,17 @@ def _git_state() -> tuple[str | None, bool]:
 
         return f"tileattn {__version__} (installed)", False
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=root).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                    text=True, cwd=root).stdout.strip())
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root
+            ).stdout.strip()
+            or None
+        )
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=root
+            ).stdout.strip()
+        )
     except OSError:
         commit, dirty = None, False
     return commit, dirty
@@ -245,9 +289,21 @@ def _chart(result: dict, path: Path) -> None:
 
     rows = [r for r in result["rows"] if r.get("tflops")]
     shapes = sorted({(r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]) for r in rows})
-    fig, axes = plt.subplots(len(shapes), 1, figsize=(9, 1.2 + 0.45 * max(len([r for r in rows if
-                             (r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]) == s]) for s in shapes)
-                             * len(shapes)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(shapes),
+        1,
+        figsize=(
+            9,
+            1.2
+            + 0.45
+            * max(
+                len([r for r in rows if (r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]) == s])
+                for s in shapes
+            )
+            * len(shapes),
+        ),
+        squeeze=False,
+    )
     for ax, s in zip(axes[:, 0], shapes):
         group = [r for r in rows if (r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]) == s]
         names = [r["impl"] for r in group]
@@ -270,18 +326,25 @@ def _chart(result: dict, path: Path) -> None:
 
 def markdown_table(result: dict) -> str:
     """The README's table, generated from a results JSON."""
-    lines = ["| impl | B | H | N | D | dtype | causal | ms | TFLOP/s | % of ceiling | speed-up vs previous rung (same precision) "
-             "| rel. err | cold compile s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| impl | B | H | N | D | dtype | causal | ms | TFLOP/s | % of ceiling "
+        "| speed-up vs previous rung (same precision) | rel. err | cold compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         if r.get("ms") is None:
             continue
-        lines.append("| {impl} | {B} | {H} | {Nq} | {D} | {dtype} | {c} | {ms:.2f} | {tflops:.3g} | {peak:.2g}% | {su} "
-                     "| {err} | {cs} |".format(
-                         **r, c="yes" if r["causal"] else "no", peak=100 * r["tflops"] / CEILING_TFLOPS[r["dtype"]],
-                         su=f"{r['speedup_vs_prev']:.2f}x" if "speedup_vs_prev" in r else "",
-                         err=f"{r['rel_err']:.1e}" if "rel_err" in r else "",
-                         cs=f"{r['compile_s']:.1f}" if r.get("compile_s") else ""))
+        lines.append(
+            "| {impl} | {B} | {H} | {Nq} | {D} | {dtype} | {c} | {ms:.2f} | {tflops:.3g} | {peak:.2g}% | {su} "
+            "| {err} | {cs} |".format(
+                **r,
+                c="yes" if r["causal"] else "no",
+                peak=100 * r["tflops"] / CEILING_TFLOPS[r["dtype"]],
+                su=f"{r['speedup_vs_prev']:.2f}x" if "speedup_vs_prev" in r else "",
+                err=f"{r['rel_err']:.1e}" if "rel_err" in r else "",
+                cs=f"{r['compile_s']:.1f}" if r.get("compile_s") else "",
+            )
+        )
     return "\n".join(lines)
 
 
@@ -293,7 +356,9 @@ def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
     shapes = list(dict.fromkeys((r["dtype"], r["D"], r["Nq"], r["B"], r["causal"]) for r in result["rows"]))
     tflops = {(r["impl"], r["dtype"], r["D"], r["Nq"], r["B"], r["causal"]): r.get("tflops") for r in result["rows"]}
     pairs = [(i, peers[0]) for i in rungs] + [(rungs[-1], p) for p in peers[1:]]
-    head = ["dtype", "D", "N", "B", "causal"] + [f"{i} TFLOP/s" for i in rungs + peers] + [f"{i} / {p}" for i, p in pairs]
+    head = (
+        ["dtype", "D", "N", "B", "causal"] + [f"{i} TFLOP/s" for i in rungs + peers] + [f"{i} / {p}" for i, p in pairs]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape in shapes:
         cells = [shape[0], shape[1], shape[2], shape[3], "yes" if shape[4] else "no"]
@@ -323,13 +388,15 @@ def overhead(calls: int = 3000, repeats: int = 5) -> list[dict]:
         q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=_DTYPE[dtype]) for _ in range(3))
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         fns = {
-            "tileattn.flash_attn_func": lambda: api.flash_attn_func(q, k, v, causal=causal),  # noqa: E731
-            "tileattn.scaled_dot_product_attention": lambda: api.scaled_dot_product_attention(qt, kt, vt, is_causal=causal),  # noqa: E731
-            "torch.add_": lambda: q.add_(0),  # noqa: E731
+            "tileattn.flash_attn_func": lambda: api.flash_attn_func(q, k, v, causal=causal),
+            "tileattn.scaled_dot_product_attention": lambda: api.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=causal
+            ),
+            "torch.add_": lambda: q.add_(0),
         }
         backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
         for name in backends:
-            fns[name] = lambda: sdpa(qt, kt, vt, is_causal=causal)  # noqa: E731
+            fns[name] = lambda: sdpa(qt, kt, vt, is_causal=causal)
         with torch.no_grad():
             for name, fn in fns.items():
                 # The backend is chosen once, outside the timed loop (as a model would run).
@@ -349,11 +416,34 @@ def overhead(calls: int = 3000, repeats: int = 5) -> list[dict]:
                     us = sorted(times)[len(times) // 2]
                     # GPU time per call (device events), to show the loop is bound by the host.
                     gpu_us = _time(fn) * 1e3
-                    rows.append(dict(impl=name, B=B, H=H, N=N, D=D, dtype=dtype, causal=causal, us_per_call=us,
-                                     gpu_us=gpu_us, calls=calls))
+                    rows.append(
+                        dict(
+                            impl=name,
+                            B=B,
+                            H=H,
+                            N=N,
+                            D=D,
+                            dtype=dtype,
+                            causal=causal,
+                            us_per_call=us,
+                            gpu_us=gpu_us,
+                            calls=calls,
+                        )
+                    )
                 except Exception as e:
-                    rows.append(dict(impl=name, B=B, H=H, N=N, D=D, dtype=dtype, causal=causal, us_per_call=None,
-                                     error=f"{type(e).__name__}: {e}"[:200]))
+                    rows.append(
+                        dict(
+                            impl=name,
+                            B=B,
+                            H=H,
+                            N=N,
+                            D=D,
+                            dtype=dtype,
+                            causal=causal,
+                            us_per_call=None,
+                            error=f"{type(e).__name__}: {e}"[:200],
+                        )
+                    )
                 finally:
                     pick.__exit__(None, None, None)
     return rows
@@ -382,8 +472,16 @@ def hf_prefill(shapes=HF_SHAPES, layers: int = 16) -> list[dict]:
     from .integrations import transformers as hf
 
     hf.register()
-    config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=64, vocab_size=32000, max_position_embeddings=32768)
+    config = LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=32000,
+        max_position_embeddings=32768,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
     rows = []
@@ -393,7 +491,7 @@ def hf_prefill(shapes=HF_SHAPES, layers: int = 16) -> list[dict]:
         for impl in ("sdpa", "tileattn"):
             model.set_attn_implementation(impl)
             with torch.no_grad():
-                fn = lambda: model(input_ids=ids, logits_to_keep=1).logits  # noqa: E731
+                fn = lambda ids=ids: model(input_ids=ids, logits_to_keep=1).logits
                 logits[impl] = fn().float()
                 ms = _time(fn)
             rows.append(dict(impl=impl, B=B, N=N, ms=ms, tokens_per_s=B * N / ms * 1e3))
@@ -406,11 +504,16 @@ def hf_prefill(shapes=HF_SHAPES, layers: int = 16) -> list[dict]:
 
 
 def hf_table(result: dict) -> str:
-    lines = ["| B | N | sdpa ms | tileattn ms | tileattn / sdpa (speed) | max abs logit diff |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| B | N | sdpa ms | tileattn ms | tileattn / sdpa (speed) | max abs logit diff |",
+        "|---|---|---|---|---|---|",
+    ]
     rows = result["rows"]
     for a, b in zip(rows[::2], rows[1::2]):
-        lines.append(f"| {a['B']} | {a['N']} | {a['ms']:.2f} | {b['ms']:.2f} | {b['vs_sdpa']:.3f}x | "
-                     f"{b['max_abs_logit_diff_vs_sdpa']:.3f} |")
+        lines.append(
+            f"| {a['B']} | {a['N']} | {a['ms']:.2f} | {b['ms']:.2f} | {b['vs_sdpa']:.3f}x | "
+            f"{b['max_abs_logit_diff_vs_sdpa']:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -421,8 +524,11 @@ def hf_table(result: dict) -> str:
 STORY = (
     (("v1", "v1_br48", "v1.1"), ("sdpa_efficient", "sdpa_math"), Case(4, 8, 1024, 64, "float32", False)),
     (("v2", "v2.1", "v2.2", "v2.3"), ("sdpa_efficient",), Case(4, 8, 8192, 64, "float32", False)),
-    (("v3", "v3.1", "v3.2", "v3.3"), ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"),
-     Case(4, 16, 8192, 128, "bfloat16", False)),
+    (
+        ("v3", "v3.1", "v3.2", "v3.3"),
+        ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"),
+        Case(4, 16, 8192, 128, "bfloat16", False),
+    ),
 )
 
 
@@ -446,13 +552,17 @@ def story_summary(rows: list[dict]) -> str:
         peers = [r for r in group if "kind" not in r]
         if rungs and peers:
             best, peer = max(rungs, key=lambda r: r["tflops"]), max(peers, key=lambda r: r["tflops"])
-            lines.append(f"{dtype}: {best['impl']} {best['tflops']:.0f} TFLOP/s, {best['tflops'] / peer['tflops']:.2f}x "
-                         f"the fastest PyTorch backend ({peer['impl']}, {peer['tflops']:.0f} TFLOP/s), "
-                         f"D={best['D']}, N={best['Nq']}")
+            lines.append(
+                f"{dtype}: {best['impl']} {best['tflops']:.0f} TFLOP/s, {best['tflops'] / peer['tflops']:.2f}x "
+                f"the fastest PyTorch backend ({peer['impl']}, {peer['tflops']:.0f} TFLOP/s), "
+                f"D={best['D']}, N={best['Nq']}"
+            )
     rungs = [r for r in rows if "kind" in r and r.get("tflops")]
     if rungs:
         first = next(r for r in rungs if r["impl"] == rungs[0]["impl"])
         best = max(rungs, key=lambda r: r["tflops"])
-        lines.append(f"ladder: {first['impl']} {first['tflops']:.2f} TFLOP/s (FP32, N={first['Nq']}) -> {best['impl']} "
-                     f"{best['tflops']:.0f} TFLOP/s ({best['dtype']}): {best['tflops'] / first['tflops']:.0f}x")
+        lines.append(
+            f"ladder: {first['impl']} {first['tflops']:.2f} TFLOP/s (FP32, N={first['Nq']}) -> {best['impl']} "
+            f"{best['tflops']:.0f} TFLOP/s ({best['dtype']}): {best['tflops'] / first['tflops']:.0f}x"
+        )
     return "\n".join(lines)

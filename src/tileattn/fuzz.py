@@ -75,8 +75,7 @@ def check_cpu(case: Case, seed: int) -> dict:
     err = float(np.linalg.norm(O_t - O) / max(np.linalg.norm(O), 1e-30))
     finite = np.isfinite(lse)
     lse_err = float(np.abs(lse_t[finite] - lse[finite]).max()) if finite.any() else 0.0
-    ok = (err <= 1e-5 and lse_err <= 1e-4 and not np.isnan(O_t).any()
-          and bool((np.isinf(lse_t) == ~finite).all()))
+    ok = err <= 1e-5 and lse_err <= 1e-4 and not np.isnan(O_t).any() and bool((np.isinf(lse_t) == ~finite).all())
     return dict(rel_err=err, lse_err=lse_err, ok=ok)
 
 
@@ -90,8 +89,16 @@ def check_gpu(case: Case, seed: int) -> dict:
     return dict(rel_err=res["rel_err"], lse_err=res["lse_err"], tolerance=tolerance(case, res), ok=passed(case, res))
 
 
-def run(n_cases: int, seed: int, versions: list[str], *, device: str, progress=None,
-        time_limit_s: float | None = None, max_len: int | None = None) -> dict:
+def run(
+    n_cases: int,
+    seed: int,
+    versions: list[str],
+    *,
+    device: str,
+    progress=None,
+    time_limit_s: float | None = None,
+    max_len: int | None = None,
+) -> dict:
     """Draw n_cases cases (derandomised by seed) and check each; returns a summary with every
     failure.  device: "cpu" (the NumPy loop nest) or "cuda" (the kernels)."""
     check = check_gpu if device == "cuda" else check_cpu
@@ -99,8 +106,13 @@ def run(n_cases: int, seed: int, versions: list[str], *, device: str, progress=N
     t0 = time.time()
 
     @hypothesis_seed(seed)  # the same seed draws the same cases
-    @settings(max_examples=n_cases, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n_cases,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=cases(versions, max_len), case_seed=st.integers(0, 2**32 - 1))
     def one(case, case_seed):
         if time_limit_s is not None and time.time() - t0 > time_limit_s:
@@ -123,8 +135,16 @@ def run(n_cases: int, seed: int, versions: list[str], *, device: str, progress=N
         if "rel_err" in r and math.isfinite(r["rel_err"]):
             v = r["case"]["version"]
             worst[v] = max(worst.get(v, 0.0), r["rel_err"])
-    return dict(device=device, seed=seed, cases=len(results), failed=len(failures), seconds=round(time.time() - t0, 1),
-                cases_per_version=by_version, worst_rel_err_per_version=worst, failures=failures[:200])
+    return dict(
+        device=device,
+        seed=seed,
+        cases=len(results),
+        failed=len(failures),
+        seconds=round(time.time() - t0, 1),
+        cases_per_version=by_version,
+        worst_rel_err_per_version=worst,
+        failures=failures[:200],
+    )
 
 
 def save(summary: dict, path) -> None:

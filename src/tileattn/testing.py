@@ -74,9 +74,11 @@ class Case:
 
     def label(self) -> str:
         nk = self.Nk if self.Nk is not None else self.Nq
-        return (f"{self.version} B={self.B} H={self.H}{'/' + str(self.H_kv) if self.H_kv else ''} "
-                f"Nq={self.Nq} Nk={nk} D={self.D} {self.dtype} {self.causal or 'full'} {self.layout}"
-                f"{' strided' if self.noncontiguous else ''}{'' if self.scale is None else f' scale={self.scale}'}")
+        return (
+            f"{self.version} B={self.B} H={self.H}{'/' + str(self.H_kv) if self.H_kv else ''} "
+            f"Nq={self.Nq} Nk={nk} D={self.D} {self.dtype} {self.causal or 'full'} {self.layout}"
+            f"{' strided' if self.noncontiguous else ''}{'' if self.scale is None else f' scale={self.scale}'}"
+        )
 
 
 def reference(q, k, v, softmax_scale: float, causal: str | None):
@@ -127,8 +129,9 @@ def run_case(case: Case, generator: torch.Generator | None = None) -> dict:
     lse = torch.full((B, H, Nq), math.nan, dtype=torch.float32, device="cuda")
     inputs_before = [t.clone() for t in (q, k, v)]
     precision = "tf32" if VERSIONS[case.version].precision == "tf32" else None
-    o, lse = api._attention(q, k, v, case.scale, case.causal, case.version, out_layout=case.layout, precision=precision,
-                            out=out, lse=lse)
+    o, lse = api._attention(
+        q, k, v, case.scale, case.causal, case.version, out_layout=case.layout, precision=precision, out=out, lse=lse
+    )
     torch.cuda.synchronize()
     o = o.transpose(1, 2) if case.layout == "bnhd" else o
     ref_o, ref_lse = reference(q, k, v, scale, case.causal)
@@ -147,9 +150,13 @@ def run_case(case: Case, generator: torch.Generator | None = None) -> dict:
 
 
 def passed(case: Case, result: dict) -> bool:
-    return (not result["nan"] and result["rel_err"] <= tolerance(case, result)
-            and result["lse_err"] <= lse_tolerance(case)
-            and result["lse_inf_ok"] and result["inputs_unchanged"])
+    return (
+        not result["nan"]
+        and result["rel_err"] <= tolerance(case, result)
+        and result["lse_err"] <= lse_tolerance(case)
+        and result["lse_inf_ok"]
+        and result["inputs_unchanged"]
+    )
 
 
 def check_cases(versions) -> list[Case]:

@@ -8,7 +8,8 @@ argument list of ``csrc/common.cuh`` (TILEATTN_FWD_PARAMS).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 Kind = Literal["simt", "tensor_fp32", "mma"]
 # What a rung computes at: "fp32" (FP32-level error, the default for FP32 inputs), "tf32" (one
@@ -62,8 +63,9 @@ class Version:
         return self.min_arch <= arch and (self.max_arch is None or arch <= self.max_arch)
 
     def arch_range(self) -> str:
-        return f"sm_{self.min_arch}" + ("+" if self.max_arch is None else "" if self.max_arch == self.min_arch
-                                         else f"-sm_{self.max_arch}")
+        return f"sm_{self.min_arch}" + (
+            "+" if self.max_arch is None else "" if self.max_arch == self.min_arch else f"-sm_{self.max_arch}"
+        )
 
     def is_arch_tile(self, head_dim: int, arch: int | None) -> bool:
         return self.tile(head_dim, arch) != self.tiles[head_dim]
@@ -81,8 +83,12 @@ class Version:
     def supports(self, dtype: str, head_dim: int, arch: int, precision: str | None = None) -> bool:
         """precision None means the default: FP32-level accuracy for FP32 inputs."""
         wanted = precision or ("fp32" if dtype == "float32" else "native")
-        return (dtype in self.dtypes and head_dim in self.tiles and self.runs_on(arch)
-                and (self.precision == wanted or self.precision == "native"))
+        return (
+            dtype in self.dtypes
+            and head_dim in self.tiles
+            and self.runs_on(arch)
+            and (self.precision == wanted or self.precision == "native")
+        )
 
 
 def arch_number(arch: str) -> int:
@@ -140,9 +146,11 @@ _V2_2_TF32 = dataclasses.replace(
 def _v2_3_smem(split: bool) -> Callable[[int, int, int], int]:
     """Mirrors v2_3_smem_bytes() / v2_3_stages() in v2_3_wgmma_tf32x3.cu: Q, and per stage K and V^T,
     as hi and lo tiles (3xTF32) or one (TF32), two stages where they fit in 227 KB, and the mbarriers."""
+
     def smem(D: int, Br: int, Bc: int) -> int:
-        size = lambda stages: (2 if split else 1) * (Br * D + stages * 2 * Bc * D) * _F32 + (1 + 4 * stages) * 8  # noqa: E731
+        size = lambda stages: (2 if split else 1) * (Br * D + stages * 2 * Bc * D) * _F32 + (1 + 4 * stages) * 8
         return size(2) if size(2) <= 227 * 1024 else size(1)
+
     return smem
 
 

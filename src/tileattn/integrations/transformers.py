@@ -45,8 +45,9 @@ def _fallback(reason: str, module, query, key, value, attention_mask, **kwargs):
 
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"tileattn: {reason}; this call (and the ones like it) runs transformers' SDPA attention",
-                      stacklevel=3)
+        warnings.warn(
+            f"tileattn: {reason}; this call (and the ones like it) runs transformers' SDPA attention", stacklevel=3
+        )
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -67,19 +68,38 @@ def _unsupported(query, key, attention_mask, dropout, kwargs) -> str | None:
     return None
 
 
-def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: query (B, H, Nq, D), key/value (B, H_kv, Nk, D);
     returns (attn_output (B, Nq, H, D), None)."""
     reason = _unsupported(query, key, attention_mask, dropout, kwargs)
     if reason is not None:
-        return _fallback(reason, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                         is_causal=is_causal, **kwargs)
+        return _fallback(
+            reason,
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # As transformers' SDPA path: a single query token attends to every key; otherwise causal is
     # aligned top-left (a static cache's unused slots sit after the keys in use).
     causal = "top_left" if (is_causal and query.shape[2] > 1) else False
-    out = api.flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                              softmax_scale=scaling, causal=causal)
+    out = api.flash_attn_func(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scaling, causal=causal
+    )
     return out, None  # (B, Nq, H, D), contiguous: what the model's o_proj reshapes
