@@ -408,21 +408,9 @@ def test_sdpa_signature_is_a_drop_in():
 
 
 def _tiny_llama():
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tileattn.integrations.transformers import random_llama
 
-    config = LlamaConfig(
-        hidden_size=512,
-        intermediate_size=1024,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=64,
-        vocab_size=1000,
-        max_position_embeddings=1024,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    return random_llama(hidden=512, layers=2, heads=8, kv_heads=2, head_dim=64, vocab=1000)
 
 
 def test_transformers_logits_match_sdpa():

@@ -401,6 +401,7 @@ def overhead(calls: int = 3000, repeats: int = 5) -> list[dict]:
             for name, fn in fns.items():
                 # The backend is chosen once, outside the timed loop (as a model would run).
                 pick = sdpa_kernel([backends[name]]) if name in backends else contextlib.nullcontext()
+                shape = dict(impl=name, B=B, H=H, N=N, D=D, dtype=dtype, causal=causal)
                 try:
                     pick.__enter__()
                     for _ in range(50):
@@ -415,35 +416,9 @@ def overhead(calls: int = 3000, repeats: int = 5) -> list[dict]:
                         times.append((time.perf_counter() - t0) / calls * 1e6)
                     us = sorted(times)[len(times) // 2]
                     # GPU time per call (device events), to show the loop is bound by the host.
-                    gpu_us = _time(fn) * 1e3
-                    rows.append(
-                        dict(
-                            impl=name,
-                            B=B,
-                            H=H,
-                            N=N,
-                            D=D,
-                            dtype=dtype,
-                            causal=causal,
-                            us_per_call=us,
-                            gpu_us=gpu_us,
-                            calls=calls,
-                        )
-                    )
+                    rows.append(dict(shape, us_per_call=us, gpu_us=_time(fn) * 1e3, calls=calls))
                 except Exception as e:
-                    rows.append(
-                        dict(
-                            impl=name,
-                            B=B,
-                            H=H,
-                            N=N,
-                            D=D,
-                            dtype=dtype,
-                            causal=causal,
-                            us_per_call=None,
-                            error=f"{type(e).__name__}: {e}"[:200],
-                        )
-                    )
+                    rows.append(dict(shape, us_per_call=None, error=f"{type(e).__name__}: {e}"[:200]))
                 finally:
                     pick.__exit__(None, None, None)
     return rows
@@ -467,23 +442,12 @@ def hf_prefill(shapes=HF_SHAPES, layers: int = 16) -> list[dict]:
     GQA 32:8, head dim 64, bf16; no downloaded weights) in Hugging Face transformers, with
     attn_implementation "sdpa" and "tileattn" (tileattn.integrations.transformers), timed by
     device events (median), beside the same model's logits checked for agreement."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from .integrations import transformers as hf
 
     hf.register()
-    config = LlamaConfig(
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=layers,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        vocab_size=32000,
-        max_position_embeddings=32768,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    # hidden 2048 and the MLP's 2048 * 11 / 4 = 5632: the size of a 1B-parameter Llama.
+    model = hf.random_llama(hidden=2048, layers=layers, heads=32, kv_heads=8, head_dim=64, vocab=32000)
+    config = model.config
     rows = []
     for B, N in shapes:
         ids = torch.randint(0, config.vocab_size, (B, N), device="cuda")

@@ -103,3 +103,24 @@ def attention_forward(
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scaling, causal=causal
     )
     return out, None  # (B, Nq, H, D), contiguous: what the model's o_proj reshapes
+
+
+def random_llama(
+    hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, vocab: int, dtype=torch.bfloat16, seed: int = 0
+):
+    """A randomly initialised Llama-style causal LM on the GPU (no downloaded weights): what the
+    tests and the end-to-end benchmark run."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        max_position_embeddings=32768,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).to(device="cuda", dtype=dtype).eval()
