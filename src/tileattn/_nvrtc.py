@@ -367,24 +367,6 @@ def _compile(source_file: str, name_expression: str, arch: str, announce: bool =
     return Cubin(name_expression, lowered, arch, bytes(obj.code), "".join(log_lines), seconds)
 
 
-def compile_check(source: str, arch: str = "sm_90a", name: str = "probe.cu") -> bytes:
-    """Compile a snippet (with csrc/ on the include path) to a cubin, returned: raises
-    CompileError, with NVRTC's log, when a static_assert or anything else in it fails."""
-    from cuda.core import Program
-
-    log: list[str] = []
-
-    class _Log:
-        def write(self, s):
-            log.append(s)
-
-    try:
-        obj = Program(source, code_type="c++", options=_program_options(name, arch)).compile("cubin", logs=_Log())
-    except Exception as e:
-        raise CompileError(f"{name} ({arch}) failed to compile:\n{''.join(log)}\n{e}") from None
-    return bytes(obj.code)
-
-
 def sass(cubin: Cubin) -> str:
     """Disassembly of a cubin, via the cuobjdump of the nvidia-cuda-cuobjdump wheel (or PATH).
     cuobjdump runs nvdisasm (the nvidia-cuda-nvdisasm wheel), which it looks for on PATH: the

@@ -267,11 +267,8 @@ _DEVICE_TYPE = "cuda"  # (scripts/host_overhead.py sets "cpu" to time the host p
 def _shape_error(q, k, v, layout: str):
     """Raise the error that names the first shape mismatch, with shapes in the caller's layout."""
     legend = "(" + ", ".join(_LAYOUT_DIMS[layout]) + ")"
-    originals = {}
     q, k, v = _heads_view(q, k, v, layout)  # (B, H, N, D) views to index
-    for t in (q, k, v):  # the messages show each tensor as the caller passed it
-        originals[id(t)] = tuple(t.transpose(1, 2).shape) if layout == "bnhd" else tuple(t.shape)
-    shown = lambda t: originals[id(t)]
+    shown = lambda t: tuple(_heads_view(t, t, t, layout)[0].shape)  # back in the caller's layout
     B, H, Nq, D = q.shape
     for name, t in (("k", k), ("v", v)):  # each against q first, then v against k
         if t.shape[0] != B:
