@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tileattn import _nvrtc
+from tileattn import _nvrtc, _params
 from tileattn.versions import VERSIONS, arch_number
 
 ARCHS = ["sm_80", "sm_90a"]
@@ -88,7 +88,9 @@ def test_compiles_without_stack_or_spills(name, D, causal, arch):
     assert res["registers"] is not None, "ptxas -v report missing"
     budget = spill_budget(name, D, arch)
     assert res["stack_bytes"] <= budget and res["spill_stores"] <= budget and res["spill_loads"] <= 2 * budget, res
-    assert res["registers"] <= 65536 // VERSIONS[name].threads(D, arch_number(arch)), "block would not fit"
+    cubin = compiled(name, D, causal, arch)
+    threads = _params.block_threads(cubin.data, cubin.lowered_name)  # the kernel's __launch_bounds__
+    assert res["registers"] * threads <= 65536, f"a block of {threads} threads would not fit"
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,8 @@ def test_parameter_block_matches_the_compiler(name, D, causal, arch):
     assert [size for _, size in layout] == expected
     pack, offsets = _params.packer(cubin.data, cubin.lowered_name, v.tensor_maps)
     assert offsets == [off for off, _ in layout] and pack.size == layout[-1][0] + layout[-1][1]
+    # The block size is the kernel's own __launch_bounds__, read back the same way.
+    assert 32 <= _params.block_threads(cubin.data, cubin.lowered_name) <= 1024
 
 
 def test_a_mismatch_is_caught(monkeypatch):

@@ -1,13 +1,15 @@
 """The kernels' argument block, as the compiler laid it out.
 
 Every rung's kernel takes the argument list TILEATTN_FWD_PARAMS of csrc/common.cuh (plus, for the
-rungs that load through TMA, one by-value TmaMaps).  The layout of that parameter block exists
-once, in C++: the compiler records each parameter's offset and size in the cubin (the
-EIATTR_KPARAM_INFO entries of its .nv.info section), and a launch plan reads them back from the
-cubin it loads, packs the call's values at exactly those offsets (one ``struct.pack_into``) and
-hands cuLaunchKernel one pointer per parameter into that buffer.  What the host keeps is only the
-C type of each argument, checked against the compiler's sizes for every instantiation (CPU test)
-and again when a plan is built.
+rungs that load through TMA, one by-value TmaMaps).  Two facts about a kernel exist once, in C++,
+and are read back from the cubin a launch plan loads (the compiler's own .nv.info records):
+  * the offset and size of each parameter (EIATTR_KPARAM_INFO): the plan packs the call's values
+    at exactly those offsets (one ``struct.pack_into``) and hands cuLaunchKernel one pointer per
+    parameter into that buffer;
+  * the block size (EIATTR_MAX_THREADS, from the kernel's __launch_bounds__, which every rung
+    declares as exactly the block it is written for).
+What the host keeps is only the C type of each argument, checked against the compiler's sizes for
+every instantiation (CPU test) and again when a plan is built.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ FWD_ARGS: list[tuple[str, str]] = [
 TMA_MAPS_BYTES = 6 * 128  # TmaMaps: q, k, v with 64-column boxes, then with the narrow last panel's box
 TMA_ARG = ("tmaps", f"{TMA_MAPS_BYTES}s")
 
+_EIATTR_MAX_THREADS = 0x05  # __launch_bounds__' maxThreadsPerBlock, as (x, y, z)
 _EIATTR_KPARAM_INFO = 0x17
 _EIFMT_SVAL = 0x04
 
@@ -64,13 +67,13 @@ def elf_sections(data: bytes):
         yield data[names + h[0] : end].decode(), data[h[4] : h[4] + h[5]]
 
 
-def kernel_params(cubin: bytes, lowered_name: str) -> list[tuple[int, int]]:
-    """(offset, size) in bytes of each parameter of the kernel, by ordinal, from its .nv.info
-    section (the compiler's own record of the parameter block)."""
+def _kernel_info(cubin: bytes, lowered_name: str) -> tuple[dict[int, tuple[int, int]], tuple[int, ...] | None]:
+    """From the kernel's .nv.info section (the compiler's own record): each parameter's
+    (offset, size) by ordinal, and the block size __launch_bounds__ declared (or None)."""
     for name, sec in elf_sections(cubin):
         if name != f".nv.info.{lowered_name}":
             continue
-        params, i = {}, 0
+        params, max_threads, i = {}, None, 0
         while i + 4 <= len(sec):
             fmt, attr = sec[i], sec[i + 1]
             if fmt == _EIFMT_SVAL:
@@ -78,11 +81,29 @@ def kernel_params(cubin: bytes, lowered_name: str) -> list[tuple[int, int]]:
                 if attr == _EIATTR_KPARAM_INFO:
                     _, ordinal, offset, flags = struct.unpack_from("<IHHI", sec, i + 4)
                     params[ordinal] = (offset, (flags >> 18) & 0x3FFF)
+                elif attr == _EIATTR_MAX_THREADS:
+                    max_threads = struct.unpack_from("<III", sec, i + 4)
                 i += 4 + size
             else:  # the other formats carry a 2-byte value in the entry itself
                 i += 4
-        return [params[o] for o in range(len(params))]
+        return params, max_threads
     raise KeyError(f"no .nv.info section for {lowered_name} in the cubin")
+
+
+def kernel_params(cubin: bytes, lowered_name: str) -> list[tuple[int, int]]:
+    """(offset, size) in bytes of each parameter of the kernel, by ordinal."""
+    params, _ = _kernel_info(cubin, lowered_name)
+    return [params[o] for o in range(len(params))]
+
+
+def block_threads(cubin: bytes, lowered_name: str) -> int:
+    """Threads per block: the maxThreadsPerBlock of the kernel's __launch_bounds__, which every
+    rung declares as exactly the block it is written for.  C++ is the one place it is written."""
+    _, max_threads = _kernel_info(cubin, lowered_name)
+    if max_threads is None:
+        raise RuntimeError(f"tileattn: {lowered_name} declares no __launch_bounds__, so its block size is unknown")
+    x, y, z = max_threads
+    return x * y * z
 
 
 def packer(cubin: bytes, lowered_name: str, tensor_maps: bool) -> tuple[struct.Struct, list[int]]:

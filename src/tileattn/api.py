@@ -413,7 +413,7 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
         lk.function,
         Br,
         Bc,
-        entry.threads(D, arch_num),
+        _params.block_threads(cubin.data, cubin.lowered_name),
         smem,
         entry.grid_style == "per_head",
         entry.workspace_per_row,

@@ -33,7 +33,6 @@ class Version:
     max_arch: int | None = None  # the newest arch it runs on: wgmma exists on sm_90a only, not on sm_100
     arch_specific: bool = False  # compile for sm_XYa (wgmma, setmaxnreg)
     workspace_per_row: int = 0  # float32 scratch per (b, h, query row): v1's m_i, l_i in HBM
-    threads_per_block: Callable[[int, int, int], int] = lambda D, Br, Bc: Br  # one thread per query row
     precision: Precision = "fp32"
     priority: int = 0  # version=None picks the highest-priority rung that takes the inputs
     summary: str = ""
@@ -69,9 +68,6 @@ class Version:
 
     def is_arch_tile(self, head_dim: int, arch: int | None) -> bool:
         return self.tile(head_dim, arch) != self.tiles[head_dim]
-
-    def threads(self, head_dim: int, arch: int | None = None) -> int:
-        return self.threads_per_block(head_dim, *self.tile(head_dim, arch))
 
     def name_expression(self, dtype: str, head_dim: int, causal: bool, arch: int | None = None) -> str:
         Br, Bc = self.tile(head_dim, arch)
@@ -127,7 +123,6 @@ _V2_2 = Version(
     # Q, K/V landing x2, K hi/lo [Bc][D+4]; V^T hi/lo [D][Bc+4]
     smem_bytes=lambda D, Br, Bc: ((Br + 6 * Bc) * (D + 4) + 2 * D * (Bc + 4)) * _F32,
     grid_style="q_outer",
-    threads_per_block=lambda D, Br, Bc: 2 * Br,  # one warp per 16 query rows
     priority=5,
     summary="FA2 warp layout on mma.sync m16n8k8 TF32 tensor cores, each FP32 operand split hi + lo and 3 "
     "products summed (3xTF32): FP32-level error",
@@ -162,7 +157,6 @@ _V2_3 = Version(
     tiles={32: (128, 64), 64: (128, 64), 128: (128, 32)},
     smem_bytes=_v2_3_smem(split=True),
     grid_style="q_outer",
-    threads_per_block=lambda D, Br, Bc: 128 + 2 * Br,  # a producer warpgroup + one consumer warpgroup per 64 rows
     min_arch=90,
     max_arch=90,
     arch_specific=True,
@@ -204,11 +198,6 @@ def _v3_1_tile(D: int) -> tuple[int, int]:
     return 64, 32
 
 
-def _v3_1_threads(D: int, Br: int, Bc: int) -> int:
-    rows_per_warp = 32 if -(-D // 16) * 16 <= 128 else 16  # two m16 row tiles per warp where they fit
-    return 32 * Br // rows_per_warp
-
-
 def _v3_smem(D: int, Br: int, Bc: int) -> int:
     """Q + 2 stages of K + 2 of V, 16-bit, D padded to a multiple of 16 (a full 64-column last
     swizzle panel when the padded width is 48 mod 64)."""
@@ -226,7 +215,6 @@ _V3 = Version(
     tiles={D: _v3_tile(D) for D in range(16, 257, 8)},
     smem_bytes=_v3_smem,
     grid_style="q_outer",
-    threads_per_block=lambda D, Br, Bc: 2 * Br,  # one warp per 16 query rows
     precision="native",
     priority=10,
     summary="FA2 on mma.sync m16n8k16 (fp16/bf16, fp32 accumulation): S, O in registers, P fed back as the "
@@ -238,7 +226,6 @@ _V3_1 = dataclasses.replace(
     file="v3_1_mma.cu",
     kernel="v3_1_fwd",
     tiles={D: _v3_1_tile(D) for D in range(16, 257, 8)},
-    threads_per_block=_v3_1_threads,
     priority=11,
     # Hopper (measured on an H200, bf16, N=8192, vs PyTorch's FA2 in the same run): Bc=128 at D<=64
     # (1.00x vs 0.93x at Bc=64) and Bc=64 up to D=128 (0.96x / 0.99x causal vs 0.93x / 0.88x at
@@ -276,7 +263,6 @@ _V3_3 = dataclasses.replace(
     kernel="v3_3_fwd",
     tiles={64: (128, 128), 128: (128, 128), 192: (128, 64), 256: (128, 64)},
     smem_bytes=lambda D, Br, Bc: (Br + 4 * Bc) * D * _B16 + 9 * 8,  # Q, 2 stages of K and V, 9 mbarriers
-    threads_per_block=lambda D, Br, Bc: 384,  # a producer warpgroup and two consumer warpgroups
     max_arch=90,
     arch_specific=True,
     priority=13,
@@ -322,7 +308,6 @@ VERSIONS: dict[str, Version] = {
             # Qs [Br][D+4], Ks [Bc][D+4], Vs [Bc][D], Ps [Br][Bc+4]
             smem_bytes=lambda D, Br, Bc: (Br * (D + 4) + Bc * (D + 4) + Bc * D + Br * (Bc + 4)) * _F32,
             grid_style="q_outer",
-            threads_per_block=lambda D, Br, Bc: 2 * Br,  # 4 rows x Bc/8 keys per thread, 8 threads per row
             priority=4,
             summary="v2 register-tiled like an SGEMM: 4 rows x Bc/8 keys of S and 4 rows x D/8 of O per "
             "thread in registers, LDS.128 reads, exp2 with folded scale, 16 warps per SM",
