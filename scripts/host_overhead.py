@@ -21,19 +21,17 @@ entry = VERSIONS["v3.3"]
 cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression("bfloat16", 64, False, 90), "sm_90a")
 layout, offsets = _params.packer(cubin.data, cubin.lowered_name, True)
 plan = api.Plan(
-    entry,
-    "bfloat16",
-    0,
-    0,
-    128,
-    128,
-    384,
-    1000,
-    False,
-    0,
-    True,
-    layout.pack_into,
-    _nvrtc.ParamBuffer(layout.size, offsets),
+    device_index=0,
+    function=0,
+    Br=128,
+    Bc=128,
+    threads=384,
+    smem=1000,
+    per_head=False,
+    workspace_per_row=0,
+    tensor_maps=True,
+    pack=layout.pack_into,
+    params=_nvrtc.ParamBuffer(layout.size, offsets),
 )
 api._DEVICE_TYPE = "cpu"
 api._plan = lambda *key: plan

@@ -19,6 +19,14 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _rungs_here() -> list[str]:
+    """The rungs that run on the current GPU's arch."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return [name for name, v in VERSIONS.items() if v.runs_on(major * 10 + minor)]
+
+
 def cmd_info(args) -> int:
     import torch
 
@@ -56,9 +64,7 @@ def cmd_check(args) -> int:
 
     from .testing import check_cases, passed, run_case
 
-    cc = torch.cuda.get_device_capability()
-    arch = cc[0] * 10 + cc[1]
-    cases = check_cases(args.versions or [name for name, v in VERSIONS.items() if v.runs_on(arch)])
+    cases = check_cases(args.versions or _rungs_here())
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     failures = 0
     lines = []
@@ -84,11 +90,7 @@ def cmd_fuzz(args) -> int:
 
     device = "cuda" if _has_gpu() and not args.cpu else "cpu"
     if device == "cuda":
-        import torch
-
-        cc = torch.cuda.get_device_capability()
-        arch = cc[0] * 10 + cc[1]
-        versions = args.versions or [n for n, v in VERSIONS.items() if v.runs_on(arch)]
+        versions = args.versions or _rungs_here()
     else:
         print("tileattn fuzz: no GPU (or --cpu): checking the NumPy loop nest of each rung instead", file=sys.stderr)
         versions = args.versions or list(VERSIONS)
@@ -204,10 +206,7 @@ def cmd_bench(args) -> int:
                 rows=rows,
             )
             bench.save(result, out, chart=suite_name == "story")
-            table = {"story": bench.markdown_table, "overhead": bench.overhead_table, "hf": bench.hf_table}[suite_name]
-            print(table(result))
-            if suite_name == "story":
-                print("\n" + bench.story_summary(rows))
+            print(bench.result_table(result))
             print(f"\nwrote {out}" + (f" and {out.with_suffix('.png')}" if suite_name == "story" else "") + "\n")
             continue
         suite = bench.SUITES[suite_name]
@@ -287,23 +286,14 @@ def cmd_report(args) -> int:
             pattern = re.compile(rf"<!-- results:{name}( N=(\d+)| ratios)? -->.*?<!-- /results:{name} -->", re.S)
 
             def block(m, path=path, result=result):
-                suite = result.get("suite")
                 if m.group(1) == " ratios":
                     table = bench.ratio_table(result)
-                elif suite == "overhead":
-                    table = bench.overhead_table(result)
-                elif suite == "hf":
-                    table = bench.hf_table(result)
-                else:
-                    table = bench.markdown_table(
-                        result
-                        if not m.group(2)
-                        else dict(result, rows=[r for r in result["rows"] if r["Nq"] == int(m.group(2))])
+                elif m.group(2):
+                    table = bench.result_table(
+                        dict(result, rows=[r for r in result["rows"] if r["Nq"] == int(m.group(2))])
                     )
-                    if suite == "story":
-                        table += "\n\n" + "\n".join(
-                            f"- {line}" for line in bench.story_summary(result["rows"]).splitlines()
-                        )
+                else:
+                    table = bench.result_table(result)
                 chart = (
                     f", chart: [{path.stem}.png]({rel}/{path.stem}.png)"
                     if (path.parent / f"{path.stem}.png").exists()

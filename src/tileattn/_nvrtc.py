@@ -426,14 +426,13 @@ def arch_string(cc: tuple[int, int], *, arch_specific: bool = False) -> str:
 
 @functools.cache
 def _primary_context(device_index: int):
-    """The device's primary context (the one torch uses), retained for the process's life, and
-    its handle as an int."""
+    """The handle of the device's primary context (the one torch uses), retained for the
+    process's life."""
     from cuda.bindings import driver
 
     _check(driver.cuInit(0), "cuInit")
     dev = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
-    ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-    return ctx, int(ctx)
+    return int(_check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain"))
 
 
 @dataclasses.dataclass
@@ -481,16 +480,15 @@ def _tma_enums():
     )
 
 
-@functools.lru_cache(maxsize=4096)
 def tensor_map_4d(
     ptr: int, dtype: str, dims: tuple[int, ...], strides_bytes: tuple[int, ...], box: tuple[int, int]
 ) -> bytes:
     """The 128-byte CUtensorMap (TMA descriptor) of a 4-d 16-bit tensor: dims innermost first
     (columns, rows, heads, batch), strides in bytes of dims 1..3, box = (columns, rows) of one copy
     with 64, 32 or 16 columns, swizzled over 128, 64 or 32 bytes (SwizzledTile's panel layouts),
-    zeros for elements outside the tensor.  Host bytes only, a pure function of its arguments (so
-    cached): they travel to the kernel by value, as a __grid_constant__ parameter, never through
-    a device buffer that a later call could free or overwrite under a running kernel."""
+    zeros for elements outside the tensor.  Host bytes only (api._tensor_maps caches them per
+    layout): they travel to the kernel by value, as a __grid_constant__ parameter, never through a
+    device buffer that a later call could free or overwrite under a running kernel."""
     from cuda.bindings import driver
 
     u64, u32, data_types, swizzles = _tma_enums()
@@ -588,7 +586,7 @@ def launch(
     current for the call only: a thread that had another context current (another device) or none
     gets it back, so a call on cuda:1 never moves the caller off cuda:0."""
     cu = _libcuda()
-    ctx = _primary_context(device_index)[1]
+    ctx = _primary_context(device_index)
     cu.get_current(_current.addr)
     prev = _current.slot.value
     if prev != ctx:

@@ -146,9 +146,8 @@ def _check_rank(**tensors):
 
 
 def _check_no_grad(**tensors):
-    """There is no backward pass yet: a gradient must never be dropped silently."""
-    if not torch.is_grad_enabled():
-        return
+    """There is no backward pass yet: a gradient must never be dropped silently.  (Called with grad
+    mode on.)"""
     needing = [name for name, t in tensors.items() if t.requires_grad]
     if needing:
         raise RuntimeError(
@@ -295,10 +294,16 @@ def _shape_error(q, k, v, layout: str):
 
 
 @functools.cache
+def head_dims(dtype: str) -> list[int]:
+    """Every head dim some registered rung takes for this dtype ("float32", "float16", ...)."""
+    return sorted({d for e in VERSIONS.values() if dtype in e.dtypes for d in e.head_dims})
+
+
+@functools.cache
 def _static_checks(dtype: str, D: int, version, precision) -> None:
     """The checks that depend on nothing but (dtype, head dim, version, precision): run once per
     combination that passes (an exception is not cached, so a bad call raises every time)."""
-    dtype_dims = sorted({d for e in VERSIONS.values() if dtype in e.dtypes for d in e.head_dims})
+    dtype_dims = head_dims(dtype)
     if not dtype_dims:
         raise TypeError(f"no rung takes dtype {dtype} yet; supported: float32")
     torch_dtype = {v: k for k, v in _DTYPES.items()}[dtype]
@@ -364,10 +369,8 @@ class Plan:
     """Everything about a launch that depends only on its key (rung, dtype, head dim, causal,
     device): built once, then each call fills the parameter struct and launches."""
 
-    entry: Version
-    dtype: str
     device_index: int
-    function: object  # CUfunction of the loaded CUkernel
+    function: int  # the loaded CUkernel's handle
     Br: int
     Bc: int
     threads: int
@@ -407,8 +410,6 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
     Br, Bc = entry.tile(D, arch_num)
     layout, offsets = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps)
     return Plan(
-        entry,
-        dtype,
         device_index,
         lk.function,
         Br,
@@ -489,10 +490,7 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
     q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
     # (elems is a power of two: the OR of the strides is a multiple of it iff each stride is.)
     if (q_ptr | k_ptr | v_ptr) % 16 or (qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) % elems:
-        q, k, v = (
-            t if t.data_ptr() % 16 == 0 and all(s % elems == 0 for s in _bhnd(t, layout)[1][:3]) else t.contiguous()
-            for t in (q, k, v)
-        )
+        q, k, v = (t if _rows_aligned(t, _bhnd(t, layout)[1]) else t.contiguous() for t in (q, k, v))
         qs, ks, vs = _bhnd(q, layout)[1], _bhnd(k, layout)[1], _bhnd(v, layout)[1]
         q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
 
@@ -504,48 +502,14 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
 
     # The arguments in _params.FWD_ARGS order (TILEATTN_FWD_PARAMS), then the TMA maps.
     offset = 0 if causal != "bottom_right" else Nk - Nq  # query i sees key j iff j <= i + offset
-    args = [
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        out.data_ptr(),
-        lse.data_ptr(),
-        workspace,
-        Nq,
-        Nk,
-        H,
-        H // H_kv,
-        qs[0],
-        qs[1],
-        qs[2],
-        ks[0],
-        ks[1],
-        ks[2],
-        vs[0],
-        vs[1],
-        vs[2],
-        os_[0],
-        os_[1],
-        os_[2],
-        softmax_scale,
-        offset,
-        0,
-    ]
+    # fmt: off
+    args = [q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr(), workspace, Nq, Nk, H, H // H_kv,
+            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
+            softmax_scale, offset, 0]
     if plan.tensor_maps:
-        args.append(
-            _tensor_maps(
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                ((B, H, Nq, D), qs),
-                ((B, H_kv, Nk, D), ks),
-                ((B, H_kv, Nk, D), vs),
-                dtype,
-                q.element_size(),
-                plan.Br,
-                plan.Bc,
-            )
-        )
+        args.append(_tensor_maps(q_ptr, k_ptr, v_ptr, ((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks),
+                                 ((B, H_kv, Nk, D), vs), dtype, q.element_size(), plan.Br, plan.Bc))
+    # fmt: on
 
     # Launch on torch's current stream of the inputs' device.
     stream = _current_stream(device.index)

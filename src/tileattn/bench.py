@@ -530,3 +530,16 @@ def story_summary(rows: list[dict]) -> str:
             f"{best['tflops']:.0f} TFLOP/s ({best['dtype']}): {best['tflops'] / first['tflops']:.0f}x"
         )
     return "\n".join(lines)
+
+
+def result_table(result: dict) -> str:
+    """The markdown table of a results file, whichever suite made it (story adds its summary)."""
+    suite = result.get("suite")
+    if suite == "overhead":
+        return overhead_table(result)
+    if suite == "hf":
+        return hf_table(result)
+    table = markdown_table(result)
+    if suite == "story":
+        table += "\n\n" + "\n".join(f"- {line}" for line in story_summary(result["rows"]).splitlines())
+    return table

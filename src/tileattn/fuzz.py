@@ -11,6 +11,7 @@ Every drawn case is checked and every failure recorded; nothing stops at the fir
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -127,9 +128,7 @@ def run(
 
     one()
     failures = [r for r in results if not r["ok"]]
-    by_version: dict[str, int] = {}
-    for r in results:
-        by_version[r["case"]["version"]] = by_version.get(r["case"]["version"], 0) + 1
+    by_version = dict(collections.Counter(r["case"]["version"] for r in results))
     worst = {}
     for r in results:
         if "rel_err" in r and math.isfinite(r["rel_err"]):

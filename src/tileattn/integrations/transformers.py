@@ -62,8 +62,7 @@ def _unsupported(query, key, attention_mask, dropout, kwargs) -> str | None:
         return "inputs require grad and tileattn has no backward pass yet"
     if query.dtype not in api._DTYPES or query.device.type != "cuda":
         return f"dtype {query.dtype} on {query.device} is not supported"
-    dims = {d for e in api.VERSIONS.values() if api._DTYPES[query.dtype] in e.dtypes for d in e.head_dims}
-    if query.shape[-1] not in dims or key.shape[-1] != query.shape[-1]:
+    if query.shape[-1] not in api.head_dims(api._DTYPES[query.dtype]) or key.shape[-1] != query.shape[-1]:
         return f"head dim {query.shape[-1]} is not supported for {query.dtype}"
     return None
 
