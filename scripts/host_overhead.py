@@ -19,19 +19,19 @@ from tileattn.versions import VERSIONS
 calls = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 entry = VERSIONS["v3.3"]
 cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression("bfloat16", 64, False, 90), "sm_90a")
-layout, offsets = _params.packer(cubin.data, cubin.lowered_name, True)
+layout = _params.packer(cubin.data, cubin.lowered_name, True)
 plan = api.Plan(
-    device_index=0,
     function=0,
+    context=0,
     Br=128,
     Bc=128,
     threads=384,
     smem=1000,
     per_head=False,
     workspace_per_row=0,
-    tensor_maps=True,
-    pack=layout.pack_into,
-    params=_nvrtc.ParamBuffer(layout.size, offsets),
+    tma_offset=layout.tma_offset,
+    pack=layout.pack,
+    params=_nvrtc.ParamBuffer(layout.init),
 )
 api._DEVICE_TYPE = "cpu"
 api._plan = lambda *key: plan

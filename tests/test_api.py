@@ -152,9 +152,6 @@ def test_registry_is_public_and_consistent():
     assert list(tileattn.VERSIONS)[:4] == ["v1", "v1_br48", "v1.1", "v2"]
     for v in tileattn.VERSIONS.values():
         assert (tileattn.api._nvrtc.CSRC / v.file).exists()
-        for D in v.head_dims:
-            for arch in (80, *v.arch_tiles):
-                assert v.smem(D, arch) <= 227 * 1024
         for over in v.arch_tiles.values():
             assert set(over) <= set(v.tiles), "an arch tile for a head dim the rung does not take"
 
@@ -199,7 +196,6 @@ def test_arch_tiles_pick_by_arch():
     v = tileattn.VERSIONS["v3.1"]
     assert v.tile(64) == v.tiles[64] == v.tile(64, 80)  # the spill-free default below sm_90
     assert v.tile(64, 90) == (128, 128) and v.is_arch_tile(64, 90) and not v.is_arch_tile(256, 90)
-    assert v.smem(64, 90) > v.smem(64)
     assert "128, 128, true" in v.name_expression("bfloat16", 64, True, 90)
 
 

@@ -58,6 +58,7 @@ class Cubin:
     data: bytes
     log: str  # NVRTC + ptxas -v output
     compile_seconds: float = 0.0  # how long NVRTC took when this cubin was built (cold compile)
+    smem_lowered_name: str = ""  # the kernel's <kernel>_smem_bytes variable (common.cuh: TILEATTN_SMEM_BYTES)
 
     @property
     def resources(self) -> dict:
@@ -271,7 +272,8 @@ def _read_cached(path: Path) -> Cubin | None:
             meta["arch"],
             data,
             meta["log"],
-            meta.get("compile_seconds", 0.0),
+            meta["compile_seconds"],
+            meta["smem_lowered_name"],
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -336,6 +338,13 @@ def compile_kernel(
         return cubin
 
 
+def smem_expression(name_expression: str) -> str:
+    """The name expression of a kernel's dynamic-shared-memory size: TILEATTN_SMEM_BYTES (common.cuh)
+    defines ``<kernel>_smem_bytes`` with the kernel's template arguments."""
+    name, args = name_expression.split("<", 1)
+    return f"&{name}_smem_bytes<{args}"
+
+
 def _compile(source_file: str, name_expression: str, arch: str, announce: bool = True) -> Cubin:
     from cuda.core import Program
 
@@ -352,7 +361,8 @@ def _compile(source_file: str, name_expression: str, arch: str, announce: bool =
             log_lines.append(s)
 
     try:
-        obj = program.compile("cubin", name_expressions=(name_expression,), logs=_Log())
+        smem_name = smem_expression(name_expression)
+        obj = program.compile("cubin", name_expressions=(name_expression, smem_name), logs=_Log())
     except Exception as e:  # cuda.core raises a generic error; keep NVRTC's log in ours
         if announce:
             print(" failed", file=sys.stderr)
@@ -362,9 +372,10 @@ def _compile(source_file: str, name_expression: str, arch: str, announce: bool =
     seconds = time.perf_counter() - t0
     if announce:
         print(f" {seconds:.1f} s", file=sys.stderr)
-    lowered = obj.symbol_mapping[name_expression]
-    lowered = lowered.decode() if isinstance(lowered, bytes) else lowered
-    return Cubin(name_expression, lowered, arch, bytes(obj.code), "".join(log_lines), seconds)
+    lowered, smem_lowered = (
+        n.decode() if isinstance(n, bytes) else n for n in (obj.symbol_mapping[e] for e in (name_expression, smem_name))
+    )
+    return Cubin(name_expression, lowered, arch, bytes(obj.code), "".join(log_lines), seconds, smem_lowered)
 
 
 def sass(cubin: Cubin) -> str:
@@ -533,17 +544,43 @@ def set_max_dynamic_smem(lk: LoadedKernel, device_index: int, smem: int) -> None
         lk.smem_limit_set[device_index] = smem
 
 
-class ParamBuffer(threading.local):
-    """A host image of a kernel's parameter block, one per thread, and the kernelParams array of
-    cuLaunchKernel: one pointer per parameter, at the compiler's offsets into that image.
-    cuLaunchKernel copies the parameters when it is called, so the buffer is free again as soon
-    as the launch returns; per thread, so concurrent callers never share one."""
+def function_in_context(lk: LoadedKernel, device_index: int, smem: int) -> tuple[int, int]:
+    """(CUfunction, CUcontext): the kernel as a function of the device's primary context, with its
+    dynamic shared memory raised to ``smem``.  A launch of the CUkernel itself makes the driver
+    look its function up in the current context every time; this is done once per plan."""
+    from cuda.bindings import driver
 
-    def __init__(self, size: int, offsets: list[int]):
-        self.buf = ctypes.create_string_buffer(max(size, 1))
-        base = ctypes.addressof(self.buf)
-        self.kernel_params = (ctypes.c_void_p * len(offsets))(*[base + off for off in offsets])
-        self.params_addr = ctypes.addressof(self.kernel_params)
+    set_max_dynamic_smem(lk, device_index, smem)
+    ctx = _primary_context(device_index)
+    function = _check(driver.cuKernelGetFunction(lk.kernel, driver.CUcontext(ctx)), "cuKernelGetFunction")
+    if smem > 48 * 1024:
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _check(driver.cuFuncSetAttribute(function, attr, smem), f"raising dynamic shared memory to {smem} bytes")
+    return int(function), ctx
+
+
+# cuLaunchKernel's `extra` keys: the whole parameter block as one buffer.
+_LAUNCH_PARAM_END, _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+
+
+class ParamBuffer(threading.local):
+    """A host image of a kernel's parameter block (the compiler's offsets), one per thread, and
+    the `extra` array that hands it to cuLaunchKernel whole (one copy, instead of one per
+    parameter through kernelParams).  cuLaunchKernel copies the block when it is called, so the
+    buffer is free again as soon as the launch returns; per thread, so concurrent callers never
+    share one."""
+
+    def __init__(self, init: bytes):
+        self.buf = ctypes.create_string_buffer(init, max(len(init), 1))
+        self.size = ctypes.c_size_t(len(init))
+        self.extra = (ctypes.c_void_p * 5)(
+            _LAUNCH_PARAM_BUFFER_POINTER,
+            ctypes.addressof(self.buf),
+            _LAUNCH_PARAM_BUFFER_SIZE,
+            ctypes.addressof(self.size),
+            _LAUNCH_PARAM_END,
+        )
+        self.extra_addr = ctypes.addressof(self.extra)
 
 
 class _Libcuda:
@@ -578,21 +615,19 @@ class _CurrentContext(threading.local):
 _current = _CurrentContext()
 
 
-def launch(
-    function: int, device_index: int, stream: int, grid_x: int, grid_y: int, block: int, smem: int, params_addr: int
-) -> None:
-    """cuLaunchKernel of a CUkernel (as a CUfunction) with its kernelParams array, on the given
-    stream (torch's current one for the inputs' device).  The device's primary context is made
-    current for the call only: a thread that had another context current (another device) or none
-    gets it back, so a call on cuda:1 never moves the caller off cuda:0."""
+def launch(function: int, ctx: int, stream: int, grid_x: int, grid_y: int, block: int, smem: int, extra: int) -> None:
+    """cuLaunchKernel of a function of context ``ctx`` (function_in_context) with its parameter
+    block (ParamBuffer.extra_addr), on the given stream (torch's current one for the inputs'
+    device).  The context is made current for the call only: a thread that had another context
+    current (another device) or none gets it back, so a call on cuda:1 never moves the caller off
+    cuda:0."""
     cu = _libcuda()
-    ctx = _primary_context(device_index)
     cu.get_current(_current.addr)
     prev = _current.slot.value
     if prev != ctx:
         _check_int(cu.set_current(ctx), "cuCtxSetCurrent")
     try:
-        err = cu.launch(function, grid_x, grid_y, 1, block, 1, 1, smem, stream, params_addr, None)
+        err = cu.launch(function, grid_x, grid_y, 1, block, 1, 1, smem, stream, None, extra)
     finally:
         if prev != ctx:
             _check_int(cu.set_current(prev), "cuCtxSetCurrent")

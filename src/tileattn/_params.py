@@ -1,22 +1,25 @@
-"""The kernels' argument block, as the compiler laid it out.
+"""The forward kernels' arguments: TILEATTN_FWD_FIELDS of csrc/common.cuh, written once there.
 
-Every rung's kernel takes the argument list TILEATTN_FWD_PARAMS of csrc/common.cuh (plus, for the
-rungs that load through TMA, one by-value TmaMaps).  Two facts about a kernel exist once, in C++,
-and are read back from the cubin a launch plan loads (the compiler's own .nv.info records):
-  * the offset and size of each parameter (EIATTR_KPARAM_INFO): the plan packs the call's values
-    at exactly those offsets (one ``struct.pack_into``) and hands cuLaunchKernel one pointer per
-    parameter into that buffer;
-  * the block size (EIATTR_MAX_THREADS, from the kernel's __launch_bounds__, which every rung
-    declares as exactly the block it is written for).
-What the host keeps is only the C type of each argument, checked against the compiler's sizes for
-every instantiation (CPU test) and again when a plan is built.
+Every forward kernel takes that list as separate parameters (TILEATTN_FWD_PARAMS; the rungs that
+load through TMA add a by-value TmaMaps), and FwdParams<T> is the same list as one struct.  What
+the host knows of it:
+  * FWD_FIELDS: each field's name and C type, in order, held to the C++ list by
+    tests/test_layout.py (a FwdParams initialised field by field, by name, read back from a cubin);
+  * from each cubin a plan loads (the compiler's own .nv.info records): the offset and size of each
+    kernel parameter (EIATTR_KPARAM_INFO), checked against FWD_FIELDS' types when the plan is
+    built; the block size (EIATTR_MAX_THREADS, the kernel's __launch_bounds__, which every rung
+    declares as exactly the block it is written for); and, from a __device__ variable beside the
+    kernel, its dynamic shared memory (TILEATTN_SMEM_BYTES).
+A call packs the forward fields (FWD_ARGS) at the compiler's offsets with one ``struct.pack_into``;
+the fields the next features add (FWD_ROOM) keep the "off" values written once into each buffer.
 """
 
 from __future__ import annotations
 
 import struct
 
-# TILEATTN_FWD_PARAMS, in order, as struct codes: Q = 64-bit address, q = long long, i = int, f = float.
+# FwdParams' members as struct codes: Q = 64-bit address, q = long long, i = int, f = float.
+# The forward fields, packed on every call:
 FWD_ARGS: list[tuple[str, str]] = [
     ("q", "Q"),
     ("k", "Q"),
@@ -44,27 +47,82 @@ FWD_ARGS: list[tuple[str, str]] = [
     ("causal_offset", "i"),
     ("bh_offset", "i"),
 ]
+# The room to grow (variable-length batches, paged KV, sliding window, softcap), with the value
+# that means "off"; no forward rung reads them yet.
+FWD_ROOM: list[tuple[str, str, object]] = [
+    ("cu_seqlens_q", "Q", 0),
+    ("cu_seqlens_k", "Q", 0),
+    ("seqused_k", "Q", 0),
+    ("page_table", "Q", 0),
+    ("page_table_stride", "q", 0),
+    ("page_size", "i", 0),
+    ("window_left", "i", -1),
+    ("window_right", "i", -1),
+    ("softcap", "f", 0.0),
+]
+FWD_FIELDS = FWD_ARGS + [(name, code) for name, code, _ in FWD_ROOM]
 TMA_MAPS_BYTES = 6 * 128  # TmaMaps: q, k, v with 64-column boxes, then with the narrow last panel's box
-TMA_ARG = ("tmaps", f"{TMA_MAPS_BYTES}s")
+
+
+def field_offsets() -> dict[str, int]:
+    """Each FwdParams member's offset under the C layout rules."""
+    out, fmt = {}, "@"
+    for name, code in FWD_FIELDS:
+        out[name] = struct.calcsize(fmt + code) - struct.calcsize(code)
+        fmt += code
+    return out
+
+
+def struct_size() -> int:
+    """sizeof(FwdParams): the members, padded to the struct's alignment (8: its widest member)."""
+    end = struct.calcsize("@" + "".join(code for _, code in FWD_FIELDS))
+    return -(-end // 8) * 8
+
 
 _EIATTR_MAX_THREADS = 0x05  # __launch_bounds__' maxThreadsPerBlock, as (x, y, z)
 _EIATTR_KPARAM_INFO = 0x17
 _EIFMT_SVAL = 0x04
 
 
-def arg_codes(tensor_maps: bool) -> list[tuple[str, str]]:
-    return FWD_ARGS + ([TMA_ARG] if tensor_maps else [])
-
-
-def elf_sections(data: bytes):
-    """(name, bytes) of each section of a 64-bit little-endian ELF file (a cubin)."""
+def _elf_sections(data: bytes) -> list[tuple[str, int, bytes, int]]:
+    """(name, type, contents, link) of each section of a 64-bit little-endian ELF file (a cubin)."""
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names = headers[shstrndx][4]
-    for h in headers:
-        end = data.index(b"\0", names + h[0])
-        yield data[names + h[0] : end].decode(), data[h[4] : h[4] + h[5]]
+    return [
+        (data[names + h[0] : data.index(b"\0", names + h[0])].decode(), h[1], data[h[4] : h[4] + h[5]], h[6])
+        for h in headers
+    ]
+
+
+def elf_sections(data: bytes):
+    """(name, contents) of each section of a cubin."""
+    return [(name, contents) for name, _, contents, _ in _elf_sections(data)]
+
+
+_SHT_SYMTAB = 2
+
+
+def symbol_bytes(data: bytes, symbol: str) -> bytes:
+    """The initial bytes of a global variable in a cubin (its symbol's slice of its section)."""
+    sections = _elf_sections(data)
+    for _, kind, symtab, link in sections:
+        if kind != _SHT_SYMTAB:
+            continue
+        strtab = sections[link][2]
+        for i in range(0, len(symtab), 24):  # Elf64_Sym
+            name_at, _, _, shndx, value, size = struct.unpack_from("<IBBHQQ", symtab, i)
+            if strtab[name_at : strtab.index(b"\0", name_at)].decode() == symbol:
+                return sections[shndx][2][value : value + size]
+    raise KeyError(f"no symbol {symbol} in the cubin")
+
+
+def smem_bytes(cubin) -> int:
+    """The dynamic shared memory a kernel carves up, as its source declares it next to the carve-up
+    (TILEATTN_SMEM_BYTES in csrc/common.cuh), read from the cubin: C++ is the one place it is written."""
+    (value,) = struct.unpack("<i", symbol_bytes(cubin.data, cubin.smem_lowered_name))
+    return value
 
 
 def _kernel_info(cubin: bytes, lowered_name: str) -> tuple[dict[int, tuple[int, int]], tuple[int, ...] | None]:
@@ -106,19 +164,40 @@ def block_threads(cubin: bytes, lowered_name: str) -> int:
     return x * y * z
 
 
-def packer(cubin: bytes, lowered_name: str, tensor_maps: bool) -> tuple[struct.Struct, list[int]]:
-    """A struct that packs the arguments at the compiler's offsets, and those offsets.  Raises if
-    the kernel's parameters are not the ones the host passes (count or any size)."""
-    layout = kernel_params(cubin, lowered_name)
-    args = arg_codes(tensor_maps)
-    sizes = [struct.calcsize("<" + code) for _, code in args]
-    if [s for _, s in layout] != sizes:
+class Layout:
+    """A kernel's parameter block as the compiler laid it out: its size, the offset of each
+    parameter, ``pack`` (pack_into of FWD_ARGS at their offsets, nothing else written), where the
+    TmaMaps parameter starts (TMA rungs, else None) and the block's initial bytes (zeros and
+    FWD_ROOM's "off" values)."""
+
+    def __init__(self, params: list[tuple[int, int]], tensor_maps: bool):
+        self.offsets = [offset for offset, _ in params]
+        self.size = params[-1][0] + params[-1][1]
+        fmt, pos = "<", 0
+        for (offset, size), (_, code) in zip(params, FWD_ARGS):
+            fmt += "x" * (offset - pos) + code
+            pos = offset + size
+        self.pack = struct.Struct(fmt).pack_into
+        self.tma_offset = self.offsets[-1] if tensor_maps else None
+        init = bytearray(self.size)
+        for (offset, _), (_, code, value) in zip(params[len(FWD_ARGS) :], FWD_ROOM):
+            struct.pack_into("<" + code, init, offset, value)
+        self.init = bytes(init)
+
+
+def arg_codes(tensor_maps: bool) -> list[tuple[str, str]]:
+    return FWD_FIELDS + ([("tmaps", f"{TMA_MAPS_BYTES}s")] if tensor_maps else [])
+
+
+def packer(cubin: bytes, lowered_name: str, tensor_maps: bool) -> Layout:
+    """The kernel's parameter block.  Raises if its parameters are not the ones the host passes
+    (count or any size)."""
+    params = kernel_params(cubin, lowered_name)
+    codes = arg_codes(tensor_maps)
+    sizes = [struct.calcsize("<" + code) for _, code in codes]
+    if [size for _, size in params] != sizes:
         raise RuntimeError(
-            f"tileattn: the parameters of {lowered_name} are {[s for _, s in layout]} bytes, but the host "
-            f"packs {sizes} ({[n for n, _ in args]}): csrc and _params.py disagree"
+            f"tileattn: the parameters of {lowered_name} are {[size for _, size in params]} bytes, but the "
+            f"host passes {sizes} ({[name for name, _ in codes]}): csrc and _params.py disagree"
         )
-    fmt, pos = "<", 0
-    for (offset, size), (_, code) in zip(layout, args):
-        fmt += "x" * (offset - pos) + code
-        pos = offset + size
-    return struct.Struct(fmt), [offset for offset, _ in layout]
+    return Layout(params, tensor_maps)

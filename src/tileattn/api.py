@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import struct
 
 import numpy as np
 import torch
@@ -61,7 +62,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, 
     silently); call under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
     mode = _causal_mode(causal, default_true="bottom_right")
-    out, lse = _call(q, k, v, softmax_scale, mode, "bnhd", version, precision, "softmax_scale")
+    out, lse = _call(q, k, v, softmax_scale, mode, "bnhd", version, precision, "softmax_scale", return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -116,7 +117,7 @@ def scaled_dot_product_attention(
             f"for grouped-query attention (as torch's SDPA asks); query {tuple(query.shape)}, key "
             f"{tuple(key.shape)} (B, H, N, D)"
         )
-    out, _ = _call(query, key, value, scale, mode, "bhnd", version, precision, "scale")
+    out, _ = _call(query, key, value, scale, mode, "bhnd", version, precision, "scale", False)
     return out
 
 
@@ -172,9 +173,10 @@ def _scale(softmax_scale, arg: str) -> float:
     return value
 
 
-def _call(q, k, v, softmax_scale, mode, layout: str, version, precision, scale_arg: str):
+def _call(q, k, v, softmax_scale, mode, layout: str, version, precision, scale_arg: str, with_lse: bool):
     """The public functions' shared tail: checks that need Python objects, then the custom op
-    (under torch.compile) or its implementation (eager: no dispatcher round trip)."""
+    (under torch.compile; it always returns lse) or its implementation (eager: no dispatcher round
+    trip, and no lse buffer unless asked for)."""
     Tensor = torch.Tensor
     if not (
         isinstance(q, Tensor)
@@ -193,7 +195,7 @@ def _call(q, k, v, softmax_scale, mode, layout: str, version, precision, scale_a
         softmax_scale = _scale(softmax_scale, scale_arg)
     if torch.compiler.is_compiling():
         return torch.ops.tileattn.fwd(q, k, v, softmax_scale, _CAUSAL_CODE[mode], layout, version, precision)
-    return _forward(q, k, v, softmax_scale, mode, layout, version, precision)
+    return _forward(q, k, v, softmax_scale, mode, layout, version, precision, with_lse)
 
 
 @torch.library.custom_op("tileattn::fwd", mutates_args=(), device_types="cuda")
@@ -210,7 +212,7 @@ def _fwd_op(
     """tileattn::fwd(q, k, v, softmax_scale, causal, layout, version, precision) -> (O, lse).
     q, k, v in ``layout`` ("bnhd": flash-attn's, "bhnd": SDPA's); causal 0 (none), 1 (top-left),
     2 (bottom-right); O in ``layout``, lse (B, H, Nq) float32."""
-    return _forward(q, k, v, softmax_scale, _CAUSAL_OF_CODE[causal], layout, version, precision)
+    return _forward(q, k, v, softmax_scale, _CAUSAL_OF_CODE[causal], layout, version, precision, True)
 
 
 @_fwd_op.register_fake
@@ -225,8 +227,8 @@ def _heads_view(q, k, v, layout: str):
 
 
 def _validate(q, k, v, version, precision, layout: str):
-    """Checks on the caller's tensors in their layout.  Returns the dtype name and, for q, k, v,
-    (shape, strides) in (B, H, N, D) order.  What depends only on (dtype, head dim, version,
+    """Checks on the caller's tensors in their layout.  Returns the dtype name, for q, k, v
+    (shape, strides) in (B, H, N, D) order, and the CUDA device index.  What depends only on (dtype, head dim, version,
     precision) is checked once per combination (_static_checks); the rest on every call.  The
     device comes last, so CPU tests reach the rest."""
     dtype = _DTYPES.get(q.dtype)
@@ -247,17 +249,17 @@ def _validate(q, k, v, version, precision, layout: str):
                     f"{name} must have a contiguous last (head) dim, stride 1; got stride "
                     f"{t.stride(-1)} (strides {t.stride()}): call .contiguous() first"
                 )
-    dev = q.device
-    if dev.type != _DEVICE_TYPE or k.device != dev or v.device != dev:
+    index = q.get_device()  # -1 on the CPU; an int is cheaper to compare than torch.device objects
+    if index < 0 or k.get_device() != index or v.get_device() != index:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.device.type != _DEVICE_TYPE:
                 raise ValueError(
                     f"{name} must be a CUDA tensor, got device '{t.device}'"
                     + ("" if torch.cuda.is_available() else " (and no CUDA device is present)")
                 )
-            if t.device != dev:
-                raise ValueError(f"{name} is on {t.device} but q is on {dev}; all must share one device")
-    return dtype, qsh, qst, ksh, kst, vst
+            if t.device != q.device:
+                raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all must share one device")
+    return dtype, qsh, qst, ksh, kst, vst, index
 
 
 _DEVICE_TYPE = "cuda"  # (scripts/host_overhead.py sets "cpu" to time the host path without a GPU)
@@ -369,17 +371,17 @@ class Plan:
     """Everything about a launch that depends only on its key (rung, dtype, head dim, causal,
     device): built once, then each call fills the parameter struct and launches."""
 
-    device_index: int
-    function: int  # the loaded CUkernel's handle
+    function: int  # the kernel as a CUfunction of the device's primary context
+    context: int  # that context
     Br: int
     Bc: int
     threads: int
     smem: int
     per_head: bool  # grid = B*H (K/V-outer rungs), else (Tr, B*H)
     workspace_per_row: int
-    tensor_maps: bool
-    pack: object  # struct.Struct.pack_into for the kernel's parameter block (the compiler's offsets)
-    params: _nvrtc.ParamBuffer  # a thread-local image of that block and its kernelParams array
+    tma_offset: int | None  # where the TmaMaps parameter starts (TMA rungs), else None
+    pack: object  # pack_into of FwdParams' forward fields (_params.FWD_ARGS) at offset 0
+    params: _nvrtc.ParamBuffer  # a thread-local image of the parameter block, handed to the launch whole
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -397,30 +399,29 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
     entry = _dispatch(version, dtype, D, device_index, precision)
     cc = _nvrtc.device_arch(device_index)
     arch_num = cc[0] * 10 + cc[1]
-    smem = entry.smem(D, arch_num)
+    arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal, arch_num), arch)
+    smem = _params.smem_bytes(cubin)  # the kernel's own TILEATTN_SMEM_BYTES
     limit = _nvrtc.max_dynamic_smem(device_index)
     if smem > limit:
         raise ValueError(
             f"version {entry.name!r} at head dim {D} needs {smem} bytes of shared memory; this GPU allows {limit}"
         )
-    arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
-    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal, arch_num), arch)
-    lk = _nvrtc.load(cubin)
-    _nvrtc.set_max_dynamic_smem(lk, device_index, smem)
+    function, context = _nvrtc.function_in_context(_nvrtc.load(cubin), device_index, smem)
     Br, Bc = entry.tile(D, arch_num)
-    layout, offsets = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps)
+    layout = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps)
     return Plan(
-        device_index,
-        lk.function,
+        function,
+        context,
         Br,
         Bc,
         _params.block_threads(cubin.data, cubin.lowered_name),
         smem,
         entry.grid_style == "per_head",
         entry.workspace_per_row,
-        entry.tensor_maps,
-        layout.pack_into,
-        _nvrtc.ParamBuffer(layout.size, offsets),
+        layout.tma_offset,
+        layout.pack,
+        _nvrtc.ParamBuffer(layout.init),
     )
 
 
@@ -457,27 +458,44 @@ def _rows_aligned(t, strides: tuple) -> bool:
     return t.data_ptr() % 16 == 0 and strides[0] % elems == 0 and strides[1] % elems == 0 and strides[2] % elems == 0
 
 
-def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, version, precision, out=None, lse=None):
+def _forward(
+    q,
+    k,
+    v,
+    softmax_scale: float,
+    causal: str | None,
+    layout: str,
+    version,
+    precision,
+    with_lse: bool,
+    out=None,
+    lse=None,
+):
     """The one core, behind both public functions and the custom op: q, k, v in ``layout``.
-    Returns (O in ``layout``, lse (B, H, Nq)).  ``out``/``lse`` let the tests hand in NaN-poisoned
-    buffers of the right shape.  Shapes and strides are handled as tuples in (B, H, N, D) order:
-    nothing is transposed, and nothing the caller passed is modified (a misaligned input is copied,
-    a negative scale negates a copy of q)."""
-    dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs = _validate(q, k, v, version, precision, layout)
-    device = q.device
+    Returns (O in ``layout``, lse (B, H, Nq), or None without ``with_lse``: the kernels then skip
+    its store).  ``out``/``lse`` let the tests hand in NaN-poisoned buffers of the right shape.
+    Shapes and strides are handled as tuples in (B, H, N, D) order: nothing is transposed, and
+    nothing the caller passed is modified (a misaligned input is copied, a negative scale negates a
+    copy of q)."""
+    dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = _validate(q, k, v, version, precision, layout)
 
     # Allocate O in the caller's layout, contiguous, and lse (B, H, Nq).
     if out is None:
-        out = torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=q.dtype, device=device)
+        # O has q's shape in either layout; empty_like of a contiguous q is the cheapest allocation.
+        out = (
+            torch.empty_like(q)
+            if q.is_contiguous()
+            else torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=q.dtype, device=q.device)
+        )
         os_ = (Nq * H * D, D, H * D) if layout == "bnhd" else (H * Nq * D, Nq * D, D)
     else:
         os_ = _bhnd(out, layout)[1]
-    if lse is None:
-        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=device)
+    if lse is None and with_lse:
+        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     if B * H * Nq == 0:
         return out, lse
     if Nk == 0:  # no key at all: every row's output is 0 and its lse -inf
-        return out.zero_(), lse.fill_(-math.inf)
+        return out.zero_(), None if lse is None else lse.fill_(-math.inf)
 
     # A negative scale goes onto q (a sign flip is exact in every float format), so kernels that
     # fold the scale into exp2(scale * S - m) may assume scale >= 0 (see fa2_mma.cuh).
@@ -494,30 +512,31 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
         qs, ks, vs = _bhnd(q, layout)[1], _bhnd(k, layout)[1], _bhnd(v, layout)[1]
         q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
 
-    plan = _plan(dtype, D, causal is not None, version, precision, device.index)
+    plan = _plan(dtype, D, causal is not None, version, precision, device_index)
     workspace = 0
     if plan.workspace_per_row:
-        workspace_t = torch.empty(B * H * Nq * plan.workspace_per_row, dtype=torch.float32, device=device)
+        workspace_t = torch.empty(B * H * Nq * plan.workspace_per_row, dtype=torch.float32, device=q.device)
         workspace = workspace_t.data_ptr()
 
-    # The arguments in _params.FWD_ARGS order (TILEATTN_FWD_PARAMS), then the TMA maps.
+    # The forward fields of TILEATTN_FWD_PARAMS (_params.FWD_ARGS order); the TMA rungs' maps last.
     offset = 0 if causal != "bottom_right" else Nk - Nq  # query i sees key j iff j <= i + offset
     # fmt: off
-    args = [q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr(), workspace, Nq, Nk, H, H // H_kv,
+    args = [q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace, Nq, Nk, H, H // H_kv,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
             softmax_scale, offset, 0]
-    if plan.tensor_maps:
-        args.append(_tensor_maps(q_ptr, k_ptr, v_ptr, ((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks),
-                                 ((B, H_kv, Nk, D), vs), dtype, q.element_size(), plan.Br, plan.Bc))
     # fmt: on
+    buf = plan.params
+    if plan.tma_offset is not None:
+        maps = _tensor_maps(q_ptr, k_ptr, v_ptr, ((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs),
+                            dtype, q.element_size(), plan.Br, plan.Bc)  # fmt: skip
+        _TMA_PACK(buf.buf, plan.tma_offset, maps)
 
     # Launch on torch's current stream of the inputs' device.
-    stream = _current_stream(device.index)
+    stream = _current_stream(device_index)
     BH = B * H
-    buf = plan.params
     if plan.per_head:  # gridDim.x reaches 2^31 - 1: one launch
         plan.pack(buf.buf, 0, *args)
-        _nvrtc.launch(plan.function, plan.device_index, stream, BH, 1, plan.threads, plan.smem, buf.params_addr)
+        _nvrtc.launch(plan.function, plan.context, stream, BH, 1, plan.threads, plan.smem, buf.extra_addr)
     else:
         Tr = -(-Nq // plan.Br)
         for bh_offset in range(0, BH, _GRID_Y_MAX):
@@ -525,18 +544,19 @@ def _forward(q, k, v, softmax_scale: float, causal: str | None, layout: str, ver
             plan.pack(buf.buf, 0, *args)
             _nvrtc.launch(
                 plan.function,
-                plan.device_index,
+                plan.context,
                 stream,
                 Tr,
                 min(_GRID_Y_MAX, BH - bh_offset),
                 plan.threads,
                 plan.smem,
-                buf.params_addr,
+                buf.extra_addr,
             )
     return out, lse
 
 
 _BH_OFFSET = [n for n, _ in _params.FWD_ARGS].index("bh_offset")
+_TMA_PACK = struct.Struct(f"{_params.TMA_MAPS_BYTES}s").pack_into
 
 
 def _current_stream(device_index: int) -> int:
@@ -553,4 +573,4 @@ def _attention(
     if out_layout == "bnhd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else _scale(softmax_scale, "softmax_scale")
-    return _forward(q, k, v, scale, causal, out_layout, version, precision, out=out, lse=lse)
+    return _forward(q, k, v, scale, causal, out_layout, version, precision, True, out=out, lse=lse)

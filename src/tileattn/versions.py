@@ -1,14 +1,15 @@
 """The registry: one entry per rung of the ladder.  It drives the API's dispatch, the tests and
 the benchmark; nothing else keeps a list of versions.
 
-Every kernel is a template ``tileattn::<kernel><T, HEAD_DIM, Br, Bc, CAUSAL>`` with the uniform
-argument list of ``csrc/common.cuh`` (TILEATTN_FWD_PARAMS).
+Every kernel is a template ``tileattn::<kernel><T, HEAD_DIM, Br, Bc, CAUSAL>`` that takes the
+field list of csrc/common.cuh (TILEATTN_FWD_FIELDS).  What a kernel's source already says (block
+size, shared memory, parameter block) is read back from its cubin (_params.py), never repeated
+here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Literal
 
 Kind = Literal["simt", "tensor_fp32", "mma"]
@@ -26,7 +27,6 @@ class Version:
     kernel: str  # template name inside namespace tileattn
     kind: Kind
     tiles: dict[int, tuple[int, int]]  # head dim -> (Br, Bc); its keys are the supported head dims
-    smem_bytes: Callable[[int, int, int], int]  # (D, Br, Bc) -> dynamic shared memory
     grid_style: GridStyle  # per_head: grid = B*H (K/V outer); q_outer: grid = (Tr, B*H)
     dtypes: tuple[str, ...] = ("float32",)
     min_arch: int = 80  # compute capability major*10 + minor
@@ -73,9 +73,6 @@ class Version:
         Br, Bc = self.tile(head_dim, arch)
         return f"tileattn::{self.kernel}<{_CTYPE[dtype]}, {head_dim}, {Br}, {Bc}, {str(causal).lower()}>"
 
-    def smem(self, head_dim: int, arch: int | None = None) -> int:
-        return self.smem_bytes(head_dim, *self.tile(head_dim, arch))
-
     def supports(self, dtype: str, head_dim: int, arch: int, precision: str | None = None) -> bool:
         """precision None means the default: FP32-level accuracy for FP32 inputs."""
         wanted = precision or ("fp32" if dtype == "float32" else "native")
@@ -92,17 +89,12 @@ def arch_number(arch: str) -> int:
     return int("".join(ch for ch in arch if ch.isdigit()))
 
 
-_F32 = 4
-_B16 = 2
-
-
 _V1 = Version(
     name="v1",
     file="v1_kv_outer.cu",
     kernel="v1_fwd",
     kind="simt",
     tiles={32: (32, 32), 64: (32, 32), 128: (32, 32)},
-    smem_bytes=lambda D, Br, Bc: (Br * D + 2 * Bc * D + Br * Bc) * _F32,  # Qi, Kj, Vj, S
     grid_style="per_head",
     workspace_per_row=2,
     summary="K/V outer, Q inner, grid = B*H; O, m, l round-trip HBM per K/V block",
@@ -120,8 +112,6 @@ _V2_2 = Version(
     kernel="v2_2_fwd",
     kind="tensor_fp32",
     tiles={32: (128, 64), 64: (128, 64), 128: (128, 32)},
-    # Q, K/V landing x2, K hi/lo [Bc][D+4]; V^T hi/lo [D][Bc+4]
-    smem_bytes=lambda D, Br, Bc: ((Br + 6 * Bc) * (D + 4) + 2 * D * (Bc + 4)) * _F32,
     grid_style="q_outer",
     priority=5,
     summary="FA2 warp layout on mma.sync m16n8k8 TF32 tensor cores, each FP32 operand split hi + lo and 3 "
@@ -132,21 +122,9 @@ _V2_2_TF32 = dataclasses.replace(
     _V2_2,
     name="v2.2_tf32",
     kernel="v2_2_tf32_fwd",
-    smem_bytes=lambda D, Br, Bc: ((Br + 5 * Bc) * (D + 4) + D * (Bc + 4)) * _F32,
     precision="tf32",
     summary="v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
 )
-
-
-def _v2_3_smem(split: bool) -> Callable[[int, int, int], int]:
-    """Mirrors v2_3_smem_bytes() / v2_3_stages() in v2_3_wgmma_tf32x3.cu: Q, and per stage K and V^T,
-    as hi and lo tiles (3xTF32) or one (TF32), two stages where they fit in 227 KB, and the mbarriers."""
-
-    def smem(D: int, Br: int, Bc: int) -> int:
-        size = lambda stages: (2 if split else 1) * (Br * D + stages * 2 * Bc * D) * _F32 + (1 + 4 * stages) * 8
-        return size(2) if size(2) <= 227 * 1024 else size(1)
-
-    return smem
 
 
 _V2_3 = Version(
@@ -155,7 +133,6 @@ _V2_3 = Version(
     kernel="v2_3_fwd",
     kind="tensor_fp32",
     tiles={32: (128, 64), 64: (128, 64), 128: (128, 32)},
-    smem_bytes=_v2_3_smem(split=True),
     grid_style="q_outer",
     min_arch=90,
     max_arch=90,
@@ -169,7 +146,6 @@ _V2_3_TF32 = dataclasses.replace(
     name="v2.3_tf32",
     kernel="v2_3_tf32_fwd",
     tiles={32: (128, 128), 64: (128, 64), 128: (128, 32)},
-    smem_bytes=_v2_3_smem(split=False),
     precision="tf32",
     summary="v2.3 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer wgmma, ~1e-3 error",
 )
@@ -198,14 +174,6 @@ def _v3_1_tile(D: int) -> tuple[int, int]:
     return 64, 32
 
 
-def _v3_smem(D: int, Br: int, Bc: int) -> int:
-    """Q + 2 stages of K + 2 of V, 16-bit, D padded to a multiple of 16 (a full 64-column last
-    swizzle panel when the padded width is 48 mod 64)."""
-    d_pad = -(-D // 16) * 16
-    d_smem = d_pad + 16 if d_pad % 64 == 48 else d_pad
-    return d_smem * (Br + 4 * Bc) * _B16
-
-
 _V3 = Version(
     name="v3",
     file="v3_mma.cu",
@@ -213,7 +181,6 @@ _V3 = Version(
     kind="mma",
     dtypes=("bfloat16", "float16"),
     tiles={D: _v3_tile(D) for D in range(16, 257, 8)},
-    smem_bytes=_v3_smem,
     grid_style="q_outer",
     precision="native",
     priority=10,
@@ -247,7 +214,6 @@ _V3_2 = dataclasses.replace(
     tiles={D: (128, 128) if D <= 64 else (128, 32) if D in (104, 112) else (128, 64) for D in range(16, 129, 8)},
     arch_tiles={},
     arch_tile_spill_bytes=0,
-    smem_bytes=lambda D, Br, Bc: _v3_smem(D, Br, Bc) + 5 * 8,  # + the mbarriers of Q, K x2, V x2
     min_arch=90,
     tensor_maps=True,
     spill_bytes={128: 8},  # NVRTC 13.0, non-causal: read back in the epilogue only (v3_2_mma_tma.cu)
@@ -262,7 +228,6 @@ _V3_3 = dataclasses.replace(
     file="v3_3_wgmma.cu",
     kernel="v3_3_fwd",
     tiles={64: (128, 128), 128: (128, 128), 192: (128, 64), 256: (128, 64)},
-    smem_bytes=lambda D, Br, Bc: (Br + 4 * Bc) * D * _B16 + 9 * 8,  # Q, 2 stages of K and V, 9 mbarriers
     max_arch=90,
     arch_specific=True,
     priority=13,
@@ -281,7 +246,6 @@ VERSIONS: dict[str, Version] = {
             kernel="v1_1_fwd",
             kind="simt",
             tiles={32: (64, 64), 64: (64, 64), 128: (64, 32)},
-            smem_bytes=lambda D, Br, Bc: (Br * D + 4 * Bc * D + Br * Bc) * _F32,
             grid_style="per_head",
             workspace_per_row=2,
             priority=2,
@@ -293,7 +257,6 @@ VERSIONS: dict[str, Version] = {
             kernel="v2_fwd",
             kind="simt",
             tiles={32: (128, 32), 64: (128, 32), 128: (128, 32)},
-            smem_bytes=lambda D, Br, Bc: (4 * Bc * D + 2 * Br * (D + 1)) * _F32,
             grid_style="q_outer",
             priority=3,
             summary="Q outer, one thread per row, Q/Oacc in shared, m/l in registers, deferred "
@@ -306,7 +269,6 @@ VERSIONS: dict[str, Version] = {
             kind="simt",
             tiles={32: (128, 64), 64: (128, 64), 128: (64, 32)},
             # Qs [Br][D+4], Ks [Bc][D+4], Vs [Bc][D], Ps [Br][Bc+4]
-            smem_bytes=lambda D, Br, Bc: (Br * (D + 4) + Bc * (D + 4) + Bc * D + Br * (Bc + 4)) * _F32,
             grid_style="q_outer",
             priority=4,
             summary="v2 register-tiled like an SGEMM: 4 rows x Bc/8 keys of S and 4 rows x D/8 of O per "

@@ -22,26 +22,71 @@ struct alignas(64) TmaMaps {
   unsigned long long desc[6][16];
 };
 
-// Every rung's kernel takes exactly these arguments, in this order (api.py builds them once).
+// The forward kernels' arguments, written once: every kernel takes TILEATTN_FWD_PARAMS (the list
+// below as separate parameters), FwdParams<T> is the same list as one struct, and the host
+// (_params.py) checks its own copy against both for every instantiation (tests/test_layout.py).
+// A field added here reaches every rung's signature, its shared bodies (TILEATTN_FWD_ARGS) and the
+// struct at once.
+//
+// Why separate parameters rather than the struct by value: NVVM rematerialises a scalar kernel
+// parameter at each use (it is a constant-bank operand), but keeps the members of a by-value
+// aggregate live in registers from the kernel's start; compiled that way, v2 (D=32), v2.3
+// (D=128) and v3.1 (D=40..96) spilled, v2.2 lost FMNMX/FMUL and v2.1's P V loop unrolled 3x
+// (SASS diff of all 216 sm_90 instantiations; bench/NOTES.md).  Pointers as kernel parameters
+// are also what lets __restrict__ give the read-only path (LDG.CONSTANT) and global addressing.
+//
 // Strides are in elements; the last dim (head dim) is contiguous.  h_per_kv = H / H_kv (GQA);
 // query row i of a head sees key j iff j <= i + causal_offset (0: top-left, Nk - Nq: bottom-right).
 // bh_offset lets the host split B*H over several launches when it exceeds gridDim.y's 65535.
-#define TILEATTN_FWD_PARAMS(T)                                                             \
-  const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,               \
-  T* __restrict__ o, float* __restrict__ lse, float* __restrict__ workspace,               \
-  const int Nq, const int Nk, const int H, const int h_per_kv,                             \
-  const long long q_sb, const long long q_sh, const long long q_sn,                        \
-  const long long k_sb, const long long k_sh, const long long k_sn,                        \
-  const long long v_sb, const long long v_sh, const long long v_sn,                        \
-  const long long o_sb, const long long o_sh, const long long o_sn,                        \
-  const float softmax_scale, const int causal_offset, const int bh_offset
+// lse may be null: the caller did not ask for the log-sum-exp, and no rung stores it then.
+// The fields after bh_offset are the room the next features grow into (variable-length batches,
+// paged KV caches, sliding windows, softcapping): the host sets them to their "off" values
+// (null / 0 / -1), and no forward rung reads them yet.
+#define TILEATTN_FWD_FIELDS(X, SEP)                                                        \
+  X(const T* __restrict__, q) SEP X(const T* __restrict__, k) SEP X(const T* __restrict__, v) SEP \
+  X(T* __restrict__, o) SEP X(float* __restrict__, lse) SEP X(float* __restrict__, workspace) SEP \
+  X(const int, Nq) SEP X(const int, Nk) SEP X(const int, H) SEP X(const int, h_per_kv) SEP \
+  X(const long long, q_sb) SEP X(const long long, q_sh) SEP X(const long long, q_sn) SEP  \
+  X(const long long, k_sb) SEP X(const long long, k_sh) SEP X(const long long, k_sn) SEP  \
+  X(const long long, v_sb) SEP X(const long long, v_sh) SEP X(const long long, v_sn) SEP  \
+  X(const long long, o_sb) SEP X(const long long, o_sh) SEP X(const long long, o_sn) SEP  \
+  X(const float, softmax_scale) SEP X(const int, causal_offset) SEP X(const int, bh_offset) SEP \
+  /* room to grow */                                                                       \
+  X(const int* __restrict__, cu_seqlens_q) SEP   /* [B + 1] row offsets, packed sequences */ \
+  X(const int* __restrict__, cu_seqlens_k) SEP                                             \
+  X(const int* __restrict__, seqused_k) SEP      /* [B] keys in use, KV cache */            \
+  X(const int* __restrict__, page_table) SEP     /* [B][pages], paged KV cache */           \
+  X(const long long, page_table_stride) SEP X(const int, page_size) SEP                    \
+  X(const int, window_left) SEP X(const int, window_right) SEP /* -1: unbounded */         \
+  X(const float, softcap)                        /* tanh soft-capping of scores, 0: off */
 
-// The same arguments, passed on (a kernel entry calling a shared __device__ body).
-#define TILEATTN_FWD_ARGS                                                                  \
-  q, k, v, o, lse, workspace, Nq, Nk, H, h_per_kv, q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb,  \
-      v_sh, v_sn, o_sb, o_sh, o_sn, softmax_scale, causal_offset, bh_offset
+#define TILEATTN_COMMA_ ,
+#define TILEATTN_SEMI_ ;
+#define TILEATTN_DECLARE_(type, name) type name
+#define TILEATTN_NAME_(type, name) name
 
-// Base pointers of one (batch, head) slice.  lse is laid out (B, H, Nq), contiguous.
+// The kernels' parameter list, and the same names passed on (a kernel entry calling a shared
+// __device__ body that takes TILEATTN_FWD_PARAMS too).
+#define TILEATTN_FWD_PARAMS(T) TILEATTN_FWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
+#define TILEATTN_FWD_ARGS TILEATTN_FWD_FIELDS(TILEATTN_NAME_, TILEATTN_COMMA_)
+
+// The same fields as one struct (C layout), for code that passes them around whole.
+template <typename T>
+struct FwdParams {
+  TILEATTN_FWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_SEMI_);
+};
+
+// The dynamic shared memory (bytes) an instantiation of `kernel` carves up, declared in the rung's
+// file from the same constants as its carve-up: a __device__ variable with the kernel's template
+// arguments, which the host reads from the cubin (_params.smem_bytes) and launches with.  No
+// host-side formula exists to drift from it.
+#define TILEATTN_SMEM_BYTES(kernel, ...)                                                   \
+  template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>                         \
+  __device__ int kernel##_smem_bytes = (__VA_ARGS__)
+
+// Base pointers of one (batch, head) slice.  lse is laid out (B, H, Nq), contiguous; when the
+// kernel's lse argument is null, hs.lse is meaningless and the rungs test that argument (a
+// constant-bank operand, no register) before storing.
 template <typename T>
 struct HeadSlice {
   const T* q; const T* k; const T* v; T* o; float* lse;

@@ -10,6 +10,19 @@
 
 namespace tileattn {
 
+// Columns of a shared Q/K/V tile: the head dim padded to 16 (mma k-steps), and a 48-column
+// remainder stored as a whole 64-column panel (see v3_mma.cu: fewer address registers than a
+// 32 + 16 split).  api.panel_widths (the TMA boxes) is checked against it by tests/test_layout.py.
+__host__ __device__ constexpr int fa2_mma_d_smem(int head_dim) {
+  return (head_dim + 15) / 16 * 16 % 64 == 48 ? (head_dim + 15) / 16 * 16 + 16 : (head_dim + 15) / 16 * 16;
+}
+
+// Its shared memory (the carve-up below): Q, two stages of K and V, D_SMEM columns of 16-bit
+// elements, and (TMA) 5 mbarriers.
+__host__ __device__ constexpr int fa2_mma_smem_bytes(int head_dim, int Br, int Bc, bool tma) {
+  return (Br + 4 * Bc) * fa2_mma_d_smem(head_dim) * 2 + (tma ? 5 * 8 : 0);
+}
+
 // The kernel body of the mma.sync rungs.  MT m16 row tiles per warp (v3: 1, v3.1 and v3.2: 2 up
 // to D=128); Q_IN_REGS keeps Q's A fragments in registers for the whole loop instead of re-reading
 // them by ldmatrix at every k-step; TMA (v3.2): Q, K and V arrive by tensor-memory-accelerator
@@ -23,9 +36,7 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
   static_assert(Br % WROWS == 0 && Bc % 16 == 0, "whole warps of 16 MT rows; P V k-steps of 16 keys");
   constexpr int NTHREADS = 32 * Br / WROWS;
   constexpr int D_PAD = (HEAD_DIM + 15) / 16 * 16;      // k extent of Q K^T, n extent of P V
-  // A 48-column remainder is stored as a whole 64-column panel (see v3_mma.cu: fewer address
-  // registers than a 32 + 16 split).
-  constexpr int D_SMEM = D_PAD % 64 == 48 ? D_PAD + 16 : D_PAD;
+  constexpr int D_SMEM = fa2_mma_d_smem(HEAD_DIM);
   constexpr int KSTEPS = D_PAD / 16;  // k-steps of Q K^T (16 head-dim columns each)
   constexpr int NT = Bc / 8;          // n-tiles (8 keys) of S
   constexpr int DT = D_PAD / 8;       // n-tiles (8 columns) of O
@@ -44,6 +55,8 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
   const unsigned Vs_addr = static_cast<unsigned>(__cvta_generic_to_shared(Vs));
   const unsigned bar_addr = Vs_addr + 2 * KVTile::BYTES;  // TMA: 5 mbarriers of 8 bytes
   const unsigned Q_bar = bar_addr, K_bar = bar_addr + 8, V_bar = bar_addr + 24;  // + 8 * stage
+  static_assert(QTile::BYTES + 4 * KVTile::BYTES + (TMA ? 5 * 8 : 0) == fa2_mma_smem_bytes(HEAD_DIM, Br, Bc, TMA),
+                "the carve-up is what the host allocates");
 
   const int bh = blockIdx.y + bh_offset;
   const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
@@ -337,7 +350,7 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
     constexpr float LN2 = 0.6931471805599453f;
 #pragma unroll
     for (int r = 0; r < 2 * MT; ++r)
-      if (row0 + 8 * r < Nq) hs.lse[row0 + 8 * r] = row_lse(m_i[r] * LN2, l_i[r]);
+      if (lse && row0 + 8 * r < Nq) hs.lse[row0 + 8 * r] = row_lse(m_i[r] * LN2, l_i[r]);
   }
 }
 

@@ -270,7 +270,7 @@ __device__ __forceinline__ void store_pair(T* dst, float a, float b) { *reinterp
 
 // Epilogue: finish l_i across the quad, write this thread's pairs of O / l for rows row_a and
 // row_a + 8 (rows past Nq skipped; a row that saw no key outputs 0) and their lse (natural log;
-// m_i is log2-scaled).
+// m_i is log2-scaled; lse null: not asked for).
 template <typename T, int HEAD_DIM>
 __device__ __forceinline__ void fragment_store_rows(const float (&acc)[HEAD_DIM / 2], const float (&m_i)[2],
                                                     const float (&l_i)[2], int row_a, int t, int Nq, T* o,
@@ -285,7 +285,7 @@ __device__ __forceinline__ void fragment_store_rows(const float (&acc)[HEAD_DIM 
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 8; ++n)
       store_pair(o + row * o_sn + n * 8 + 2 * t, acc[4 * n + 2 * h] * inv_l, acc[4 * n + 2 * h + 1] * inv_l);
-    if (t == 0) lse[row] = row_lse(m_i[h] * LN2, l);
+    if (t == 0 && lse) lse[row] = row_lse(m_i[h] * LN2, l);
   }
 }
 

@@ -48,7 +48,10 @@ __global__ void __launch_bounds__(Br, 1) v1_1_fwd(TILEATTN_FWD_PARAMS(T)) {
                                                 causal_offset);
     __syncthreads();  // everyone is done with buffer `cur` before the next prefetch reuses it
   }
-  kv_outer_finish<T, Br>(hs, m_hbm, l_hbm, Nq);
+  if (lse) kv_outer_finish<T, Br>(hs, m_hbm, l_hbm, Nq);
 }
+
+// Qi, Ks x2, Vs x2, S.
+TILEATTN_SMEM_BYTES(v1_1_fwd, (Br * HEAD_DIM + 4 * Bc * HEAD_DIM + Br * Bc) * 4);
 
 }  // namespace tileattn

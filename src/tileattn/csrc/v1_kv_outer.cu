@@ -44,7 +44,10 @@ __global__ void __launch_bounds__(Br, 1) v1_fwd(TILEATTN_FWD_PARAMS(T)) {
                                                 softmax_scale, causal_offset);
     __syncthreads();  // Kj and Vj are overwritten by the next K/V block
   }
-  kv_outer_finish<T, Br>(hs, m_hbm, l_hbm, Nq);
+  if (lse) kv_outer_finish<T, Br>(hs, m_hbm, l_hbm, Nq);
 }
+
+// Qi, Kj, Vj, S.
+TILEATTN_SMEM_BYTES(v1_fwd, (Br * HEAD_DIM + 2 * Bc * HEAD_DIM + Br * Bc) * 4);
 
 }  // namespace tileattn

@@ -322,10 +322,12 @@ __global__ void __launch_bounds__(v2_1::Config<HEAD_DIM, Br, Bc>::THREADS,
             make_float4(acc[i][4 * h] * inv_l, acc[i][4 * h + 1] * inv_l,
                         acc[i][4 * h + 2] * inv_l, acc[i][4 * h + 3] * inv_l);
       // l >= 1 once any key is seen (the max key contributes 2^0); l = 0 means none: -inf.
-      if (tx == 0)
+      if (tx == 0 && lse)
         hs.lse[grow] = l > 0.0f ? (m_i[i] + log2f(l)) * 0.6931471805599453f : TILEATTN_NEG_INF;
     }
   }
 }
+
+TILEATTN_SMEM_BYTES(v2_1_fwd, v2_1::Config<HEAD_DIM, Br, Bc>::SMEM_BYTES);
 
 }  // namespace tileattn

@@ -85,6 +85,11 @@ __device__ __forceinline__ void rows_async_copy(const float* src, long long src_
   }
 }
 
+// Qs, Kraw x2, Vraw x2, Khi (+ Klo) at row stride D+4; Vhi (+ Vlo) transposed at row stride Bc+4.
+__host__ __device__ constexpr int v2_2_smem_bytes(int D, int Br, int Bc, bool split) {
+  return ((Br + (split ? 6 : 5) * Bc) * (D + 4) + (split ? 2 : 1) * D * (Bc + 4)) * 4;
+}
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool SPLIT>
 __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
   static_assert(sizeof(T) == 4, "v2.2 is an FP32 rung");
@@ -315,7 +320,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
       const float2 val = make_float2(acc[n][2 * h] * inv_l, acc[n][2 * h + 1] * inv_l);
       *reinterpret_cast<float2*>(o_row + n * 8 + 2 * t) = val;
     }
-    if (t == 0) hs.lse[row] = l_i[h] > 0.0f ? (m_i[h] + __log2f(l_i[h])) * LN2 : TILEATTN_NEG_INF;
+    if (t == 0 && lse) hs.lse[row] = l_i[h] > 0.0f ? (m_i[h] + __log2f(l_i[h])) * LN2 : TILEATTN_NEG_INF;
   }
 }
 
@@ -330,5 +335,8 @@ template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(Br * 2, 1) v2_2_tf32_fwd(TILEATTN_FWD_PARAMS(T)) {
   v2_2_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/false>(TILEATTN_FWD_ARGS);
 }
+
+TILEATTN_SMEM_BYTES(v2_2_fwd, v2_2_smem_bytes(HEAD_DIM, Br, Bc, true));
+TILEATTN_SMEM_BYTES(v2_2_tf32_fwd, v2_2_smem_bytes(HEAD_DIM, Br, Bc, false));
 
 }  // namespace tileattn

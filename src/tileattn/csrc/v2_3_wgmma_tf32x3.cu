@@ -347,7 +347,7 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
       *reinterpret_cast<float2*>(o_row + n * 8 + 2 * t) =
           make_float2(acc[4 * n + 2 * h] * inv_l, acc[4 * n + 2 * h + 1] * inv_l);
     }
-    if (t == 0) hs.lse[row] = l > 0.0f ? (m_i[h] + __log2f(l)) * LN2 : TILEATTN_NEG_INF;
+    if (t == 0 && lse) hs.lse[row] = l > 0.0f ? (m_i[h] + __log2f(l)) * LN2 : TILEATTN_NEG_INF;
   }
 }
 
@@ -366,5 +366,8 @@ __global__ void __launch_bounds__(V2_3_WG + 2 * Br, 1) v2_3_tf32_fwd(TILEATTN_FW
   v2_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*SPLIT=*/false>(TILEATTN_FWD_ARGS);
 #endif
 }
+
+TILEATTN_SMEM_BYTES(v2_3_fwd, v2_3_smem_bytes(HEAD_DIM, Br, Bc, true, v2_3_stages(HEAD_DIM, Br, Bc, true)));
+TILEATTN_SMEM_BYTES(v2_3_tf32_fwd, v2_3_smem_bytes(HEAD_DIM, Br, Bc, false, v2_3_stages(HEAD_DIM, Br, Bc, false)));
 
 }  // namespace tileattn

@@ -126,8 +126,11 @@ __global__ void __launch_bounds__(Br) v2_fwd(TILEATTN_FWD_PARAMS(T)) {
     const float inv_l = l_i > 0.0f ? 1.0f / l_i : 0.0f;  // a row that saw no key outputs 0
 #pragma unroll
     for (int d = 0; d < HEAD_DIM; ++d) hs.o[grow * o_sn + d] = Oacc[row][d] * inv_l;
-    hs.lse[grow] = row_lse(m_i, l_i);
+    if (lse) hs.lse[grow] = row_lse(m_i, l_i);
   }
 }
+
+// Ks x2, Vs x2, Qs and Oacc padded to D+1.
+TILEATTN_SMEM_BYTES(v2_fwd, (4 * Bc * HEAD_DIM + 2 * Br * (HEAD_DIM + 1)) * 4);
 
 }  // namespace tileattn

@@ -41,4 +41,6 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br), v3_1_min_blocks(v3
 #endif
 }
 
+TILEATTN_SMEM_BYTES(v3_2_fwd, fa2_mma_smem_bytes(HEAD_DIM, Br, Bc, /*TMA=*/true));
+
 }  // namespace tileattn

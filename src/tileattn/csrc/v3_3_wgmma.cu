@@ -171,8 +171,11 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
     mbar_arrive(bars.v_empty(Tc - 1));
   }
 
-  fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, Nq, hs.o, o_sn, hs.lse);
+  fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, Nq, hs.o, o_sn, lse ? hs.lse : nullptr);
 #endif
 }
+
+// Q, 2 stages of K and V, 9 mbarriers (KVBarriers<2>).
+TILEATTN_SMEM_BYTES(v3_3_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 9 * 8);
 
 }  // namespace tileattn

@@ -63,4 +63,6 @@ __global__ void __launch_bounds__(2 * Br, v3_min_blocks(HEAD_DIM, Bc)) v3_fwd(TI
                /*TMA=*/false>(TILEATTN_FWD_ARGS);
 }
 
+TILEATTN_SMEM_BYTES(v3_fwd, fa2_mma_smem_bytes(HEAD_DIM, Br, Bc, /*TMA=*/false));
+
 }  // namespace tileattn
