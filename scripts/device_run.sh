@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: compile every rung (parallel), GPU tests, `check`, compute-sanitizer
-# (memcheck, racecheck, synccheck, initcheck), the 10,000-case fuzz run, benchmark.
+# One call on a GPU machine: compile every rung (parallel), GPU tests, `check`, the host-overhead
+# breakdown, compute-sanitizer (memcheck, racecheck, synccheck, initcheck), the 10,000-case fuzz
+# run, benchmark.
 # Installs nothing: runs the working tree with the machine's own python3 (torch, triton,
 # cuda.core, nvrtc wheels).  Stages: any of  compile tests check sanitize fuzz bench  (default:
-# all).  Set TILEATTN_COMMIT to the commit under test when the copy has no .git.
+# all).  SANITIZERS picks the compute-sanitizer tools (default: all four).  Set TILEATTN_COMMIT to the commit under test when the copy has no .git.
 # Writes at most 8 files under $OUT (default ./out): summary.json, logs.tar.gz, fuzz.json and the
 # benchmark JSON/PNG; prints a short table last.
 set -uo pipefail
@@ -12,7 +13,8 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 LOGS=$(mktemp -d)
-stages=${*:-compile tests check sanitize fuzz bench}
+stages=${*:-compile tests check profile sanitize fuzz bench}
+SANITIZERS=${SANITIZERS:-memcheck racecheck synccheck initcheck}
 SUITES=${SUITES:-ladder_fp32}  # which `bench --suite` to run
 BENCH_ARGS=${BENCH_ARGS:-}      # e.g. "--seqlen 8192 --headdim 64 128"
 FUZZ_CASES=${FUZZ_CASES:-10000}
@@ -33,8 +35,9 @@ python3 -m tileattn info > "$LOGS/info.log" 2>&1; head -4 "$LOGS/info.log"
 has compile && stage compile compile.log python3 -m tileattn compile --jobs 16
 has tests && stage tests pytest.log python3 -m pytest -q -m gpu tests/ -p no:cacheprovider
 has check && stage check check.log python3 -m tileattn check
+has profile && stage profile profile.log python3 scripts/profile_overhead.py
 if has sanitize; then
-  for tool in memcheck racecheck synccheck initcheck; do
+  for tool in $SANITIZERS; do
     env_extra=()
     # Without torch's caching allocator every tensor is its own allocation, so memcheck and
     # initcheck see an access past a tensor's end (inside a cached pool it would go unnoticed).
@@ -63,9 +66,10 @@ echo
 grep -E "^(FAILED|ERROR)" "$LOGS/pytest.log" 2>/dev/null | head -20
 grep -h "FAIL" "$LOGS"/check.log "$LOGS"/sanitize_*.log 2>/dev/null | head -20
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$LOGS"/sanitize_*.log 2>/dev/null
-has bench && grep -A40 "^| impl" "$LOGS/bench.log" | head -60
+has profile && cat "$LOGS/profile.log"
+has bench && grep -A40 "^| impl\|^| call" "$LOGS/bench.log" | head -80
 echo; printf '%-20s %s\n' stage result
-for k in compile tests check sanitize-memcheck sanitize-racecheck sanitize-synccheck sanitize-initcheck fuzz bench; do
+for k in compile tests check profile sanitize-memcheck sanitize-racecheck sanitize-synccheck sanitize-initcheck fuzz bench; do
   [[ -n "${result[$k]:-}" ]] && printf '%-20s %s\n' "$k" "${result[$k]}"
 done
 exit $rc

@@ -105,31 +105,6 @@ struct HeadSlice {
 template <bool CAUSAL>
 __device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x; }
 
-// The last key a query row may see (exclusive bound), given causal alignment.
-template <bool CAUSAL>
-__device__ __forceinline__ int key_end(int row, int Nk, int causal_offset) {
-  return CAUSAL ? min(Nk, max(0, row + causal_offset + 1)) : Nk;
-}
-
-// Online-softmax guard: when every score seen so far is -inf, m is -inf and exp(S - m)
-// would be exp(-inf + inf) = NaN.  Subtracting 0 instead gives exp(-inf) = 0, the right weight.
-__device__ __forceinline__ float safe_max(float m) { return m == TILEATTN_NEG_INF ? 0.0f : m; }
-
-// log-sum-exp of a finished row; a row that saw no key has l = 0 and gets -inf.
-__device__ __forceinline__ float row_lse(float m, float l) {
-  return l > 0.0f ? m + __logf(l) : TILEATTN_NEG_INF;
-}
-
-// 2^x on the SFU (MUFU.EX2), one instruction.  exp2f without fast math wraps the same
-// instruction in a denormal-range fix-up; here results below 2^-126 flush to 0, which is
-// harmless for softmax weights (they are added to sums >= 1).  ex2(-inf) = +0, the weight a
-// masked score must get.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Reductions over the LANES consecutive lanes that hold one row's slices (4: a quad of an mma
 // fragment; 8: v2.1's row groups); every lane gets the result.
 template <int LANES>

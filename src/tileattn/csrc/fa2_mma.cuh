@@ -5,7 +5,7 @@
 // v3_2_mma_tma.cu the TMA loads.
 #pragma once
 
-#include "common.cuh"
+#include "softmax.cuh"
 #include "mma.cuh"
 
 namespace tileattn {
@@ -135,14 +135,8 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
     m_i[r] = TILEATTN_NEG_INF;
     l_i[r] = 0.0f;
   }
-  // The softmax scale is folded into the exponent, 2^(s S - m), so S is never scaled on its own
-  // (one FFMA per score instead of FMUL + FADD).  That needs s = scale_log2 > 0, so that the row
-  // max of the raw scores gives the row max of the scaled ones: the kernel takes
-  // softmax_scale >= 0 (api.py passes a negative one as (-q, -softmax_scale), which is exact).
-  // softmax_scale = 0 would turn a masked -inf into -inf * 0 = NaN, so s is clamped at 1e-30:
-  // every weight is then 2^(s S - s max S) = 1 in fp32, as with s = 0, for any score below 1e29
-  // in magnitude.
-  const float scale_log2 = fmaxf(softmax_scale * TILEATTN_LOG2E, 1e-30f);
+  // The softmax scale folded into the exponent (softmax.cuh: folded_scale_log2).
+  const float scale_log2 = folded_scale_log2(softmax_scale);
 
   for (int j = 0; j < Tc; ++j) {
     const int stage = j & 1;
@@ -242,16 +236,8 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
           m_blk[2 * mt + 1] = fmaxf(m_blk[2 * mt + 1], fmaxf(S[mt][nt][2], S[mt][nt][3]));
         }
 #pragma unroll
-      for (int r = 0; r < 2 * MT; ++r) {
-        m_blk[r] = lanes_max<4>(m_blk[r]) * scale_log2;
-        const float m_new = fmaxf(m_i[r], m_blk[r]);
-        // safe_max: a row masked so far has m_new = -inf; subtracting 0 instead keeps
-        // ex2(-inf - (-inf)) = NaN out of P and alpha (they become ex2(-inf) = 0).
-        m_base[r] = safe_max(m_new);
-        alpha[r] = exp2_ftz(m_i[r] - m_base[r]);  // 0 on the first visible block (m_i = -inf)
-        m_i[r] = m_new;
-        l_i[r] *= alpha[r];
-      }
+      for (int r = 0; r < 2 * MT; ++r)
+        alpha[r] = online_rescale(m_i[r], l_i[r], lanes_max<4>(m_blk[r]) * scale_log2, m_base[r]);
 
       // 4. Rebase the accumulator to the new max (deferred normalisation: no division here).
       //    Before P, so that alpha is dead before P is live.
@@ -272,7 +258,7 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            S[mt][nt][e] = exp2_ftz(fmaf(S[mt][nt][e], scale_log2, -m_base[2 * mt + e / 2]));
+            S[mt][nt][e] = softmax_weight(S[mt][nt][e], scale_log2, m_base[2 * mt + e / 2]);
             l_i[2 * mt + e / 2] += S[mt][nt][e];
           }
 #pragma unroll

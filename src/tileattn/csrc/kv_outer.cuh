@@ -2,7 +2,7 @@
 // a K/V block reaches shared memory.  One thread per query row; the row's state (O, m_i, l_i) lives
 // in HBM and is read, merged and written back for every K/V block.
 #pragma once
-#include "common.cuh"
+#include "softmax.cuh"
 
 namespace tileattn {
 

@@ -21,7 +21,7 @@
 // turns row-major V (keys x head dim) into the "col" B operand of P V.
 #pragma once
 
-#include "common.cuh"  // cp_async_16
+#include "softmax.cuh"  // cp_async_16 (common.cuh), the online-softmax steps
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -249,16 +249,11 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
   }
   float m_base[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float m_new = fmaxf(m_i[h], lanes_max<4>(m_tile[h]) * scale_log2);  // the quad holds the row
-    m_base[h] = safe_max(m_new);
-    scale_old[h] = exp2_ftz(m_i[h] - m_base[h]);  // 0 on the first visible block
-    m_i[h] = m_new;
-    l_i[h] *= scale_old[h];
-  }
+  for (int h = 0; h < 2; ++h)  // the quad holds the row
+    scale_old[h] = online_rescale(m_i[h], l_i[h], lanes_max<4>(m_tile[h]) * scale_log2, m_base[h]);
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
-    S[i] = exp2_ftz(fmaf(S[i], scale_log2, -m_base[(i % 4) / 2]));
+    S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
     l_i[(i % 4) / 2] += S[i];
   }
 }

@@ -52,7 +52,7 @@
 // relative error 1.7e-6 / 6e-7 vs float64.  The ideas were built together, so their separate
 // shares are not measured; the occupancy (16 warps per SM vs 8) and the register tile (about 0.09
 // LDS.128 per FFMA instead of about one LDS per FFMA) are the two that the seed's analysis named.
-#include "common.cuh"
+#include "softmax.cuh"
 
 namespace tileattn {
 namespace v2_1 {

@@ -32,7 +32,7 @@
 // of ldmatrix is an 8x4 FP32 matrix whose lane (g, t) word is element (g, t): an m16n8k8 TF32
 // fragment).  Row strides D+4 and Bc+4 floats put the 8 rows of each ldmatrix in 8 different
 // 16-byte bank groups (conflict-free).  8 warps (Br=128) share each split, one block per SM.
-#include "common.cuh"
+#include "softmax.cuh"
 #include "mma.cuh"  // ldmatrix_x4
 #include "tf32x3.cuh"
 

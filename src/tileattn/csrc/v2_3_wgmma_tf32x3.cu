@@ -36,7 +36,7 @@
 // of D does not fit beside O and P, so it runs in two 64-column slices (OPARTS below).
 // Measured (H200, B=4, H=8, N=8192, vs one warpgroup of 64 rows): two consumers 1.32x at D=64
 // (97.9 vs 73.4 TFLOP/s at Bc=64), 1.15x at D=128 (87.7 vs 76.0, Bc=32 vs 64).
-#include "common.cuh"
+#include "softmax.cuh"
 #include "mma.cuh"  // mbarrier helpers
 #include "tf32x3.cuh"
 #include "wgmma.cuh"
@@ -281,20 +281,15 @@ __device__ __forceinline__ void v2_3_body(TILEATTN_FWD_PARAMS(T)) {
       m_tile[r / 2] = fmaxf(m_tile[r / 2], x);
     }
     // 3. Online softmax: the quad's row max, rebase to m_new, P = exp2(S - m_new) in place.
-    float scale_old[2];
+    float scale_old[2], m_base[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m_i[h], lanes_max<4>(m_tile[h]));
-      scale_old[h] = exp2_ftz(m_i[h] - safe_max(m_new));  // exp2(-inf) = 0 on the first block
-      m_i[h] = m_new;
-      l_i[h] *= scale_old[h];
-    }
+    for (int h = 0; h < 2; ++h) scale_old[h] = online_rescale(m_i[h], l_i[h], lanes_max<4>(m_tile[h]), m_base[h]);
     // P as TF32 hi/lo A fragments of P V: a0..a3 = c0, c2, c1, c3 under the key permutation.
     unsigned p_hi[Bc / 8][4], p_lo[Bc / 8][4];
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       const int r = i % 4;
-      const float p = exp2_ftz(S[i] - safe_max(m_i[r / 2]));
+      const float p = exp2_ftz(S[i] - m_base[r / 2]);
       l_i[r / 2] += p;
       const int a = r == 1 ? 2 : r == 2 ? 1 : r;
       if (SPLIT) split_tf32(p, p_hi[i / 4][a], p_lo[i / 4][a]);

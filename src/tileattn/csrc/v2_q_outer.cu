@@ -17,7 +17,7 @@
 // Shared memory (3.1): Ks, Vs [2][Bc][D] unpadded (a warp reads one K row at a time: broadcast);
 // Qs, Oacc [Br][D+1] padded, since D+1 = 1 (mod 32) puts neighbouring threads' rows in
 // neighbouring banks.  Br=128, Bc=32, D=64: 2*2*32*64*4 + 2*128*65*4 = 97 KB (dynamic).
-#include "common.cuh"
+#include "softmax.cuh"
 
 namespace tileattn {
 

@@ -80,8 +80,8 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int row_a = q_start + cwg * 64 + warp * 16 + g;  // this thread's query rows: row_a, row_a + 8
-  // > 0, so max(s S) = s max(S) and the scale folds into one FFMA per score (api.py makes it >= 0).
-  const float scale_log2 = fmaxf(softmax_scale * TILEATTN_LOG2E, 1e-30f);
+  // > 0, so max(s S) = s max(S) and the scale folds into one FFMA per score (softmax.cuh).
+  const float scale_log2 = folded_scale_log2(softmax_scale);
   constexpr int NS = Bc / 2, NO = HEAD_DIM / 2;  // accumulator values per thread: S (64 x Bc), O (64 x D)
 
   float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};

@@ -1,0 +1,73 @@
+// The online softmax, written once for the rungs that share its math: the key-limit/causal mask,
+// the running max m_i with its rescale of l_i (and of O, by the factor returned), the weights
+// 2^(s S - m) with the softmax scale folded into the exponent, and the log-sum-exp of a finished
+// row.  Everything is per row and in registers; how a rung lays rows over threads (a quad of an
+// mma fragment, a row group, a thread) stays in the rung, which calls these per row.
+//
+// Adopted where the SASS stays the same (scripts/sass_fingerprint.py: all 216 sm_90
+// instantiations identical before and after): v3, v3.1, v3.2 (fa2_mma.cuh) and v3.3 use the whole
+// step (folded_scale_log2, online_rescale, softmax_weight), v2.3 online_rescale; every rung masks
+// with key_end and guards with safe_max.  v2.1 fuses l_i's rescale into its row-sum FFMA, v2.2
+// keeps exp2f (the non-ftz path), and v1/v2 work in the natural-log domain (__expf): each would
+// change its SASS by adopting the step, so each keeps its own.
+#pragma once
+
+#include "common.cuh"
+
+namespace tileattn {
+
+// The last key a query row may see (exclusive bound), given causal alignment: query row i sees
+// key j iff j < Nk and (not causal, or j <= i + causal_offset).
+template <bool CAUSAL>
+__device__ __forceinline__ int key_end(int row, int Nk, int causal_offset) {
+  return CAUSAL ? min(Nk, max(0, row + causal_offset + 1)) : Nk;
+}
+
+// Online-softmax guard: when every score seen so far is -inf, m is -inf and exp(S - m)
+// would be exp(-inf + inf) = NaN.  Subtracting 0 instead gives exp(-inf) = 0, the right weight.
+__device__ __forceinline__ float safe_max(float m) { return m == TILEATTN_NEG_INF ? 0.0f : m; }
+
+// 2^x on the SFU (MUFU.EX2), one instruction.  exp2f without fast math wraps the same
+// instruction in a denormal-range fix-up; here results below 2^-126 flush to 0, which is
+// harmless for softmax weights (they are added to sums >= 1).  ex2(-inf) = +0, the weight a
+// masked score must get.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The scale in the log2 domain, folded into the exponent: 2^(s S - m), so S is never scaled on
+// its own (one FFMA per score instead of FMUL + FADD).  That needs s > 0, so that the row max of
+// the raw scores gives the row max of the scaled ones: the kernels take softmax_scale >= 0
+// (api.py passes a negative one as (-q, -softmax_scale), which is exact).  softmax_scale = 0
+// would turn a masked -inf into -inf * 0 = NaN, so s is clamped at 1e-30: every weight is then
+// 2^(s S - s max S) = 1 in fp32, as with s = 0, for any score below 1e29 in magnitude.
+__device__ __forceinline__ float folded_scale_log2(float softmax_scale) {
+  return fmaxf(softmax_scale * TILEATTN_LOG2E, 1e-30f);
+}
+
+// One row's step of the online softmax, in the log2 domain: m_blk is this K/V block's row max of
+// the scaled scores.  m_i becomes the running max, l_i is rebased to it, m_base is what this
+// block's scores subtract (safe_max: 0 while the row has seen only -inf), and the return value
+// is the factor O must be rebased by (0 on the row's first visible block, where m_i = -inf).
+__device__ __forceinline__ float online_rescale(float& m_i, float& l_i, float m_blk, float& m_base) {
+  const float m_new = fmaxf(m_i, m_blk);
+  m_base = safe_max(m_new);
+  const float alpha = exp2_ftz(m_i - m_base);
+  m_i = m_new;
+  l_i *= alpha;
+  return alpha;
+}
+
+// The weight of a raw score S given the folded scale and the row's m_base: 2^(s S - m_base).
+__device__ __forceinline__ float softmax_weight(float S, float scale_log2, float m_base) {
+  return exp2_ftz(fmaf(S, scale_log2, -m_base));
+}
+
+// log-sum-exp of a finished row (natural log); a row that saw no key has l = 0 and gets -inf.
+__device__ __forceinline__ float row_lse(float m, float l) {
+  return l > 0.0f ? m + __logf(l) : TILEATTN_NEG_INF;
+}
+
+}  // namespace tileattn
