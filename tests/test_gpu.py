@@ -161,6 +161,47 @@ def test_public_wrappers_agree_and_default_dispatch():
     assert ((o2.transpose(1, 2).double() - ref2).norm() / ref2.norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("version", ["v2.3", "v3.3", "v1"])
+def test_repeated_calls_reuse_a_prepared_launch(version):
+    """The second call of a signature takes the cached launch (api._CALLS): fresh data (new
+    pointers, so new TMA descriptors), NaN-poisoned memory where O will be allocated, a view of
+    the same strides at a misaligned offset (must fall back and copy), a negative scale (never
+    cached), and lse on and off: every result against float64."""
+    import torch
+
+    import tileattn
+    from tileattn import api
+
+    dtype = torch.float32 if VERSIONS[version].dtypes[0] == "float32" else torch.bfloat16
+    shape = (2, 77, 4, 64)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+
+    def ref(q, k, v, scale=None):
+        return torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(1, 2).double() for t in (q, k, v)), is_causal=True, scale=scale
+        ).transpose(1, 2)
+
+    def check(o, r):
+        assert not o.isnan().any() and ((o.double() - r).norm() / r.norm()).item() < tol
+
+    api._CALLS.clear()
+    for _ in range(4):
+        q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
+        torch.empty(q.numel() * 4, device="cuda").fill_(float("nan"))  # poison what O may reuse
+        o, lse = tileattn.flash_attn_func(q, k, v, causal="top_left", version=version, return_lse=True)
+        check(o, ref(q, k, v))
+        o = tileattn.flash_attn_func(q, k, v, causal="top_left", version=version)
+        check(o, ref(q, k, v))
+    assert len(api._CALLS) == 2  # with and without lse
+    # Same shape and strides, misaligned data (offset by one element): not the cached pointers' path.
+    big = torch.randn(3, 2 * 77 * 4 * 64 + 1, device="cuda", dtype=dtype)
+    q, k, v = (big[i, 1 : 1 + q.numel()].view(shape) for i in range(3))
+    check(tileattn.flash_attn_func(q, k, v, causal="top_left", version=version), ref(q, k, v))
+    # A negative scale is computed on -q and never cached.
+    check(tileattn.flash_attn_func(q, k, v, softmax_scale=-0.2, causal="top_left", version=version), ref(q, k, v, -0.2))
+    assert len(api._CALLS) == 2
+
+
 def test_zero_length_inputs():
     import torch
 

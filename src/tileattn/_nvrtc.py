@@ -552,10 +552,15 @@ def function_in_context(lk: LoadedKernel, device_index: int, smem: int) -> tuple
 
     set_max_dynamic_smem(lk, device_index, smem)
     ctx = _primary_context(device_index)
-    function = _check(driver.cuKernelGetFunction(lk.kernel, driver.CUcontext(ctx)), "cuKernelGetFunction")
-    if smem > 48 * 1024:
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        _check(driver.cuFuncSetAttribute(function, attr, smem), f"raising dynamic shared memory to {smem} bytes")
+    # cuKernelGetFunction answers for the current context: make the device's current for the call.
+    _check(driver.cuCtxPushCurrent(driver.CUcontext(ctx)), "cuCtxPushCurrent")
+    try:
+        function = _check(driver.cuKernelGetFunction(lk.kernel), "cuKernelGetFunction")
+        if smem > 48 * 1024:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(driver.cuFuncSetAttribute(function, attr, smem), f"raising dynamic shared memory to {smem} bytes")
+    finally:
+        _check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
     return int(function), ctx
 
 

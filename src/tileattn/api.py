@@ -343,13 +343,13 @@ def panel_widths(head_dim: int) -> list[int]:
     return ([64] if d_smem >= 64 else []) + ([d_smem % 64] if d_smem % 64 else [])
 
 
-@functools.lru_cache(maxsize=1024)
 def _tensor_maps(q_ptr, k_ptr, v_ptr, q_layout, k_layout, v_layout, dtype: str, esize: int, Br: int, Bc: int) -> bytes:
     """The kernel's TmaMaps argument (common.cuh): the TMA descriptors of q, k, v ((B, H, N, D)
     views given as pointer and (shape, strides)) with boxes of 64 columns x Br or Bc rows, then,
     when the padded head dim is not a multiple of 64, q, k, v with the last panel's 32 or 16
-    columns (the panels of SwizzledTile, mma.cuh).  Host bytes, cached by everything they depend
-    on; they travel by value in the launch's parameters, nothing lives on the device."""
+    columns (the panels of SwizzledTile, mma.cuh).  Host bytes (each prepared call keeps the ones
+    of the pointers it saw); they travel by value in the launch's parameters, nothing lives on
+    the device."""
     widths = panel_widths(q_layout[0][-1])
     maps = []
     for w in widths if len(widths) == 2 else widths * 2:  # narrow maps at index 3..5 (a copy if unused)
@@ -476,29 +476,38 @@ def _forward(
     its store).  ``out``/``lse`` let the tests hand in NaN-poisoned buffers of the right shape.
     Shapes and strides are handled as tuples in (B, H, N, D) order: nothing is transposed, and
     nothing the caller passed is modified (a misaligned input is copied, a negative scale negates a
-    copy of q)."""
-    dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = _validate(q, k, v, version, precision, layout)
+    copy of q).
 
-    # Allocate O in the caller's layout, contiguous, and lse (B, H, Nq).
-    if out is None:
-        # O has q's shape in either layout; empty_like of a contiguous q is the cheapest allocation.
-        out = (
-            torch.empty_like(q)
-            if q.is_contiguous()
-            else torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=q.dtype, device=q.device)
-        )
-        os_ = (Nq * H * D, D, H * D) if layout == "bnhd" else (H * Nq * D, Nq * D, D)
-    else:
-        os_ = _bhnd(out, layout)[1]
-    if lse is None and with_lse:
-        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    if B * H * Nq == 0:
+    A call whose dtypes, shapes, strides, devices and options were seen before skips straight to
+    its prepared launch (_CALLS): everything checked and computed from those is the same, so what
+    is cached is the checking and arithmetic of what cannot change.  What can (the data pointers'
+    alignment, grad mode) is checked on every call."""
+    key = None
+    if out is None and lse is None:
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+               q.get_device(), k.get_device(), v.get_device(), softmax_scale, causal, layout, version, precision,
+               with_lse)  # fmt: skip
+        call = _CALLS.get(key)
+        if call is not None:
+            q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
+            if not (q_ptr | k_ptr | v_ptr) & 15:  # else: the slow path copies the misaligned input
+                return call.run(q, q_ptr, k_ptr, v_ptr)
+
+    dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = _validate(q, k, v, version, precision, layout)
+    if B * H * Nq == 0 or Nk == 0:
+        if out is None:
+            out = torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=q.dtype, device=q.device)
+        if lse is None and with_lse:
+            lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+        if Nk == 0:  # no key at all: every row's output is 0 and its lse -inf
+            out.zero_()
+            if lse is not None:
+                lse.fill_(-math.inf)
         return out, lse
-    if Nk == 0:  # no key at all: every row's output is 0 and its lse -inf
-        return out.zero_(), None if lse is None else lse.fill_(-math.inf)
 
     # A negative scale goes onto q (a sign flip is exact in every float format), so kernels that
-    # fold the scale into exp2(scale * S - m) may assume scale >= 0 (see fa2_mma.cuh).
+    # fold the scale into exp2(scale * S - m) may assume scale >= 0 (see softmax.cuh).
+    cacheable = key is not None and softmax_scale >= 0
     if softmax_scale < 0:
         q, softmax_scale = -q, -softmax_scale
         qs = _bhnd(q, layout)[1]
@@ -508,51 +517,91 @@ def _forward(
     q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
     # (elems is a power of two: the OR of the strides is a multiple of it iff each stride is.)
     if (q_ptr | k_ptr | v_ptr) % 16 or (qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) % elems:
+        cacheable = False
         q, k, v = (t if _rows_aligned(t, _bhnd(t, layout)[1]) else t.contiguous() for t in (q, k, v))
         qs, ks, vs = _bhnd(q, layout)[1], _bhnd(k, layout)[1], _bhnd(v, layout)[1]
         q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
 
     plan = _plan(dtype, D, causal is not None, version, precision, device_index)
-    workspace = 0
-    if plan.workspace_per_row:
-        workspace_t = torch.empty(B * H * Nq * plan.workspace_per_row, dtype=torch.float32, device=q.device)
-        workspace = workspace_t.data_ptr()
+    os_ = (Nq * H * D, D, H * D) if layout == "bnhd" else (H * Nq * D, Nq * D, D)
+    call = _Launch(
+        plan,
+        device_index,
+        dtype,
+        (B, H, Nq, D, H_kv, Nk),
+        (qs, ks, vs, os_ if out is None else _bhnd(out, layout)[1]),
+        softmax_scale,
+        0 if causal != "bottom_right" else Nk - Nq,  # query i sees key j iff j <= i + offset
+        None if q.is_contiguous() else ((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D)),
+        with_lse,
+    )
+    if cacheable:
+        if len(_CALLS) >= _CALLS_MAX:  # many shapes (e.g. every decode length): start over
+            _CALLS.clear()
+        _CALLS[key] = call
+    return call.run(q, q_ptr, k_ptr, v_ptr, out, lse)
 
-    # The forward fields of TILEATTN_FWD_PARAMS (_params.FWD_ARGS order); the TMA rungs' maps last.
-    offset = 0 if causal != "bottom_right" else Nk - Nq  # query i sees key j iff j <= i + offset
-    # fmt: off
-    args = [q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace, Nq, Nk, H, H // H_kv,
-            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
-            softmax_scale, offset, 0]
-    # fmt: on
-    buf = plan.params
-    if plan.tma_offset is not None:
-        maps = _tensor_maps(q_ptr, k_ptr, v_ptr, ((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs),
-                            dtype, q.element_size(), plan.Br, plan.Bc)  # fmt: skip
-        _TMA_PACK(buf.buf, plan.tma_offset, maps)
 
-    # Launch on torch's current stream of the inputs' device.
-    stream = _current_stream(device_index)
-    BH = B * H
-    if plan.per_head:  # gridDim.x reaches 2^31 - 1: one launch
-        plan.pack(buf.buf, 0, *args)
-        _nvrtc.launch(plan.function, plan.context, stream, BH, 1, plan.threads, plan.smem, buf.extra_addr)
-    else:
-        Tr = -(-Nq // plan.Br)
-        for bh_offset in range(0, BH, _GRID_Y_MAX):
+_CALLS: dict[tuple, _Launch] = {}
+_CALLS_MAX = 4096
+
+
+class _Launch:
+    """One prepared call: the plan, the kernel arguments that follow from the shapes and strides
+    (a template whose pointers each call fills in), O's and lse's allocation and the grid."""
+
+    def __init__(self, plan: Plan, device_index, dtype, dims, strides, softmax_scale, offset, out_shape, with_lse):
+        B, H, Nq, D, H_kv, Nk = dims
+        qs, ks, vs, os_ = strides
+        self.plan, self.device_index, self.out_shape, self.with_lse = plan, device_index, out_shape, with_lse
+        self.lse_shape = (B, H, Nq)
+        self.workspace_numel = B * H * Nq * plan.workspace_per_row
+        # The forward fields of TILEATTN_FWD_PARAMS (_params.FWD_ARGS order); pointers at 0..5.
+        # fmt: off
+        self.args = [0, 0, 0, 0, 0, 0, Nq, Nk, H, H // H_kv, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
+                     vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], softmax_scale, offset, 0]
+        # fmt: on
+        # The TMA rungs' descriptors depend on the pointers too: built once per (q, k, v) seen.
+        self.maps_layout = (((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs), dtype)
+        self.maps: dict[tuple[int, int, int], bytes] = {}
+        # (grid x, grid y, bh_offset) per launch: K/V-outer rungs take B*H in gridDim.x (up to
+        # 2^31 - 1), the others (Tr, B*H) split over launches of at most 65535 in gridDim.y.
+        BH = B * H
+        if plan.per_head:
+            self.grids = [(BH, 1, 0)]
+        else:
+            Tr = -(-Nq // plan.Br)
+            self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]
+
+    def run(self, q, q_ptr: int, k_ptr: int, v_ptr: int, out=None, lse=None):
+        plan = self.plan
+        if out is None:  # O in the caller's layout, contiguous: like q when q is
+            shape = self.out_shape
+            out = torch.empty_like(q) if shape is None else torch.empty(shape, dtype=q.dtype, device=q.device)
+        if lse is None and self.with_lse:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        workspace = 0
+        if self.workspace_numel:
+            workspace_t = torch.empty(self.workspace_numel, dtype=torch.float32, device=q.device)
+            workspace = workspace_t.data_ptr()
+        args = self.args.copy()
+        args[0:6] = q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace
+        buf = plan.params
+        if plan.tma_offset is not None:
+            ptrs = (q_ptr, k_ptr, v_ptr)
+            maps = self.maps.get(ptrs)
+            if maps is None:
+                if len(self.maps) >= 64:
+                    self.maps.clear()
+                maps = self.maps[ptrs] = _tensor_maps(*ptrs, *self.maps_layout, q.element_size(), plan.Br, plan.Bc)
+            _TMA_PACK(buf.buf, plan.tma_offset, maps)
+        # Launch on torch's current stream of the inputs' device.
+        stream = _current_stream(self.device_index)
+        for grid_x, grid_y, bh_offset in self.grids:
             args[_BH_OFFSET] = bh_offset
             plan.pack(buf.buf, 0, *args)
-            _nvrtc.launch(
-                plan.function,
-                plan.context,
-                stream,
-                Tr,
-                min(_GRID_Y_MAX, BH - bh_offset),
-                plan.threads,
-                plan.smem,
-                buf.extra_addr,
-            )
-    return out, lse
+            _nvrtc.launch(plan.function, plan.context, stream, grid_x, grid_y, plan.threads, plan.smem, buf.extra_addr)
+        return out, lse
 
 
 _BH_OFFSET = [n for n, _ in _params.FWD_ARGS].index("bh_offset")
