@@ -512,13 +512,17 @@ def _forward(
         q, softmax_scale = -q, -softmax_scale
         qs = _bhnd(q, layout)[1]
     # The kernels copy 16-byte vectors (cp.async, TMA): rows must start on 16-byte boundaries.  A
-    # view that breaks that (an odd offset or stride) is copied once.
+    # view that breaks that (an odd offset or stride) is copied once, into fresh (aligned) memory:
+    # clone, since .contiguous() of a contiguous view at an odd offset would return the view.
     elems = 16 // q.element_size()
     q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
     # (elems is a power of two: the OR of the strides is a multiple of it iff each stride is.)
     if (q_ptr | k_ptr | v_ptr) % 16 or (qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) % elems:
         cacheable = False
-        q, k, v = (t if _rows_aligned(t, _bhnd(t, layout)[1]) else t.contiguous() for t in (q, k, v))
+        q, k, v = (
+            t if _rows_aligned(t, _bhnd(t, layout)[1]) else t.clone(memory_format=torch.contiguous_format)
+            for t in (q, k, v)
+        )
         qs, ks, vs = _bhnd(q, layout)[1], _bhnd(k, layout)[1], _bhnd(v, layout)[1]
         q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
 
