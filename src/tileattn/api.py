@@ -99,25 +99,17 @@ def scaled_dot_product_attention(
             "tileattn.scaled_dot_product_attention: attn_mask is not supported yet (only "
             "None, with is_causal for causal masks); use torch's SDPA for arbitrary masks"
         )
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0.0:
+    # (type() first: isinstance against numbers.Real costs a microsecond on every call.)
+    if (
+        type(dropout_p) is not float
+        and (isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real))
+        or dropout_p != 0.0
+    ):
         raise NotImplementedError(
             f"tileattn.scaled_dot_product_attention: dropout_p must be 0.0 (no dropout yet), got {dropout_p!r}"
         )
     mode = _causal_mode(is_causal, default_true="top_left", arg="is_causal")
-    if (
-        not enable_gqa
-        and isinstance(query, torch.Tensor)
-        and isinstance(key, torch.Tensor)
-        and query.dim() == 4
-        and key.dim() == 4
-        and query.shape[1] != key.shape[1]
-    ):
-        raise ValueError(
-            f"key has {key.shape[1]} heads but query has {query.shape[1]}: pass enable_gqa=True "
-            f"for grouped-query attention (as torch's SDPA asks); query {tuple(query.shape)}, key "
-            f"{tuple(key.shape)} (B, H, N, D)"
-        )
-    out, _ = _call(query, key, value, scale, mode, "bhnd", version, precision, "scale", False)
+    out, _ = _call(query, key, value, scale, mode, "bhnd", version, precision, "scale", False, not enable_gqa)
     return out
 
 
@@ -173,10 +165,13 @@ def _scale(softmax_scale, arg: str) -> float:
     return value
 
 
-def _call(q, k, v, softmax_scale, mode, layout: str, version, precision, scale_arg: str, with_lse: bool):
+def _call(
+    q, k, v, softmax_scale, mode, layout: str, version, precision, scale_arg: str, with_lse: bool, same_heads=False
+):
     """The public functions' shared tail: checks that need Python objects, then the custom op
     (under torch.compile; it always returns lse) or its implementation (eager: no dispatcher round
-    trip, and no lse buffer unless asked for)."""
+    trip, and no lse buffer unless asked for).  same_heads: SDPA's enable_gqa=False, under which
+    key must have query's number of heads."""
     Tensor = torch.Tensor
     if not (
         isinstance(q, Tensor)
@@ -187,6 +182,12 @@ def _call(q, k, v, softmax_scale, mode, layout: str, version, precision, scale_a
         and v.dim() == 4
     ):
         _check_rank(q=q, k=k, v=v)  # raises, naming the argument
+    if same_heads and q.shape[1] != k.shape[1]:  # (SDPA's layout: heads are dim 1)
+        raise ValueError(
+            f"key has {k.shape[1]} heads but query has {q.shape[1]}: pass enable_gqa=True "
+            f"for grouped-query attention (as torch's SDPA asks); query {tuple(q.shape)}, key "
+            f"{tuple(k.shape)} (B, H, N, D)"
+        )
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         _check_no_grad(q=q, k=k, v=v)  # raises
     if softmax_scale is None:
