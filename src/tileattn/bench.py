@@ -378,8 +378,9 @@ OVERHEAD_SHAPES = ((1, 1, 16, 64, "bfloat16", False), (1, 32, 512, 128, "float16
 def overhead(calls: int = 3000, repeats: int = 5) -> list[dict]:
     """Host time per call: a loop of `calls` calls at a tiny shape, where the GPU finishes each
     kernel long before the host issues the next, timed by the host clock (the median of
-    `repeats` loops, one synchronisation at the end of each).  tileattn beside SDPA's flash and
-    cuDNN backends and torch's in-place add (the floor of one PyTorch op), in the same process."""
+    `repeats` loops, one synchronisation at the end of each, taken round robin over the
+    implementations).  tileattn beside SDPA's flash and cuDNN backends and torch's in-place add
+    (the floor of one PyTorch op), in the same process."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -397,30 +398,42 @@ def overhead(calls: int = 3000, repeats: int = 5) -> list[dict]:
         backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
         for name in backends:
             fns[name] = lambda: sdpa(qt, kt, vt, is_causal=causal)
+
+        def timed(name, fn, n):
+            """Host µs per call over n calls (one synchronisation at the end), the backend chosen
+            once outside the loop (as a model would run)."""
+            with sdpa_kernel([backends[name]]) if name in backends else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                torch.cuda.synchronize()
+                return (time.perf_counter() - t0) / n * 1e6
+
         with torch.no_grad():
+            # Round robin: every implementation's loop once per repeat, so a clock that ramps up
+            # during the run (or any drift) reaches all of them alike, not whichever runs first.
+            times: dict[str, list[float]] = {name: [] for name in fns}
+            errors: dict[str, str] = {}
+            for rep in range(repeats + 1):  # the first round is warm-up
+                for name, fn in fns.items():
+                    if name in errors:
+                        continue
+                    try:
+                        us = timed(name, fn, calls if rep else 50)
+                    except Exception as e:
+                        errors[name] = f"{type(e).__name__}: {e}"[:200]
+                        continue
+                    if rep:
+                        times[name].append(us)
             for name, fn in fns.items():
-                # The backend is chosen once, outside the timed loop (as a model would run).
-                pick = sdpa_kernel([backends[name]]) if name in backends else contextlib.nullcontext()
                 shape = dict(impl=name, B=B, H=H, N=N, D=D, dtype=dtype, causal=causal)
-                try:
-                    pick.__enter__()
-                    for _ in range(50):
-                        fn()
-                    torch.cuda.synchronize()
-                    times = []
-                    for _ in range(repeats):
-                        t0 = time.perf_counter()
-                        for _ in range(calls):
-                            fn()
-                        torch.cuda.synchronize()
-                        times.append((time.perf_counter() - t0) / calls * 1e6)
-                    us = sorted(times)[len(times) // 2]
-                    # GPU time per call (device events), to show the loop is bound by the host.
-                    rows.append(dict(shape, us_per_call=us, gpu_us=_time(fn) * 1e3, calls=calls))
-                except Exception as e:
-                    rows.append(dict(shape, us_per_call=None, error=f"{type(e).__name__}: {e}"[:200]))
-                finally:
-                    pick.__exit__(None, None, None)
+                if name in errors:
+                    rows.append(dict(shape, us_per_call=None, error=errors[name]))
+                    continue
+                with sdpa_kernel([backends[name]]) if name in backends else contextlib.nullcontext():
+                    gpu_us = _time(fn) * 1e3  # device events: shows whether the loop is bound by the host
+                us = sorted(times[name])[len(times[name]) // 2]
+                rows.append(dict(shape, us_per_call=us, gpu_us=gpu_us, calls=calls))
     return rows
 
 
