@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 
-# FwdParams' members as struct codes: Q = 64-bit address, q = long long, i = int, f = float.
+# TILEATTN_FWD_FIELDS as struct codes: Q = 64-bit address, q = long long, i = int, f = float.
 # The forward fields, packed on every call:
 FWD_ARGS: list[tuple[str, str]] = [
     ("q", "Q"),
@@ -64,15 +64,6 @@ FWD_FIELDS = FWD_ARGS + [(name, code) for name, code, _ in FWD_ROOM]
 TMA_MAPS_BYTES = 6 * 128  # TmaMaps: q, k, v with 64-column boxes, then with the narrow last panel's box
 
 
-def field_offsets() -> dict[str, int]:
-    """Each FwdParams member's offset under the C layout rules."""
-    out, fmt = {}, "@"
-    for name, code in FWD_FIELDS:
-        out[name] = struct.calcsize(fmt + code) - struct.calcsize(code)
-        fmt += code
-    return out
-
-
 def struct_size() -> int:
     """sizeof(FwdParams): the members, padded to the struct's alignment (8: its widest member)."""
     end = struct.calcsize("@" + "".join(code for _, code in FWD_FIELDS))
@@ -94,11 +85,6 @@ def _elf_sections(data: bytes) -> list[tuple[str, int, bytes, int]]:
         (data[names + h[0] : data.index(b"\0", names + h[0])].decode(), h[1], data[h[4] : h[4] + h[5]], h[6])
         for h in headers
     ]
-
-
-def elf_sections(data: bytes):
-    """(name, contents) of each section of a cubin."""
-    return [(name, contents) for name, _, contents, _ in _elf_sections(data)]
 
 
 _SHT_SYMTAB = 2
@@ -128,7 +114,7 @@ def smem_bytes(cubin) -> int:
 def _kernel_info(cubin: bytes, lowered_name: str) -> tuple[dict[int, tuple[int, int]], tuple[int, ...] | None]:
     """From the kernel's .nv.info section (the compiler's own record): each parameter's
     (offset, size) by ordinal, and the block size __launch_bounds__ declared (or None)."""
-    for name, sec in elf_sections(cubin):
+    for name, _, sec, _ in _elf_sections(cubin):
         if name != f".nv.info.{lowered_name}":
             continue
         params, max_threads, i = {}, None, 0
