@@ -381,7 +381,7 @@ class Plan:
     per_head: bool  # grid = B*H (K/V-outer rungs), else (Tr, B*H)
     workspace_per_row: int
     tma_offset: int | None  # where the TmaMaps parameter starts (TMA rungs), else None
-    pack: object  # pack_into of FwdParams' forward fields (_params.FWD_ARGS) at offset 0
+    pack: object  # pack_into of the forward fields (_params.FWD_ARGS) at the compiler's parameter offsets
     params: _nvrtc.ParamBuffer  # a thread-local image of the parameter block, handed to the launch whole
 
 
