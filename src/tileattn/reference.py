@@ -3,7 +3,10 @@
 ``attention_naive`` is the float64 truth every kernel is compared with.  ``attention_tiled`` runs
 the kernels' own loop nest (Q blocks of Br rows, K/V blocks of Bc keys, running m_i / l_i,
 deferred normalisation, causal block skipping and diagonal-block masking), so the algorithm is
-proven on the CPU independently of CUDA.
+proven on the CPU independently of CUDA.  ``attention_backward_naive`` and
+``attention_backward_tiled`` do the same for the gradients (FlashAttention-2's backward: D_i
+preprocessing, K/V blocks outer, P rebuilt from the forward's lse, dQ accumulated across blocks),
+checked against PyTorch's float64 autograd in tests/test_reference.py.
 
 Shapes follow PyTorch's SDPA: q (B, H, Nq, D), k and v (B, H_kv, Nk, D) with H % H_kv == 0.
 Causal alignment: query row i sees key j iff j <= i + offset, where offset = 0 for "top_left"
@@ -101,3 +104,88 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=None, Br=128, Bc=32, dty
         with np.errstate(divide="ignore"):
             lse[:, :, rows] = np.where(has_keys, m_i + np.log(np.where(has_keys, l_i, 1)), -np.inf)[..., 0]
     return O, lse
+
+
+# ---- backward ---------------------------------------------------------------------------------
+# With S = scale * Q K^T (masked to -inf), P = exp(S - lse) row-wise and O = P V:
+#   dV = P^T dO,  dP = dO V^T,  D_i = rowsum(dO * O) = rowsum(P * dP),  dS = P * (dP - D_i),
+#   dQ = scale * dS K,  dK = scale * dS^T Q.
+# Under GQA each K/V head's dK, dV is the sum over the query heads of its group.  A row that sees
+# no key has P = 0, so it contributes nothing and its dQ is 0.
+
+
+def _reduce_groups(x, H_kv):
+    """Sum (B, H, N, D) over each group of H / H_kv consecutive query heads -> (B, H_kv, N, D)."""
+    B, H, N, D = x.shape
+    return x.reshape(B, H_kv, H // H_kv, N, D).sum(axis=2)
+
+
+def _probabilities(S, lse):
+    """P = exp(S - lse) with the row of lse = -inf (no key) giving 0, not NaN."""
+    lse = lse[..., None]
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(lse), np.exp(S - np.where(np.isfinite(lse), lse, 0)), 0.0)
+
+
+def attention_backward_naive(q, k, v, dO, softmax_scale=None, causal=None):
+    """Returns (dQ, dK, dV) in float64 for the loss sum(O * dO), O = attention(q, k, v)."""
+    q, k, v, dO = (np.asarray(t, dtype=np.float64) for t in (q, k, v, dO))
+    H_kv = k.shape[1]
+    O, lse = attention_naive(q, k, v, softmax_scale, causal)
+    k_, v_ = _expand_kv(q, k, v)
+    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / np.sqrt(D) if softmax_scale is None else softmax_scale
+    S = np.einsum("bhid,bhjd->bhij", q, k_) * scale
+    offset = causal_offset(Nq, Nk, causal)
+    if offset is not None:
+        S = np.where(np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + offset, S, -np.inf)
+    P = _probabilities(S, lse)
+    dV = np.einsum("bhij,bhid->bhjd", P, dO)
+    dP = np.einsum("bhid,bhjd->bhij", dO, v_)
+    Di = (dO * O).sum(axis=-1, keepdims=True)
+    dS = P * (dP - Di)
+    dQ = scale * np.einsum("bhij,bhjd->bhid", dS, k_)
+    dK = scale * np.einsum("bhij,bhid->bhjd", dS, q)
+    return dQ, _reduce_groups(dK, H_kv), _reduce_groups(dV, H_kv)
+
+
+def attention_backward_tiled(q, k, v, O, lse, dO, softmax_scale=None, causal=None, Br=64, Bc=64, dtype=np.float32):
+    """FlashAttention-2's backward loop nest, block by block, in ``dtype``: first D_i =
+    rowsum(dO * O) per query row (the preprocessing kernel), then K/V blocks outer (one thread
+    block each: dK_j, dV_j stay on chip and are written once), Q blocks inner (P rebuilt from the
+    forward's lse, no N x N matrix anywhere), dQ accumulated across K/V blocks (atomics on the
+    GPU, an in-order sum here).  Causal: Q blocks entirely above the diagonal are skipped and the
+    block that straddles it is masked.  Returns (dQ, dK, dV) like ``attention_backward_naive``."""
+    q, k, v, O, dO = (np.asarray(t, dtype=dtype) for t in (q, k, v, O, dO))
+    lse = np.asarray(lse, dtype=dtype)
+    H_kv = k.shape[1]
+    k_, v_ = _expand_kv(q, k, v)
+    B, H, Nq, D = q.shape
+    Nk = k_.shape[2]
+    scale = dtype(1.0 / np.sqrt(D) if softmax_scale is None else softmax_scale)
+    offset = causal_offset(Nq, Nk, causal)
+    Di = (dO * O).sum(axis=-1)  # (B, H, Nq)
+    dQ = np.zeros((B, H, Nq, D), dtype)
+    dK = np.zeros((B, H, Nk, D), dtype)
+    dV = np.zeros((B, H, Nk, D), dtype)
+    for kv_start in range(0, Nk, Bc):  # K/V blocks: the outer loop, one thread block each
+        cols = np.arange(kv_start, min(kv_start + Bc, Nk))
+        Kj, Vj = k_[:, :, cols], v_[:, :, cols]
+        dKj = np.zeros_like(Kj)
+        dVj = np.zeros_like(Vj)
+        # Causal: the first query row that sees key kv_start is kv_start - offset.
+        q_first = 0 if offset is None else max(0, kv_start - offset)
+        for q_start in range(q_first // Br * Br, Nq, Br):
+            rows = np.arange(q_start, min(q_start + Br, Nq))
+            Qi, dOi = q[:, :, rows], dO[:, :, rows]
+            S = (Qi @ np.swapaxes(Kj, -1, -2)) * scale
+            if offset is not None and kv_start + Bc - 1 > q_start + offset:
+                S = np.where(cols[None, :] <= rows[:, None] + offset, S, -np.inf)
+            P = _probabilities(S, lse[:, :, rows]).astype(dtype)
+            dVj += np.swapaxes(P, -1, -2) @ dOi
+            dP = dOi @ np.swapaxes(Vj, -1, -2)
+            dS = P * (dP - Di[:, :, rows, None])
+            dQ[:, :, rows] += scale * (dS @ Kj)
+            dKj += scale * (np.swapaxes(dS, -1, -2) @ Qi)
+        dK[:, :, cols], dV[:, :, cols] = dKj, dVj
+    return dQ, _reduce_groups(dK, H_kv), _reduce_groups(dV, H_kv)
