@@ -152,38 +152,50 @@ def block_threads(cubin: bytes, lowered_name: str) -> int:
 
 class Layout:
     """A kernel's parameter block as the compiler laid it out: its size, the offset of each
-    parameter, ``pack`` (pack_into of FWD_ARGS at their offsets, nothing else written), where the
-    TmaMaps parameter starts (TMA rungs, else None) and the block's initial bytes (zeros and
-    FWD_ROOM's "off" values)."""
+    parameter, ``pack`` (pack_into of the packed-per-call fields at their offsets, nothing else
+    written), where the TmaMaps parameter starts (TMA rungs, else None) and the block's initial
+    bytes (zeros and the room fields' "off" values)."""
 
-    def __init__(self, params: list[tuple[int, int]], tensor_maps: bool):
+    def __init__(self, params: list[tuple[int, int]], tensor_maps: bool, args=FWD_ARGS, room=FWD_ROOM):
         self.offsets = [offset for offset, _ in params]
         self.size = params[-1][0] + params[-1][1]
         fmt, pos = "<", 0
-        for (offset, size), (_, code) in zip(params, FWD_ARGS):
+        for (offset, size), (_, code) in zip(params, args):
             fmt += "x" * (offset - pos) + code
             pos = offset + size
         self.pack = struct.Struct(fmt).pack_into
         self.tma_offset = self.offsets[-1] if tensor_maps else None
         init = bytearray(self.size)
-        for (offset, _), (_, code, value) in zip(params[len(FWD_ARGS) :], FWD_ROOM):
+        for (offset, _), (_, code, value) in zip(params[len(args) :], room):
             struct.pack_into("<" + code, init, offset, value)
         self.init = bytes(init)
 
 
-def arg_codes(tensor_maps: bool) -> list[tuple[str, str]]:
-    return FWD_FIELDS + ([("tmaps", f"{TMA_MAPS_BYTES}s")] if tensor_maps else [])
+def arg_codes(tensor_maps: bool, fields=None) -> list[tuple[str, str]]:
+    return (FWD_FIELDS if fields is None else fields) + ([("tmaps", f"{TMA_MAPS_BYTES}s")] if tensor_maps else [])
 
 
-def packer(cubin: bytes, lowered_name: str, tensor_maps: bool) -> Layout:
-    """The kernel's parameter block.  Raises if its parameters are not the ones the host passes
+def packer(cubin: bytes, lowered_name: str, tensor_maps: bool, args=None, room=None) -> Layout:
+    """The kernel's parameter block: the forward fields (default) or ``args`` then ``room`` (the
+    backward's BWD_ARGS, no room).  Raises if its parameters are not the ones the host passes
     (count or any size)."""
+    args = FWD_ARGS if args is None else args
+    room = FWD_ROOM if room is None else room
     params = kernel_params(cubin, lowered_name)
-    codes = arg_codes(tensor_maps)
+    codes = arg_codes(tensor_maps, args + [(name, code) for name, code, _ in room])
     sizes = [struct.calcsize("<" + code) for _, code in codes]
     if [size for _, size in params] != sizes:
         raise RuntimeError(
             f"tileattn: the parameters of {lowered_name} are {[size for _, size in params]} bytes, but the "
             f"host passes {sizes} ({[name for name, _ in codes]}): csrc and _params.py disagree"
         )
-    return Layout(params, tensor_maps)
+    return Layout(params, tensor_maps, args, room)
+
+
+# TILEATTN_BWD_FIELDS (csrc/bwd_common.cuh), in order: all packed on every call.
+BWD_ARGS: list[tuple[str, str]] = (
+    [(name, "Q") for name in ("q", "k", "v", "o", "dout", "lse", "Di", "dq_accum", "dk_accum", "dv_accum")]
+    + [(name, "i") for name in ("Nq", "Nk", "H", "h_per_kv")]
+    + [(f"{t}_{s}", "q") for t in ("q", "k", "v", "o", "do") for s in ("sb", "sh", "sn")]
+    + [("softmax_scale", "f"), ("causal_offset", "i"), ("bh_offset", "i")]
+)

@@ -290,3 +290,57 @@ def select(dtype: str, head_dim: int, arch: int, precision: str | None = None) -
     """The fastest registered rung that takes these inputs on this arch at this precision, or None."""
     candidates = [v for v in VERSIONS.values() if v.supports(dtype, head_dim, arch, precision)]
     return max(candidates, key=lambda v: v.priority, default=None)
+
+
+# ---- backward ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdVersion:
+    """A backward rung: ``tileattn::<kernel><T, HEAD_DIM, Br, Bc, CAUSAL>`` taking
+    TILEATTN_BWD_PARAMS (csrc/bwd_common.cuh), grid (ceil(Nk / Bc), B*H): K/V blocks outer.  The
+    preprocessing kernel (D_i = rowsum(dO * O)) runs before it."""
+
+    name: str
+    file: str
+    kernel: str
+    tiles: dict[int, tuple[int, int]]  # head dim -> (Br, Bc)
+    dtypes: tuple[str, ...]
+    min_arch: int = 80
+    summary: str = ""
+
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        return tuple(sorted(self.tiles))
+
+    def name_expression(self, dtype: str, head_dim: int, causal: bool) -> str:
+        Br, Bc = self.tiles[head_dim]
+        return f"tileattn::{self.kernel}<{_CTYPE[dtype]}, {head_dim}, {Br}, {Bc}, {str(causal).lower()}>"
+
+
+# D_i = rowsum(dO * O): BWD_PRE_ROWS rows (one warp each) per block of 32 * BWD_PRE_ROWS threads.
+BWD_PRE_ROWS = 8
+BWD_PREPROCESS = BwdVersion(
+    name="bwd_preprocess",
+    file="bwd_common.cuh",
+    kernel="bwd_preprocess",
+    tiles={D: (BWD_PRE_ROWS, 0) for D in (32, 64, 128)},
+    dtypes=("float32", "float16", "bfloat16"),
+)
+
+# Not yet wired into autograd: an input that requires grad still raises (api._check_no_grad)
+# until the GPU tests of tests/test_gpu.py::test_backward_* have passed on a device.
+BWD_VERSIONS: dict[str, BwdVersion] = {
+    v.name: v
+    for v in [
+        BwdVersion(
+            name="bwd_v1",
+            file="bwd_v1_simt.cu",
+            kernel="bwd_v1",
+            tiles={32: (64, 64), 64: (64, 64), 128: (32, 64)},
+            dtypes=("float32",),
+            summary="FA2 backward on CUDA cores, FP32: K/V blocks outer, P from the forward's lse, dS in "
+            "shared memory, dK/dV in registers, dQ by float32 atomics",
+        ),
+    ]
+}

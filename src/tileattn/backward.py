@@ -1,0 +1,80 @@
+"""The backward pass's launch path: D_i preprocessing, then a backward rung (versions.BWD_VERSIONS),
+then the float32 accumulators converted to the inputs' dtype and layout.
+
+Not yet wired into autograd (an input that requires grad still raises, see api._check_no_grad):
+``attention_backward`` is called by the GPU tests, which must pass on a device first.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import _nvrtc, _params, api
+from .versions import BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
+
+
+@functools.cache
+def _bwd_plan(name: str, dtype: str, D: int, causal: bool, device_index: int):
+    """(CUfunction, context, block, smem, Br, Bc, Layout, ParamBuffer) of one backward kernel
+    (a BWD_VERSIONS rung or the preprocessing kernel) on one device."""
+    entry = BWD_PREPROCESS if name == BWD_PREPROCESS.name else BWD_VERSIONS[name]
+    cc = _nvrtc.device_arch(device_index)
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal), _nvrtc.arch_string(cc))
+    smem = _params.smem_bytes(cubin)
+    if smem > _nvrtc.max_dynamic_smem(device_index):
+        raise ValueError(f"{entry.name} at head dim {D} needs {smem} bytes of shared memory; this GPU has less")
+    function, context = _nvrtc.function_in_context(_nvrtc.load(cubin), device_index, smem)
+    layout = _params.packer(cubin.data, cubin.lowered_name, False, _params.BWD_ARGS, [])
+    Br, Bc = entry.tiles[D]
+    threads = _params.block_threads(cubin.data, cubin.lowered_name)
+    return function, context, threads, smem, Br, Bc, layout, _nvrtc.ParamBuffer(layout.init)
+
+
+def attention_backward(q, k, v, out, lse, dout, softmax_scale: float, causal: str | None, layout: str, version=None):
+    """dq, dk, dv of attention(q, k, v) for the upstream gradient ``dout``, given the forward's
+    ``out`` and ``lse`` ((B, H, Nq) float32).  All in ``layout`` ("bnhd" or "bhnd"), dq like q,
+    dk and dv like k and v.  GQA: dk, dv are summed over each group of query heads."""
+    dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = api._validate(q, k, v, None, None, layout)
+    name = version or "bwd_v1"
+    entry = BWD_VERSIONS[name]
+    if dtype not in entry.dtypes or D not in entry.tiles:
+        raise ValueError(
+            f"backward rung {name!r} takes {entry.dtypes} at head dims {entry.head_dims}, got {dtype} D={D}"
+        )
+    for arg, t in (("out", out), ("dout", dout)):
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
+            raise ValueError(f"{arg} must match q (shape {tuple(q.shape)}, {q.dtype}, head dim contiguous)")
+    if lse.shape != (B, H, Nq) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"lse must be a contiguous float32 tensor of shape {(B, H, Nq)}, got {tuple(lse.shape)}")
+    os_, dos = api._bhnd(out, layout)[1], api._bhnd(dout, layout)[1]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((B, H, Nq, D), **f32)
+    dk_acc = torch.zeros((B, H_kv, Nk, D), **f32)
+    dv_acc = torch.zeros((B, H_kv, Nk, D), **f32)
+    if B * H * Nq and Nk:
+        Di = torch.empty((B, H, Nq), **f32)
+        offset = 0 if causal != "bottom_right" else Nk - Nq
+        # fmt: off
+        args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
+                Di.data_ptr(), dq_acc.data_ptr(), dk_acc.data_ptr(), dv_acc.data_ptr(), Nq, Nk, H, H // H_kv,
+                *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], softmax_scale, offset, 0]
+        # fmt: on
+        stream = api._current_stream(device_index)
+        for kernel, rows in ((BWD_PREPROCESS.name, BWD_PRE_ROWS), (name, None)):
+            function, context, threads, smem, Br, Bc, lay, buf = _bwd_plan(
+                kernel, dtype, D, causal is not None, device_index
+            )
+            grid_x = -(-Nq // rows) if rows else -(-Nk // Bc)
+            for bh_offset in range(0, B * H, api._GRID_Y_MAX):
+                args[-1] = bh_offset
+                lay.pack(buf.buf, 0, *args)
+                grid_y = min(api._GRID_Y_MAX, B * H - bh_offset)
+                _nvrtc.launch(function, context, stream, grid_x, grid_y, threads, smem, buf.extra_addr)
+
+    def like(acc, t):  # (B, H, N, D) float32 -> t's dtype, in the caller's layout
+        acc = acc.transpose(1, 2) if layout == "bnhd" else acc
+        return acc.to(t.dtype).contiguous()
+
+    return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)

@@ -1,0 +1,54 @@
+// The backward kernels' arguments and the preprocessing step they share.
+//
+// FlashAttention-2's backward (reference.attention_backward_tiled is the same loop nest in NumPy):
+// with S = scale Q K^T, P = exp(S - lse) rebuilt from the forward's log-sum-exp (no N x N matrix
+// is ever stored) and D_i = rowsum(dO * O),
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D_i),  dQ = scale dS K,  dK = scale dS^T Q.
+// The main kernels take K/V blocks as the outer loop (one thread block each, dK_j and dV_j on
+// chip) and accumulate dQ across K/V blocks in a float32 buffer.
+#pragma once
+
+#include "softmax.cuh"
+
+namespace tileattn {
+
+// The backward arguments, written once (as the forward's TILEATTN_FWD_FIELDS).  q, k, v, o, dout
+// in the caller's layout (strides in elements, head dim contiguous); lse, Di: (B, H, Nq) float32,
+// contiguous; the accumulators are float32 and contiguous: dq_accum (B, H, Nq, D), dk_accum and
+// dv_accum (B, H_kv, Nk, D), zeroed by the host (every K/V block and every query head of a GQA
+// group adds into them).
+#define TILEATTN_BWD_FIELDS(X, SEP)                                                        \
+  X(const T* __restrict__, q) SEP X(const T* __restrict__, k) SEP X(const T* __restrict__, v) SEP \
+  X(const T* __restrict__, o) SEP X(const T* __restrict__, dout) SEP                       \
+  X(const float* __restrict__, lse) SEP X(float* __restrict__, Di) SEP                     \
+  X(float* __restrict__, dq_accum) SEP X(float* __restrict__, dk_accum) SEP                \
+  X(float* __restrict__, dv_accum) SEP                                                     \
+  X(const int, Nq) SEP X(const int, Nk) SEP X(const int, H) SEP X(const int, h_per_kv) SEP \
+  X(const long long, q_sb) SEP X(const long long, q_sh) SEP X(const long long, q_sn) SEP  \
+  X(const long long, k_sb) SEP X(const long long, k_sh) SEP X(const long long, k_sn) SEP  \
+  X(const long long, v_sb) SEP X(const long long, v_sh) SEP X(const long long, v_sn) SEP  \
+  X(const long long, o_sb) SEP X(const long long, o_sh) SEP X(const long long, o_sn) SEP  \
+  X(const long long, do_sb) SEP X(const long long, do_sh) SEP X(const long long, do_sn) SEP \
+  X(const float, softmax_scale) SEP X(const int, causal_offset) SEP X(const int, bh_offset)
+
+#define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
+
+// Preprocessing: D_i = rowsum(dO * O) in float32, one warp per query row, BWD_PRE_ROWS rows per
+// thread block (grid: (ceil(Nq / BWD_PRE_ROWS), B*H)).  The uniform template signature of the
+// registry; Br is the rows per block, Bc and CAUSAL are unused.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(32 * Br) bwd_preprocess(TILEATTN_BWD_PARAMS(T)) {
+  const int bh = blockIdx.y + bh_offset;
+  const int b = bh / H, h = bh % H;
+  const int row = blockIdx.x * Br + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= Nq) return;
+  const T* o_row = o + b * o_sb + h * o_sh + row * o_sn;
+  const T* do_row = dout + b * do_sb + h * do_sh + row * do_sn;
+  float sum = 0.0f;
+  for (int d = lane; d < HEAD_DIM; d += 32) sum = fmaf(static_cast<float>(o_row[d]), static_cast<float>(do_row[d]), sum);
+  sum = lanes_sum<32>(sum);
+  if (lane == 0) Di[(long long)bh * Nq + row] = sum;
+}
+TILEATTN_SMEM_BYTES(bwd_preprocess, 0);
+
+}  // namespace tileattn

@@ -1,0 +1,96 @@
+"""The backward pass (issue 11, in progress): every backward instantiation compiles under NVRTC
+without spills, its parameter block is the host's BWD_ARGS, and its SASS holds what the rung is
+for (CPU); gradients against float64 autograd (GPU)."""
+
+import pytest
+
+from tileattn import _nvrtc, _params
+from tileattn.versions import BWD_PREPROCESS, BWD_VERSIONS
+
+ARCHS = ["sm_80", "sm_90"]
+INSTANCES = [
+    (entry, dtype, D, causal, arch)
+    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values()]
+    for dtype in entry.dtypes
+    for D in entry.head_dims
+    for causal in ((False,) if entry is BWD_PREPROCESS else (False, True))
+    for arch in ARCHS
+]
+
+
+@pytest.mark.parametrize("entry,dtype,D,causal,arch", INSTANCES, ids=lambda x: getattr(x, "name", str(x)))
+def test_backward_compiles_without_spills(entry, dtype, D, causal, arch):
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal), arch)
+    res = cubin.resources
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0 and res["spill_loads"] == 0, res
+    threads = _params.block_threads(cubin.data, cubin.lowered_name)
+    assert res["registers"] * threads <= 65536
+    assert _params.smem_bytes(cubin) <= (163 if arch == "sm_80" else 227) * 1024
+    layout = _params.packer(cubin.data, cubin.lowered_name, False, _params.BWD_ARGS, [])
+    assert layout.offsets[0] == 0 and layout.tma_offset is None
+    sass = _nvrtc.sass(cubin)
+    assert "HMMA" not in sass  # CUDA cores only
+    if entry is not BWD_PREPROCESS:
+        assert "FFMA" in sass and "RED" in sass  # FP32 FMAs; dQ, dK, dV reduced with atomics
+
+
+def _grads(q, k, v, dO, scale, causal, layout):
+    """float64 autograd of PyTorch's math attention, in the tensors' layout."""
+    import torch
+
+    t = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    if layout == "bnhd":
+        qq, kk, vv = (x.transpose(1, 2) for x in t)
+    else:
+        qq, kk, vv = t
+    Nq, Nk = qq.shape[2], kk.shape[2]
+    group = qq.shape[1] // kk.shape[1]
+    kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
+    S = (qq @ kk.transpose(-1, -2)) * scale
+    if causal is not None:
+        offset = 0 if causal == "top_left" else Nk - Nq
+        visible = torch.arange(Nk, device=q.device)[None, :] <= torch.arange(Nq, device=q.device)[:, None] + offset
+        S = S.masked_fill(~visible, float("-inf"))
+    O = torch.softmax(S, dim=-1).nan_to_num(0.0) @ vv
+    O = O.transpose(1, 2) if layout == "bnhd" else O
+    O.backward(dO.double())
+    return [x.grad for x in t]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize(
+    "B,H,H_kv,Nq,Nk,causal,scale,layout",
+    [
+        (1, 1, 1, 1, 1, None, None, "bnhd"),
+        (2, 3, 3, 17, 17, "top_left", None, "bnhd"),
+        (1, 4, 2, 113, 203, "bottom_right", None, "bnhd"),
+        (1, 4, 1, 203, 113, "bottom_right", -0.3, "bhnd"),  # MQA; rows 0..89 see no key
+        (2, 2, 2, 130, 67, None, 0.7, "bhnd"),
+        (1, 8, 1, 1023, 1023, "top_left", None, "bnhd"),
+    ],
+)
+def test_backward_fp32_matches_float64(D, B, H, H_kv, Nq, Nk, causal, scale, layout):
+    import torch
+
+    import tileattn
+    from tileattn.backward import attention_backward
+
+    shape = lambda N, heads: (B, N, heads, D) if layout == "bnhd" else (B, heads, N, D)
+    q = torch.randn(shape(Nq, H), device="cuda")
+    k, v = (torch.randn(shape(Nk, H_kv), device="cuda") for _ in range(2))
+    dO = torch.randn_like(q)
+    s = D**-0.5 if scale is None else scale
+    with torch.no_grad():
+        fn = tileattn.flash_attn_func if layout == "bnhd" else None
+        if fn is not None:
+            out, lse = fn(q, k, v, softmax_scale=s, causal=causal or False, return_lse=True)
+        else:
+            out, lse = tileattn.api._call(q, k, v, s, causal, "bhnd", None, None, "scale", True)
+        got = attention_backward(q, k, v, out, lse, dO, s, causal, layout)
+    expected = _grads(q, k, v, dO, s, causal, layout)
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected):
+        assert g.shape == e.shape and g.dtype == torch.float32, name
+        assert not g.isnan().any(), name
+        err = ((g.double() - e).norm() / e.norm().clamp_min(1e-30)).item()
+        assert err < 1e-5, f"{name}: relative error {err:.2e}"
