@@ -94,3 +94,50 @@ def test_backward_fp32_matches_float64(D, B, H, H_kv, Nq, Nk, causal, scale, lay
         assert not g.isnan().any(), name
         err = ((g.double() - e).norm() / e.norm().clamp_min(1e-30)).item()
         assert err < 1e-5, f"{name}: relative error {err:.2e}"
+
+
+def test_gradients_stay_off_until_verified(monkeypatch):
+    """Until the GPU tests pass on a device, api.BACKWARD_ENABLED is off and an input that requires
+    grad raises; with it on, dtypes no backward rung takes (fp16/bf16 for now) still raise."""
+    import torch
+
+    import tileattn
+    from tileattn import api
+
+    assert api.BACKWARD_ENABLED is False
+    q = torch.randn(1, 4, 2, 64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        tileattn.flash_attn_func(q, q, q)
+    monkeypatch.setattr(api, "BACKWARD_ENABLED", True)
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        tileattn.flash_attn_func(*(q.detach().bfloat16().requires_grad_() for _ in range(3)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+def test_autograd_fp32_matches_float64(monkeypatch, layout, causal):
+    """loss.backward() through flash_attn_func / scaled_dot_product_attention (the custom op's
+    autograd formula), GQA 4:2, Nq != Nk, a non-contiguous upstream gradient."""
+    import torch
+
+    import tileattn
+    from tileattn import api
+
+    monkeypatch.setattr(api, "BACKWARD_ENABLED", True)
+    B, H, H_kv, Nq, Nk, D = 2, 4, 2, 77, 130, 64
+    shape = lambda N, heads: (B, N, heads, D) if layout == "bnhd" else (B, heads, N, D)
+    q = torch.randn(shape(Nq, H), device="cuda", requires_grad=True)
+    k, v = (torch.randn(shape(Nk, H_kv), device="cuda", requires_grad=True) for _ in range(2))
+    dO = torch.randn(q.shape[::-1], device="cuda").permute(3, 2, 1, 0)  # strided: last dim not contiguous
+    if layout == "bnhd":
+        out = tileattn.flash_attn_func(q, k, v, causal=causal)
+    else:
+        out = tileattn.scaled_dot_product_attention(q, k, v, is_causal=causal if causal else False, enable_gqa=True)
+    assert out.grad_fn is not None
+    out.backward(dO)
+    # flash_attn_func's causal=True is bottom-right, SDPA's top-left; the strings are explicit.
+    expected = _grads(q, k, v, dO, D**-0.5, causal or None, layout)
+    for name, t, e in zip(("dq", "dk", "dv"), (q, k, v), expected):
+        err = ((t.grad.double() - e).norm() / e.norm()).item()
+        assert err < 1e-5, f"{name}: relative error {err:.2e}"

@@ -1,5 +1,6 @@
 """tileattn: FlashAttention kernels written by hand in CUDA C++, compiled at run time by NVRTC."""
 
+from . import backward  # noqa: F401  (registers tileattn::fwd's autograd formula)
 from .api import flash_attn_func, scaled_dot_product_attention
 from .versions import VERSIONS
 

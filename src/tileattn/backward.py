@@ -1,8 +1,10 @@
 """The backward pass's launch path: D_i preprocessing, then a backward rung (versions.BWD_VERSIONS),
 then the float32 accumulators converted to the inputs' dtype and layout.
 
-Not yet wired into autograd (an input that requires grad still raises, see api._check_no_grad):
-``attention_backward`` is called by the GPU tests, which must pass on a device first.
+Registered as the autograd formula of the forward custom op tileattn::fwd: the forward saves q,
+k, v, O and lse (nothing N x N), the backward runs tileattn::bwd.  Inputs that require grad still
+raise until api.BACKWARD_ENABLED is turned on, once tests/test_backward.py -m gpu has passed on a
+device.  lse is a non-differentiable output (as in flash-attn).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def _bwd_plan(name: str, dtype: str, D: int, causal: bool, device_index: int):
     return function, context, threads, smem, Br, Bc, layout, _nvrtc.ParamBuffer(layout.init)
 
 
-def attention_backward(q, k, v, out, lse, dout, softmax_scale: float, causal: str | None, layout: str, version=None):
+def attention_backward(
+    q, k, v, out, lse, dout, softmax_scale: float, causal: str | None, layout: str, version: str | None = None
+):
     """dq, dk, dv of attention(q, k, v) for the upstream gradient ``dout``, given the forward's
     ``out`` and ``lse`` ((B, H, Nq) float32).  All in ``layout`` ("bnhd" or "bhnd"), dq like q,
     dk and dv like k and v.  GQA: dk, dv are summed over each group of query heads."""
@@ -78,3 +82,45 @@ def attention_backward(q, k, v, out, lse, dout, softmax_scale: float, causal: st
         return acc.to(t.dtype).contiguous()
 
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
+
+
+@torch.library.custom_op("tileattn::bwd", mutates_args=(), device_types="cuda")
+def _bwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    softmax_scale: float,
+    causal: int,
+    layout: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tileattn::bwd(q, k, v, O, lse, dO, softmax_scale, causal, layout) -> (dq, dk, dv), arguments
+    as tileattn::fwd's; dq, dk, dv contiguous in ``layout``."""
+    return attention_backward(q, k, v, out, lse, dout, softmax_scale, api._CAUSAL_OF_CODE[causal], layout)
+
+
+@_bwd_op.register_fake
+def _(q, k, v, out, lse, dout, softmax_scale, causal, layout):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, layout, _version, _precision = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.args = (softmax_scale, causal, layout)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    softmax_scale, causal, layout = ctx.args
+    if dout.stride(-1) != 1:  # the kernels read dO rows with a contiguous head dim
+        dout = dout.contiguous()
+    dq, dk, dv = torch.ops.tileattn.bwd(q, k, v, out, lse, dout, softmax_scale, causal, layout)
+    return dq, dk, dv, None, None, None, None, None
+
+
+api._fwd_op.register_autograd(_backward, setup_context=_setup_context)
