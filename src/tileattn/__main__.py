@@ -163,7 +163,7 @@ def cmd_compile(args) -> int:
     return 0
 
 
-_SPECIAL_SUITES = ("story", "overhead", "hf")
+_SPECIAL_SUITES = ("story", "overhead", "hf", "bwd")
 
 
 def cmd_bench(args) -> int:
@@ -187,7 +187,7 @@ def cmd_bench(args) -> int:
         out = Path(args.out_dir) / f"{suite_name}.json"
         if suite_name in _SPECIAL_SUITES:
             with tqdm(
-                total=bench.story_steps() if suite_name == "story" else None,
+                total={"story": bench.story_steps, "bwd": bench.bwd_steps}.get(suite_name, lambda: None)(),
                 desc=f"bench {suite_name}",
                 file=sys.stderr,
             ) as bar:
@@ -195,6 +195,7 @@ def cmd_bench(args) -> int:
                     "story": lambda: bench.story(progress=bar.update),
                     "overhead": bench.overhead,
                     "hf": bench.hf_prefill,
+                    "bwd": lambda: bench.backward_suite(progress=bar.update),
                 }[suite_name]()
             if suite_name == "story":
                 bench.add_ratios(rows)
@@ -342,7 +343,8 @@ def main(argv=None) -> int:
         choices=[*_SPECIAL_SUITES, *_suites()],
         help="story (default): the ladder v1 -> fastest rung, FP32 and bf16, beside PyTorch, ~2 min; "
         "ladder_fp32: the seed's table; fp32: fast FP32 rungs; mma: fp16/bf16 tensor cores; "
-        "overhead: host time per call; hf: end-to-end prefill in transformers",
+        "overhead: host time per call; hf: end-to-end prefill in transformers; bwd: the backward pass "
+        "beside cuDNN, FA2, efficient and FlexAttention, with peak memory",
     )
     b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help="override the suite's rungs")
     b.add_argument("--seqlen", type=int, nargs="*", help="keep only these lengths of the suite")

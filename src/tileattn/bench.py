@@ -494,6 +494,118 @@ def hf_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# ---- backward ----------------------------------------------------------------------------------
+
+# bf16 and fp16 at H=16, B*N = 32768 tokens, D = 64, 128, 256; FP32 beside SDPA's FP32 backends.
+BWD_CASES = [
+    Case(32768 // N, 16, N, D, dtype, causal)
+    for dtype in ("bfloat16", "float16")
+    for D in (64, 128, 256)
+    for N in (1024, 4096, 8192, 32768)
+    for causal in (False, True)
+] + [Case(32768 // N, 8, N, D, "float32", causal) for D in (64, 128) for N in (1024, 8192) for causal in (False, True)]
+BWD_PEERS = {
+    "float32": ("sdpa_efficient", "sdpa_math"),
+    "bfloat16": ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex_attention"),
+    "float16": ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex_attention"),
+}
+
+
+def _grad_err(grads, q, k, v, dO, causal: bool) -> float:
+    """Largest relative error of dq, dk, dv against float64 autograd, on heads (0, 0) and (0, 1)."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    sl = (slice(0, 1), slice(0, 2))
+    ref_in = [t[sl].detach().double().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(sdpa(*ref_in, is_causal=causal), ref_in, dO[sl].double())
+    return max(((g[sl].double() - r).norm() / r.norm()).item() for g, r in zip(grads, ref))
+
+
+def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
+    """Backward only (FLOPs = 2.5x the forward's) and forward + backward, tileattn's backward rungs
+    beside PyTorch's backends in one run, with each implementation's peak memory over one forward +
+    backward (beyond the inputs).  (B, H, N, D) layout, upstream gradient drawn at random."""
+    from . import backward
+    from .versions import BWD_VERSIONS
+
+    rows = []
+    for case in cases:
+        dt = _DTYPE[case.dtype]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, dO = (
+            torch.randn(case.B, case.H, case.N, case.D, device="cuda", dtype=dt, generator=gen) for _ in range(4)
+        )
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        base = dict(B=case.B, H=case.H, Nq=case.N, Nk=case.N, D=case.D, dtype=case.dtype, causal=case.causal)
+        flops = 2.5 * case.flops
+        mode = "top_left" if case.causal else None
+        impls = {}
+        for name, entry in BWD_VERSIONS.items():
+            if case.dtype in entry.dtypes and case.D in entry.tiles:
+
+                def fwd(name=name):
+                    with torch.no_grad():
+                        return api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
+
+                impls[name] = (fwd, lambda o, name=name: backward.attention_backward(
+                    q, k, v, *o, dO, case.D**-0.5, mode, "bhnd", version=name
+                ))  # fmt: skip
+        for name in BWD_PEERS[case.dtype]:
+            fwd = _peer_fn(name, q, k, v, case.causal)
+            impls[name] = (fwd, lambda o: torch.autograd.grad(o, (q, k, v), dO, retain_graph=True))
+        for name, (fwd, bwd) in impls.items():
+            try:
+                out = fwd()
+                grads = bwd(out)
+                err = _grad_err(grads, q, k, v, dO, case.causal) if name in BWD_VERSIONS else None
+                ms = _time(lambda: bwd(out))
+                out = grads = None  # (freed before the memory measurement)
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+                bwd(fwd())
+                torch.cuda.synchronize()
+                peak_gb = (torch.cuda.max_memory_allocated() - before) / 1e9
+                ms_both = _time(lambda: bwd(fwd()))
+                rows.append(
+                    dict(impl=name, **base, ms=ms, tflops=flops / ms / 1e9, fwd_bwd_ms=ms_both, peak_gb=peak_gb)
+                    | ({"kind": "bwd", "rel_err": err} if name in BWD_VERSIONS else {})
+                )
+            except Exception as e:  # e.g. flash/cuDNN reject fp32 or D=256: record why, keep going
+                rows.append(dict(impl=name, **base, ms=None, tflops=None, error=f"{type(e).__name__}: {e}"[:200]))
+            if progress:
+                progress()
+        impls.clear()
+        q = k = v = dO = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bwd_steps(cases=BWD_CASES) -> int:
+    from .versions import BWD_VERSIONS
+
+    ours = lambda c: sum(c.dtype in e.dtypes and c.D in e.tiles for e in BWD_VERSIONS.values())
+    return sum(ours(c) + len(BWD_PEERS[c.dtype]) for c in cases)
+
+
+def bwd_table(result: dict) -> str:
+    lines = [
+        "| impl | B | H | N | D | dtype | causal | bwd ms | bwd TFLOP/s | fwd+bwd ms | peak GB | rel. err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        causal = "yes" if r["causal"] else "no"
+        head = f"| {r['impl']} | {r['B']} | {r['H']} | {r['Nq']} | {r['D']} | {r['dtype']} | {causal}"
+        if r.get("ms") is None:
+            lines.append(f"{head} | {r.get('error', '')} | | | | |")
+            continue
+        err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
+        lines.append(
+            f"{head} | {r['ms']:.2f} | {r['tflops']:.0f} | {r['fwd_bwd_ms']:.2f} | {r['peak_gb']:.2f} | {err} |"
+        )
+    return "\n".join(lines)
+
+
 # ---- the main job: the whole ladder in about two minutes ----------------------------------------
 
 # (rungs, peers, case): the K/V-outer v1 rungs take seconds per call at N=8192, so they run at
@@ -552,6 +664,8 @@ def result_table(result: dict) -> str:
         return overhead_table(result)
     if suite == "hf":
         return hf_table(result)
+    if suite == "bwd":
+        return bwd_table(result)
     table = markdown_table(result)
     if suite == "story":
         table += "\n\n" + "\n".join(f"- {line}" for line in story_summary(result["rows"]).splitlines())
