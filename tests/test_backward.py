@@ -22,15 +22,19 @@ INSTANCES = [
 def test_backward_compiles_without_spills(entry, dtype, D, causal, arch):
     cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal), arch)
     res = cubin.resources
-    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0 and res["spill_loads"] == 0, res
+    budget = entry.spill_bytes.get(D, 0)  # documented in versions.py
+    assert res["stack_bytes"] <= budget and res["spill_stores"] <= budget and res["spill_loads"] <= budget, res
     threads = _params.block_threads(cubin.data, cubin.lowered_name)
     assert res["registers"] * threads <= 65536
     assert _params.smem_bytes(cubin) <= (163 if arch == "sm_80" else 227) * 1024
     layout = _params.packer(cubin.data, cubin.lowered_name, False, _params.BWD_ARGS, [])
     assert layout.offsets[0] == 0 and layout.tma_offset is None
     sass = _nvrtc.sass(cubin)
-    assert "HMMA" not in sass  # CUDA cores only
-    if entry is not BWD_PREPROCESS:
+    if entry.name == "bwd_v2":
+        assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "RED" in sass  # mma, ldmatrix.trans, atomics
+    else:
+        assert "HMMA" not in sass  # CUDA cores only
+    if entry.name == "bwd_v1":
         assert "FFMA" in sass and "RED" in sass  # FP32 FMAs; dQ, dK, dV reduced with atomics
 
 
@@ -98,7 +102,7 @@ def test_backward_fp32_matches_float64(D, B, H, H_kv, Nq, Nk, causal, scale, lay
 
 def test_gradients_stay_off_until_verified(monkeypatch):
     """Until the GPU tests pass on a device, api.BACKWARD_ENABLED is off and an input that requires
-    grad raises; with it on, dtypes no backward rung takes (fp16/bf16 for now) still raise."""
+    grad raises; with it on, head dims no backward rung takes (80 for now) still raise."""
     import torch
 
     import tileattn
@@ -110,7 +114,9 @@ def test_gradients_stay_off_until_verified(monkeypatch):
         tileattn.flash_attn_func(q, q, q)
     monkeypatch.setattr(api, "BACKWARD_ENABLED", True)
     with pytest.raises(RuntimeError, match="no backward pass"):
-        tileattn.flash_attn_func(*(q.detach().bfloat16().requires_grad_() for _ in range(3)))
+        tileattn.flash_attn_func(
+            *(torch.randn(1, 4, 2, 80, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        )
 
 
 @pytest.mark.gpu
@@ -141,3 +147,64 @@ def test_autograd_fp32_matches_float64(monkeypatch, layout, causal):
     for name, t, e in zip(("dq", "dk", "dv"), (q, k, v), expected):
         err = ((t.grad.double() - e).norm() / e.norm()).item()
         assert err < 1e-5, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize(
+    "B,H,H_kv,Nq,Nk,causal,layout",
+    [
+        (1, 1, 1, 1, 1, None, "bnhd"),
+        (2, 3, 3, 17, 17, "top_left", "bnhd"),
+        (1, 4, 2, 113, 203, "bottom_right", "bnhd"),
+        (1, 4, 1, 203, 113, "bottom_right", "bhnd"),
+        (2, 2, 2, 130, 67, None, "bhnd"),
+        (1, 8, 1, 1023, 1023, "top_left", "bnhd"),
+    ],
+)
+def test_backward_16bit_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, layout):
+    """bwd_v2 against float64 autograd: within 2x the error of PyTorch's own math backward at the
+    same precision (plus a small floor), as issue 11 asks."""
+    import torch
+
+    import tileattn
+    from tileattn.backward import attention_backward
+
+    dt = getattr(torch, dtype)
+    shape = lambda N, heads: (B, N, heads, D) if layout == "bnhd" else (B, heads, N, D)
+    q = torch.randn(shape(Nq, H), device="cuda", dtype=dt)
+    k, v = (torch.randn(shape(Nk, H_kv), device="cuda", dtype=dt) for _ in range(2))
+    dO = torch.randn_like(q)
+    s = D**-0.5
+    with torch.no_grad():
+        out, lse = tileattn.api._call(q, k, v, s, causal, layout, None, None, "scale", True)
+        got = attention_backward(q, k, v, out, lse, dO, s, causal, layout)
+    expected = _grads(q, k, v, dO, s, causal, layout)
+    # PyTorch's own error at this precision: the same math in dt.
+    t = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    ref_dt = _grads_in(t, dO, s, causal, layout)
+    for name, g, e, r in zip(("dq", "dk", "dv"), got, expected, ref_dt):
+        assert g.shape == e.shape and g.dtype == dt and not g.isnan().any(), name
+        norm = e.norm().clamp_min(1e-30)
+        err, torch_err = ((g.double() - e).norm() / norm).item(), ((r.double() - e).norm() / norm).item()
+        assert err <= 2 * torch_err + 1e-3, f"{name}: error {err:.2e}, PyTorch's {torch_err:.2e}"
+
+
+def _grads_in(t, dO, scale, causal, layout):
+    """Autograd of the math attention in the tensors' own dtype (fp32 softmax, as SDPA's math)."""
+    import torch
+
+    qq, kk, vv = (x.transpose(1, 2) for x in t) if layout == "bnhd" else t
+    Nq, Nk = qq.shape[2], kk.shape[2]
+    group = qq.shape[1] // kk.shape[1]
+    kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
+    S = (qq @ kk.transpose(-1, -2)).float() * scale
+    if causal is not None:
+        offset = 0 if causal == "top_left" else Nk - Nq
+        visible = torch.arange(Nk, device=S.device)[None, :] <= torch.arange(Nq, device=S.device)[:, None] + offset
+        S = S.masked_fill(~visible, float("-inf"))
+    O = torch.softmax(S, dim=-1).nan_to_num(0.0).to(vv.dtype) @ vv
+    O = O.transpose(1, 2) if layout == "bnhd" else O
+    O.backward(dO)
+    return [x.grad for x in t]

@@ -41,7 +41,7 @@ def attention_backward(
     ``out`` and ``lse`` ((B, H, Nq) float32).  All in ``layout`` ("bnhd" or "bhnd"), dq like q,
     dk and dv like k and v.  GQA: dk, dv are summed over each group of query heads."""
     dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = api._validate(q, k, v, None, None, layout)
-    name = version or "bwd_v1"
+    name = version or ("bwd_v1" if dtype == "float32" else "bwd_v2")
     entry = BWD_VERSIONS[name]
     if dtype not in entry.dtypes or D not in entry.tiles:
         raise ValueError(

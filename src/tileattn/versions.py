@@ -308,6 +308,7 @@ class BwdVersion:
     dtypes: tuple[str, ...]
     min_arch: int = 80
     summary: str = ""
+    spill_bytes: dict[int, int] = dataclasses.field(default_factory=dict)  # documented budgets, by head dim
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -341,6 +342,18 @@ BWD_VERSIONS: dict[str, BwdVersion] = {
             dtypes=("float32",),
             summary="FA2 backward on CUDA cores, FP32: K/V blocks outer, P from the forward's lse, dS in "
             "shared memory, dK/dV in registers, dQ by float32 atomics",
+        ),
+        BwdVersion(
+            name="bwd_v2",
+            file="bwd_v2_mma.cu",
+            kernel="bwd_v2",
+            tiles={32: (64, 64), 64: (64, 64), 128: (64, 64)},
+            dtypes=("float16", "bfloat16"),
+            summary="bwd_v1 on mma.sync m16n8k16 (fp32 accumulators): S, dP, dQ from row fragments, "
+            "P^T dO and dS^T Q through ldmatrix.trans of 16-bit P, dS tiles",
+            # D=128: dK_j and dV_j (128 fp32 registers) beside S and dP at 255 registers: 8 bytes
+            # on sm_90, 24 on sm_80 (NVRTC 13.0); the Hopper rung is meant to replace it there.
+            spill_bytes={128: 24},
         ),
     ]
 }

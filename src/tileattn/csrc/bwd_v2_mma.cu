@@ -1,0 +1,233 @@
+// bwd_v2: FlashAttention-2's backward on mma.sync tensor cores (fp16 / bf16 inputs, fp32
+// accumulators), sm_80 and newer — bwd_v1's loop nest with every product a warp-level
+// m16n8k16 MMA.
+//
+// One thread block of four warps per (K/V block j of Bc = 64 keys, batch * head); Kj, Vj stay in
+// shared memory and dK_j, dV_j in registers for the whole loop over the Q blocks (Br = 64 rows)
+// that can see block j.  Per Q block:
+//   1. Qi, dOi by cp.async (rows past Nq zero-filled), lse_i and D_i;
+//   2. warp w takes query rows 16w..16w+15: S = Q_w Kj^T and dP = dO_w Vj^T (16 x 64 each, in
+//      C fragments), then P = 2^(scale log2(e) S - log2(e) lse) (0 where masked) and
+//      dS = P (dP - D_i) in place;
+//   3. P and dS go to shared memory as 16-bit [row][key] tiles (the other warps need them
+//      transposed), and dS stays in registers as the A operand of dQ_w = dS_w Kj, which is
+//      added into the float32 dq_accum with atomics (other K/V blocks add theirs);
+//   4. after a barrier, warp w takes keys 16w..16w+15: dV_w += P^T dOi and dK_w += dS^T Qi, the
+//      transposed operands read with ldmatrix.trans from the [row][key] and [row][d] tiles.
+// At the end dK_j (times scale) and dV_j are added into dk_accum, dv_accum (atomics: the query
+// heads of a GQA group share them).  P and dS are rounded to T for their MMAs, as in
+// FlashAttention-2; everything else accumulates in fp32.
+//
+// Fragment and ldmatrix layouts: mma.cuh.  The A operand of step 4 is P^T (keys x rows): with
+// P stored [row][key], ldmatrix.trans of the 8x8 blocks (rows 16ks + 0..7 | 8..15) x (keys
+// 16w + 0..7 | 8..15), in the order (0,0) (0,1) (1,0) (1,1), hands each lane exactly the A
+// fragment registers a[0..3] of P^T: the same lane addressing as the non-transposed B operand.
+#include "bwd_common.cuh"
+#include "mma.cuh"
+
+namespace tileattn {
+
+constexpr int BWD_V2_THREADS = 128;
+
+// K, V (Bc x D), Q, dO (Br x D), P, dS (Br x Bc), all 16-bit, then lse_i and D_i (fp32).
+__host__ __device__ constexpr int bwd_v2_smem(int D, int Br, int Bc) {
+  return (2 * Bc * D + 2 * Br * D + 2 * Br * Bc) * 2 + 2 * Br * 4;
+}
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(T)) {
+  static_assert(sizeof(T) == 2, "bwd_v2 takes 16-bit (fp16 / bf16) inputs");
+  static_assert(Br == 64 && Bc == 64, "four warps: 16 query rows each in steps 2-3, 16 keys each in step 4");
+  static_assert(HEAD_DIM % 32 == 0, "whole pairs of 8-column n-tiles per ldmatrix.trans");
+  constexpr int NTHREADS = BWD_V2_THREADS, KSTEPS = HEAD_DIM / 16, NT = Bc / 8, DT = HEAD_DIM / 8;
+  using QTile = SwizzledTile<Br, HEAD_DIM>;   // Q and dO
+  using KVTile = SwizzledTile<Bc, HEAD_DIM>;  // K and V
+  using PTile = SwizzledTile<Br, Bc>;         // P and dS, [query row][key]
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* Ks = smem;
+  unsigned char* Vs = Ks + KVTile::BYTES;
+  unsigned char* Qs = Vs + KVTile::BYTES;
+  unsigned char* dOs = Qs + QTile::BYTES;
+  unsigned char* Ps = dOs + QTile::BYTES;
+  unsigned char* dSs = Ps + PTile::BYTES;
+  float* lse_s = reinterpret_cast<float*>(dSs + PTile::BYTES);
+  float* Di_s = lse_s + Br;
+  const auto addr = [](const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); };
+  const unsigned Ks_a = addr(Ks), Vs_a = addr(Vs), Qs_a = addr(Qs), dOs_a = addr(dOs), Ps_a = addr(Ps),
+                 dSs_a = addr(dSs);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int bh = blockIdx.y + bh_offset;
+  const int b = bh / H, h = bh % H, hk = h / h_per_kv;
+  const int kv_start = blockIdx.x * Bc;
+  const T* q_bh = q + b * q_sb + h * q_sh;
+  const T* do_bh = dout + b * do_sb + h * do_sh;
+  const float* lse_bh = lse + (long long)bh * Nq;
+  const float* Di_bh = Di + (long long)bh * Nq;
+  float* dq_bh = dq_accum + (long long)bh * Nq * HEAD_DIM;
+
+  tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, NTHREADS>(Ks, k + b * k_sb + hk * k_sh, k_sn, kv_start, Nk, tid);
+  tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, NTHREADS>(Vs, v + b * v_sb + hk * v_sh, v_sn, kv_start, Nk, tid);
+  cp_async_commit();
+
+  // Per-lane ldmatrix rows and chunks (as fa2_mma.cuh): A operand; B operand; .trans B operand.
+  const int a_r = lane % 16, a_c = lane / 16;
+  const int b_r = lane % 8 + 8 * (lane / 16), b_c = (lane / 8) % 2;
+  const int bt_r = lane % 8 + 8 * ((lane / 8) % 2), bt_c = lane / 16;
+
+  // dK_w, dV_w: keys kv_start + 16 warp + g (elements 0, 1) and + 8 (2, 3), columns 8 dt + 2t, +1.
+  float dK[DT][4], dV[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dK[dt][e] = dV[dt][e] = 0.0f;
+
+  const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
+  // Causal: the first query row that sees key kv_start is kv_start - causal_offset.
+  const int q_first = CAUSAL ? max(0, kv_start - causal_offset) : 0;
+  for (int q_start = q_first / Br * Br; q_start < Nq; q_start += Br) {
+    __syncthreads();  // the previous Q block's tiles are no longer read
+    // 1. Qi, dOi, lse_i, D_i.
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(Qs, q_bh, q_sn, q_start, Nq, tid);
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(dOs, do_bh, do_sn, q_start, Nq, tid);
+    cp_async_commit();
+    if (tid < Br) {
+      const bool ok = q_start + tid < Nq;
+      lse_s[tid] = ok ? lse_bh[q_start + tid] : TILEATTN_NEG_INF;  // -inf: the row gets weight 0
+      Di_s[tid] = ok ? Di_bh[q_start + tid] : 0.0f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // 2. S = Q_w Kj^T and dP = dO_w Vj^T, 16 x Bc per warp: [nt] holds keys 8 nt + 2t, +1 of
+    //    rows g (elements 0, 1) and g + 8 (2, 3).
+    float S[NT][4], dP[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[nt][e] = dP[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      unsigned qa[4], da[4];
+      ldmatrix_x4(qa, QTile::ldsm_addr(Qs_a, a_r, a_c, 16 * warp, ks));
+      ldmatrix_x4(da, QTile::ldsm_addr(dOs_a, a_r, a_c, 16 * warp, ks));
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        unsigned kb[4], vb[4];
+        ldmatrix_x4(kb, KVTile::ldsm_addr(Ks_a, b_r, b_c, 16 * np, ks));
+        ldmatrix_x4(vb, KVTile::ldsm_addr(Vs_a, b_r, b_c, 16 * np, ks));
+        mma_m16n8k16<T>(S[2 * np], qa, kb[0], kb[1]);
+        mma_m16n8k16<T>(S[2 * np + 1], qa, kb[2], kb[3]);
+        mma_m16n8k16<T>(dP[2 * np], da, vb[0], vb[1]);
+        mma_m16n8k16<T>(dP[2 * np + 1], da, vb[2], vb[3]);
+      }
+    }
+    // P and dS in place (S becomes P, dP becomes dS).
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * warp + 8 * hh + g;  // row in the Q block
+      const float l = lse_s[r], m = l * TILEATTN_LOG2E, di = Di_s[r];
+      const int kend = l == TILEATTN_NEG_INF ? 0 : key_end<CAUSAL>(q_start + r, Nk, causal_offset) - kv_start - 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = 8 * nt + e < kend ? exp2_ftz(fmaf(S[nt][2 * hh + e], scale_log2, -m)) : 0.0f;
+          S[nt][2 * hh + e] = p;
+          dP[nt][2 * hh + e] = p * (dP[nt][2 * hh + e] - di);
+        }
+    }
+
+    // 3. P and dS to shared memory (this warp's rows), dS as the A fragments of dS Kj.
+    unsigned ds_frag[Bc / 16][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int r = 16 * warp + g, col = 8 * nt + 2 * t;
+      *reinterpret_cast<unsigned*>(Ps + PTile::offset_elem(r, col)) = pack2<T>(S[nt][0], S[nt][1]);
+      *reinterpret_cast<unsigned*>(Ps + PTile::offset_elem(r + 8, col)) = pack2<T>(S[nt][2], S[nt][3]);
+      *reinterpret_cast<unsigned*>(dSs + PTile::offset_elem(r, col)) = pack2<T>(dP[nt][0], dP[nt][1]);
+      *reinterpret_cast<unsigned*>(dSs + PTile::offset_elem(r + 8, col)) = pack2<T>(dP[nt][2], dP[nt][3]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      ds_frag[kk][0] = pack2<T>(dP[2 * kk][0], dP[2 * kk][1]);          // row g,   keys 2t, 2t+1
+      ds_frag[kk][1] = pack2<T>(dP[2 * kk][2], dP[2 * kk][3]);          // row g+8, keys 2t, 2t+1
+      ds_frag[kk][2] = pack2<T>(dP[2 * kk + 1][0], dP[2 * kk + 1][1]);  // row g,   keys 2t+8, +9
+      ds_frag[kk][3] = pack2<T>(dP[2 * kk + 1][2], dP[2 * kk + 1][3]);  // row g+8, keys 2t+8, +9
+    }
+    // dQ_w = dS_w Kj: k-steps of 16 keys, Kj as the .trans B operand (as V in the forward's P V),
+    // 32 columns at a time so that only 16 partial sums are live beside dK_w and dV_w.
+    constexpr int DQ_TILES = 4;
+#pragma unroll
+    for (int d0 = 0; d0 < DT; d0 += DQ_TILES) {
+      float dq[DQ_TILES][4];
+#pragma unroll
+      for (int i = 0; i < DQ_TILES; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[i][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk)
+#pragma unroll
+        for (int dp = 0; dp < DQ_TILES / 2; ++dp) {
+          unsigned kt[4];
+          ldmatrix_x4_trans(kt, KVTile::ldsm_addr(Ks_a, bt_r, bt_c, 16 * kk, d0 / 2 + dp));
+          mma_m16n8k16<T>(dq[2 * dp], ds_frag[kk], kt[0], kt[1]);
+          mma_m16n8k16<T>(dq[2 * dp + 1], ds_frag[kk], kt[2], kt[3]);
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = q_start + 16 * warp + 8 * hh + g;
+        if (row < Nq) {
+          float* dq_row = dq_bh + (long long)row * HEAD_DIM + 8 * d0 + 2 * t;
+#pragma unroll
+          for (int i = 0; i < DQ_TILES; ++i) {
+            atomicAdd(dq_row + 8 * i, softmax_scale * dq[i][2 * hh]);
+            atomicAdd(dq_row + 8 * i + 1, softmax_scale * dq[i][2 * hh + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp's rows of P and dS are in shared memory
+
+    // 4. dV_w += P^T dOi, dK_w += dS^T Qi over the Q block's rows, 16 at a time.
+#pragma unroll
+    for (int ks = 0; ks < Br / 16; ++ks) {
+      unsigned pa[4], sa[4];
+      ldmatrix_x4_trans(pa, PTile::ldsm_addr(Ps_a, b_r, b_c, 16 * ks, warp));
+      ldmatrix_x4_trans(sa, PTile::ldsm_addr(dSs_a, b_r, b_c, 16 * ks, warp));
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        unsigned ob[4], qb[4];
+        ldmatrix_x4_trans(ob, QTile::ldsm_addr(dOs_a, bt_r, bt_c, 16 * ks, dp));
+        ldmatrix_x4_trans(qb, QTile::ldsm_addr(Qs_a, bt_r, bt_c, 16 * ks, dp));
+        mma_m16n8k16<T>(dV[2 * dp], pa, ob[0], ob[1]);
+        mma_m16n8k16<T>(dV[2 * dp + 1], pa, ob[2], ob[3]);
+        mma_m16n8k16<T>(dK[2 * dp], sa, qb[0], qb[1]);
+        mma_m16n8k16<T>(dK[2 * dp + 1], sa, qb[2], qb[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();  // (Tc = 0 Q blocks: K and V copies still complete before exit)
+
+  // dK_j, dV_j into the K/V head's accumulators (shared by the GQA group: atomics).
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = kv_start + 16 * warp + 8 * hh + g;
+    if (key < Nk) {
+      const long long base = (((long long)b * (H / h_per_kv) + hk) * Nk + key) * HEAD_DIM + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        atomicAdd(dk_accum + base + 8 * dt, softmax_scale * dK[dt][2 * hh]);
+        atomicAdd(dk_accum + base + 8 * dt + 1, softmax_scale * dK[dt][2 * hh + 1]);
+        atomicAdd(dv_accum + base + 8 * dt, dV[dt][2 * hh]);
+        atomicAdd(dv_accum + base + 8 * dt + 1, dV[dt][2 * hh + 1]);
+      }
+    }
+  }
+}
+
+TILEATTN_SMEM_BYTES(bwd_v2, bwd_v2_smem(HEAD_DIM, Br, Bc));
+
+}  // namespace tileattn
