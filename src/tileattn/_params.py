@@ -194,7 +194,10 @@ def packer(cubin: bytes, lowered_name: str, tensor_maps: bool, args=None, room=N
 
 # TILEATTN_BWD_FIELDS (csrc/bwd_common.cuh), in order: all packed on every call.
 BWD_ARGS: list[tuple[str, str]] = (
-    [(name, "Q") for name in ("q", "k", "v", "o", "dout", "lse", "Di", "dq_accum", "dk_accum", "dv_accum")]
+    [
+        (name, "Q")
+        for name in ("q", "k", "v", "o", "dout", "lse", "Di", "dq_accum", "dk_accum", "dv_accum", "dq_semaphore")
+    ]
     + [(name, "i") for name in ("Nq", "Nk", "H", "h_per_kv")]
     + [(f"{t}_{s}", "q") for t in ("q", "k", "v", "o", "do") for s in ("sb", "sh", "sn")]
     + [("softmax_scale", "f"), ("causal_offset", "i"), ("bh_offset", "i")]

@@ -35,11 +35,23 @@ def _bwd_plan(name: str, dtype: str, D: int, causal: bool, device_index: int):
 
 
 def attention_backward(
-    q, k, v, out, lse, dout, softmax_scale: float, causal: str | None, layout: str, version: str | None = None
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dout,
+    softmax_scale: float,
+    causal: str | None,
+    layout: str,
+    version: str | None = None,
+    deterministic: bool = False,
 ):
     """dq, dk, dv of attention(q, k, v) for the upstream gradient ``dout``, given the forward's
     ``out`` and ``lse`` ((B, H, Nq) float32).  All in ``layout`` ("bnhd" or "bhnd"), dq like q,
-    dk and dv like k and v.  GQA: dk, dv are summed over each group of query heads."""
+    dk and dv like k and v.  GQA: dk, dv are summed over each group of query heads.
+    deterministic: dQ is added in a fixed K/V-block order and dK, dV are kept per query head and
+    summed by torch, so two calls give bitwise-identical gradients (bwd_common.cuh)."""
     dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = api._validate(q, k, v, None, None, layout)
     name = version or ("bwd_v1" if dtype == "float32" else "bwd_v2")
     entry = BWD_VERSIONS[name]
@@ -54,15 +66,18 @@ def attention_backward(
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {(B, H, Nq)}, got {tuple(lse.shape)}")
     os_, dos = api._bhnd(out, layout)[1], api._bhnd(dout, layout)[1]
     f32 = dict(dtype=torch.float32, device=q.device)
+    Br = entry.tiles[D][0]
     dq_acc = torch.zeros((B, H, Nq, D), **f32)
-    dk_acc = torch.zeros((B, H_kv, Nk, D), **f32)
-    dv_acc = torch.zeros((B, H_kv, Nk, D), **f32)
+    dk_acc = torch.zeros((B, H if deterministic else H_kv, Nk, D), **f32)
+    dv_acc = torch.zeros_like(dk_acc)
+    semaphore = torch.zeros(B * H * -(-Nq // Br), dtype=torch.int32, device=q.device) if deterministic else None
     if B * H * Nq and Nk:
         Di = torch.empty((B, H, Nq), **f32)
         offset = 0 if causal != "bottom_right" else Nk - Nq
         # fmt: off
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
-                Di.data_ptr(), dq_acc.data_ptr(), dk_acc.data_ptr(), dv_acc.data_ptr(), Nq, Nk, H, H // H_kv,
+                Di.data_ptr(), dq_acc.data_ptr(), dk_acc.data_ptr(), dv_acc.data_ptr(),
+                0 if semaphore is None else semaphore.data_ptr(), Nq, Nk, H, H // H_kv,
                 *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], softmax_scale, offset, 0]
         # fmt: on
         stream = api._current_stream(device_index)
@@ -76,6 +91,9 @@ def attention_backward(
                 lay.pack(buf.buf, 0, *args)
                 grid_y = min(api._GRID_Y_MAX, B * H - bh_offset)
                 _nvrtc.launch(function, context, stream, grid_x, grid_y, threads, smem, buf.extra_addr)
+
+    if deterministic and H != H_kv:  # per query head -> per K/V head, summed by torch in a fixed order
+        dk_acc, dv_acc = (a.view(B, H_kv, H // H_kv, Nk, D).sum(2) for a in (dk_acc, dv_acc))
 
     def like(acc, t):  # (B, H, N, D) float32 -> t's dtype, in the caller's layout
         acc = acc.transpose(1, 2) if layout == "bnhd" else acc

@@ -14,15 +14,19 @@ namespace tileattn {
 
 // The backward arguments, written once (as the forward's TILEATTN_FWD_FIELDS).  q, k, v, o, dout
 // in the caller's layout (strides in elements, head dim contiguous); lse, Di: (B, H, Nq) float32,
-// contiguous; the accumulators are float32 and contiguous: dq_accum (B, H, Nq, D), dk_accum and
-// dv_accum (B, H_kv, Nk, D), zeroed by the host (every K/V block and every query head of a GQA
-// group adds into them).
+// contiguous; the accumulators are float32, contiguous and zeroed by the host: dq_accum
+// (B, H, Nq, D), dk_accum and dv_accum (B, H_kv, Nk, D), into which every K/V block (dQ) and every
+// query head of a GQA group (dK, dV) adds with atomics, in whatever order the blocks run.
+// dq_semaphore null: that.  Non-null (deterministic mode, (B*H, ceil(Nq / Br)) int32 zeroed): the
+// K/V blocks add their dQ of a Q block in the order j = 0, 1, 2, ... (each waits for the count of
+// adds before it), and dk_accum, dv_accum are (B, H, Nk, D), one slice per query head written
+// without atomics, summed over each GQA group by the host: bitwise-reproducible gradients.
 #define TILEATTN_BWD_FIELDS(X, SEP)                                                        \
   X(const T* __restrict__, q) SEP X(const T* __restrict__, k) SEP X(const T* __restrict__, v) SEP \
   X(const T* __restrict__, o) SEP X(const T* __restrict__, dout) SEP                       \
   X(const float* __restrict__, lse) SEP X(float* __restrict__, Di) SEP                     \
   X(float* __restrict__, dq_accum) SEP X(float* __restrict__, dk_accum) SEP                \
-  X(float* __restrict__, dv_accum) SEP                                                     \
+  X(float* __restrict__, dv_accum) SEP X(int* __restrict__, dq_semaphore) SEP             \
   X(const int, Nq) SEP X(const int, Nk) SEP X(const int, H) SEP X(const int, h_per_kv) SEP \
   X(const long long, q_sb) SEP X(const long long, q_sh) SEP X(const long long, q_sn) SEP  \
   X(const long long, k_sb) SEP X(const long long, k_sh) SEP X(const long long, k_sn) SEP  \
@@ -32,6 +36,41 @@ namespace tileattn {
   X(const float, softmax_scale) SEP X(const int, causal_offset) SEP X(const int, bh_offset)
 
 #define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
+
+// Deterministic mode's ordering of the dQ adds of K/V block j into one Q block: wait until the j
+// blocks before it have added (the count is j: a K/V block visits the Q blocks from its first
+// visible one on, so the blocks that visit Q block i are 0, 1, ..., in order), add, publish.
+// Block j waits only on blocks with smaller blockIdx.x, which the hardware starts first.
+__device__ __forceinline__ void ordered_add_begin(const int* count, int j) {
+  if (threadIdx.x == 0) {
+    while (*reinterpret_cast<const volatile int*>(count) != j) {
+    }
+    __threadfence();  // the earlier blocks' adds are visible before this block reads dq_accum
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ void ordered_add_end(int* count) {
+  __threadfence();  // this thread's adds are visible device-wide before the count moves on
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(count, 1);
+}
+
+// The end of a K/V block: its dK (already scaled) and dV values at (key, column) of query head h
+// into the accumulators: atomics into the K/V head's slice, or (deterministic) a plain store
+// into the query head's own slice.
+__device__ __forceinline__ void store_dkdv(float* dk_accum, float* dv_accum, const int* dq_semaphore, int b,
+                                           int h, int H, int h_per_kv, int Nk, int key, int col, int head_dim,
+                                           float dk, float dv) {
+  if (dq_semaphore) {
+    const long long i = (((long long)b * H + h) * Nk + key) * head_dim + col;
+    dk_accum[i] = dk;
+    dv_accum[i] = dv;
+  } else {
+    const long long i = (((long long)b * (H / h_per_kv) + h / h_per_kv) * Nk + key) * head_dim + col;
+    atomicAdd(dk_accum + i, dk);
+    atomicAdd(dv_accum + i, dv);
+  }
+}
 
 // Preprocessing: D_i = rowsum(dO * O) in float32, one warp per query row, BWD_PRE_ROWS rows per
 // thread block (grid: (ceil(Nq / BWD_PRE_ROWS), B*H)).  The uniform template signature of the

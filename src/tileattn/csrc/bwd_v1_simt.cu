@@ -121,7 +121,9 @@ __global__ void __launch_bounds__(BWD_V1_THREADS, 1) bwd_v1(TILEATTN_BWD_PARAMS(
       }
     }
 
-    // 4. dQ_i += scale dS Kj, into dq_accum.
+    // 4. dQ_i += scale dS Kj, into dq_accum (deterministic: in K/V block order, plain adds).
+    int* count = dq_semaphore ? dq_semaphore + (long long)bh * ((Nq + Br - 1) / Br) + q_start / Br : nullptr;
+    if (count) ordered_add_begin(count, blockIdx.x);
     {
       const int r4 = tid / TPR, d4 = tid % TPR;
       if (q_start + r4 < Nq) {
@@ -136,19 +138,23 @@ __global__ void __launch_bounds__(BWD_V1_THREADS, 1) bwd_v1(TILEATTN_BWD_PARAMS(
         }
         float* dq_row = dq_bh + (long long)(q_start + r4) * HEAD_DIM;
 #pragma unroll
-        for (int m = 0; m < DQ; ++m) atomicAdd(dq_row + d4 + TPR * m, softmax_scale * dq[m]);
+        for (int m = 0; m < DQ; ++m) {
+          if (count)
+            dq_row[d4 + TPR * m] += softmax_scale * dq[m];
+          else
+            atomicAdd(dq_row + d4 + TPR * m, softmax_scale * dq[m]);
+        }
       }
     }
+    if (count) ordered_add_end(count);
   }
 
-  // dK_j, dV_j into the K/V head's accumulators (shared by the GQA group: atomics).
+  // dK_j, dV_j into the accumulators (shared by the GQA group: atomics, or per query head).
   if (kv_start + c3 < Nk) {
-    const long long base = (((long long)b * (H / h_per_kv) + hk) * Nk + kv_start + c3) * HEAD_DIM;
 #pragma unroll
-    for (int m = 0; m < DK; ++m) {
-      atomicAdd(dk_accum + base + d3 + TPK * m, softmax_scale * dK[m]);
-      atomicAdd(dv_accum + base + d3 + TPK * m, dV[m]);
-    }
+    for (int m = 0; m < DK; ++m)
+      store_dkdv(dk_accum, dv_accum, dq_semaphore, b, h, H, h_per_kv, Nk, kv_start + c3, d3 + TPK * m, HEAD_DIM,
+                 softmax_scale * dK[m], dV[m]);
   }
 }
 

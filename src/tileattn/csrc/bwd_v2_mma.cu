@@ -157,9 +157,11 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
       ds_frag[kk][2] = pack2<T>(dP[2 * kk + 1][0], dP[2 * kk + 1][1]);  // row g,   keys 2t+8, +9
       ds_frag[kk][3] = pack2<T>(dP[2 * kk + 1][2], dP[2 * kk + 1][3]);  // row g+8, keys 2t+8, +9
     }
-    // dQ_w = dS_w Kj: k-steps of 16 keys, Kj as the .trans B operand (as V in the forward's P V),
+    // dQ_w = dS_w Kj (deterministic: the whole block's adds in K/V block order, without atomics): k-steps of 16 keys, Kj as the .trans B operand (as V in the forward's P V),
     // 32 columns at a time so that only 16 partial sums are live beside dK_w and dV_w.
     constexpr int DQ_TILES = 4;
+    int* count = dq_semaphore ? dq_semaphore + (long long)bh * ((Nq + Br - 1) / Br) + q_start / Br : nullptr;
+    if (count) ordered_add_begin(count, blockIdx.x);
 #pragma unroll
     for (int d0 = 0; d0 < DT; d0 += DQ_TILES) {
       float dq[DQ_TILES][4];
@@ -183,13 +185,21 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
           float* dq_row = dq_bh + (long long)row * HEAD_DIM + 8 * d0 + 2 * t;
 #pragma unroll
           for (int i = 0; i < DQ_TILES; ++i) {
-            atomicAdd(dq_row + 8 * i, softmax_scale * dq[i][2 * hh]);
-            atomicAdd(dq_row + 8 * i + 1, softmax_scale * dq[i][2 * hh + 1]);
+            if (count) {
+              dq_row[8 * i] += softmax_scale * dq[i][2 * hh];
+              dq_row[8 * i + 1] += softmax_scale * dq[i][2 * hh + 1];
+            } else {
+              atomicAdd(dq_row + 8 * i, softmax_scale * dq[i][2 * hh]);
+              atomicAdd(dq_row + 8 * i + 1, softmax_scale * dq[i][2 * hh + 1]);
+            }
           }
         }
       }
     }
-    __syncthreads();  // every warp's rows of P and dS are in shared memory
+    if (count)
+      ordered_add_end(count);  // (its barrier also publishes P and dS)
+    else
+      __syncthreads();  // every warp's rows of P and dS are in shared memory
 
     // 4. dV_w += P^T dOi, dK_w += dS^T Qi over the Q block's rows, 16 at a time.
 #pragma unroll
@@ -211,19 +221,17 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
   }
   cp_async_wait<0>();  // (Tc = 0 Q blocks: K and V copies still complete before exit)
 
-  // dK_j, dV_j into the K/V head's accumulators (shared by the GQA group: atomics).
+  // dK_j, dV_j into the accumulators (shared by the GQA group: atomics, or per query head).
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int key = kv_start + 16 * warp + 8 * hh + g;
     if (key < Nk) {
-      const long long base = (((long long)b * (H / h_per_kv) + hk) * Nk + key) * HEAD_DIM + 2 * t;
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        atomicAdd(dk_accum + base + 8 * dt, softmax_scale * dK[dt][2 * hh]);
-        atomicAdd(dk_accum + base + 8 * dt + 1, softmax_scale * dK[dt][2 * hh + 1]);
-        atomicAdd(dv_accum + base + 8 * dt, dV[dt][2 * hh]);
-        atomicAdd(dv_accum + base + 8 * dt + 1, dV[dt][2 * hh + 1]);
-      }
+      for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          store_dkdv(dk_accum, dv_accum, dq_semaphore, b, h, H, h_per_kv, Nk, key, 8 * dt + 2 * t + e, HEAD_DIM,
+                     softmax_scale * dK[dt][2 * hh + e], dV[dt][2 * hh + e]);
     }
   }
 }
