@@ -37,17 +37,22 @@ def _expand_kv(q, k, v):
     return np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
 
 
-def attention_naive(q, k, v, softmax_scale=None, causal=None):
-    """Returns (O, lse) in float64.  O: (B, H, Nq, D), lse: (B, H, Nq)."""
-    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
-    k, v = _expand_kv(q, k, v)
+def _scores(q, k, softmax_scale, causal):
+    """scale * q k^T in float64 (k already expanded to q's heads), -inf where a key is not visible."""
     Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / np.sqrt(D) if softmax_scale is None else softmax_scale
     S = np.einsum("bhid,bhjd->bhij", q, k) * scale
     offset = causal_offset(Nq, Nk, causal)
     if offset is not None:
-        visible = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + offset
-        S = np.where(visible, S, -np.inf)
+        S = np.where(np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + offset, S, -np.inf)
+    return S, scale
+
+
+def attention_naive(q, k, v, softmax_scale=None, causal=None):
+    """Returns (O, lse) in float64.  O: (B, H, Nq, D), lse: (B, H, Nq)."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    k, v = _expand_kv(q, k, v)
+    S, _ = _scores(q, k, softmax_scale, causal)
     m = S.max(axis=-1, keepdims=True)
     m_safe = _safe(m)
     P = np.exp(S - m_safe)
@@ -133,12 +138,7 @@ def attention_backward_naive(q, k, v, dO, softmax_scale=None, causal=None):
     H_kv = k.shape[1]
     O, lse = attention_naive(q, k, v, softmax_scale, causal)
     k_, v_ = _expand_kv(q, k, v)
-    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
-    scale = 1.0 / np.sqrt(D) if softmax_scale is None else softmax_scale
-    S = np.einsum("bhid,bhjd->bhij", q, k_) * scale
-    offset = causal_offset(Nq, Nk, causal)
-    if offset is not None:
-        S = np.where(np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + offset, S, -np.inf)
+    S, scale = _scores(q, k_, softmax_scale, causal)
     P = _probabilities(S, lse)
     dV = np.einsum("bhij,bhid->bhjd", P, dO)
     dP = np.einsum("bhid,bhjd->bhij", dO, v_)

@@ -118,10 +118,8 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
         unsigned kb[4], vb[4];
         ldmatrix_x4(kb, KVTile::ldsm_addr(Ks_a, b_r, b_c, 16 * np, ks));
         ldmatrix_x4(vb, KVTile::ldsm_addr(Vs_a, b_r, b_c, 16 * np, ks));
-        mma_m16n8k16<T>(S[2 * np], qa, kb[0], kb[1]);
-        mma_m16n8k16<T>(S[2 * np + 1], qa, kb[2], kb[3]);
-        mma_m16n8k16<T>(dP[2 * np], da, vb[0], vb[1]);
-        mma_m16n8k16<T>(dP[2 * np + 1], da, vb[2], vb[3]);
+        mma_m16n16k16<T>(S[2 * np], S[2 * np + 1], qa, kb);
+        mma_m16n16k16<T>(dP[2 * np], dP[2 * np + 1], da, vb);
       }
     }
     // P and dS in place (S becomes P, dP becomes dS).
@@ -175,8 +173,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
         for (int dp = 0; dp < DQ_TILES / 2; ++dp) {
           unsigned kt[4];
           ldmatrix_x4_trans(kt, KVTile::ldsm_addr(Ks_a, bt_r, bt_c, 16 * kk, d0 / 2 + dp));
-          mma_m16n8k16<T>(dq[2 * dp], ds_frag[kk], kt[0], kt[1]);
-          mma_m16n8k16<T>(dq[2 * dp + 1], ds_frag[kk], kt[2], kt[3]);
+          mma_m16n16k16<T>(dq[2 * dp], dq[2 * dp + 1], ds_frag[kk], kt);
         }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -212,10 +209,8 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
         unsigned ob[4], qb[4];
         ldmatrix_x4_trans(ob, QTile::ldsm_addr(dOs_a, bt_r, bt_c, 16 * ks, dp));
         ldmatrix_x4_trans(qb, QTile::ldsm_addr(Qs_a, bt_r, bt_c, 16 * ks, dp));
-        mma_m16n8k16<T>(dV[2 * dp], pa, ob[0], ob[1]);
-        mma_m16n8k16<T>(dV[2 * dp + 1], pa, ob[2], ob[3]);
-        mma_m16n8k16<T>(dK[2 * dp], sa, qb[0], qb[1]);
-        mma_m16n8k16<T>(dK[2 * dp + 1], sa, qb[2], qb[3]);
+        mma_m16n16k16<T>(dV[2 * dp], dV[2 * dp + 1], pa, ob);
+        mma_m16n16k16<T>(dK[2 * dp], dK[2 * dp + 1], sa, qb);
       }
     }
   }

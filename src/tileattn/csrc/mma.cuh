@@ -67,6 +67,15 @@ __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two neighbouring 8-column n-tiles from one A fragment and the four B registers of one
+// ldmatrix_x4: d0 += A b[0..1], d1 += A b[2..3].
+template <typename T>
+__device__ __forceinline__ void mma_m16n16k16(float (&d0)[4], float (&d1)[4], const unsigned (&a)[4],
+                                              const unsigned (&b)[4]) {
+  mma_m16n8k16<T>(d0, a, b[0], b[1]);
+  mma_m16n8k16<T>(d1, a, b[2], b[3]);
+}
+
 // ---- Two fp32 values -> one register of two 16-bit T, lo in the lower half (round to nearest). ----
 template <typename T>
 __device__ __forceinline__ unsigned pack2(float lo, float hi);
