@@ -150,6 +150,17 @@ def cmd_compile(args) -> int:
         for D in v.head_dims
         for causal in (False, True)
     ]
+    if not args.versions:  # and the backward's kernels (versions.BWD_VERSIONS, its D_i kernel)
+        from .versions import BWD_PREPROCESS, BWD_VERSIONS
+
+        plain_arch = arch_for(VERSIONS["v2"]).rstrip("a")
+        jobs += [
+            (v.file, v.name_expression(dt, D, causal), plain_arch)
+            for v in [BWD_PREPROCESS, *BWD_VERSIONS.values()]
+            for dt in v.dtypes
+            for D in v.head_dims
+            for causal in (False, True)
+        ]
     from tqdm import tqdm
 
     with (
