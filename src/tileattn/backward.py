@@ -82,7 +82,7 @@ def attention_backward(
         # fmt: on
         stream = api._current_stream(device_index)
         for kernel, rows in ((BWD_PREPROCESS.name, BWD_PRE_ROWS), (name, None)):
-            function, context, threads, smem, Br, Bc, lay, buf = _bwd_plan(
+            function, context, threads, smem, _, Bc, lay, buf = _bwd_plan(
                 kernel, dtype, D, causal is not None, device_index
             )
             grid_x = -(-Nq // rows) if rows else -(-Nk // Bc)
