@@ -55,6 +55,14 @@ def test_noncontiguous_packed_qkv(version, layout):
     _check(Case(version, B=2, H=4, Nq=203, D=64, causal="top_left", layout=layout, noncontiguous=True))
 
 
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_misaligned_contiguous_inputs(version):
+    """Contiguous q, k, v one element past a 16-byte boundary (found faulting in the kernels'
+    16-byte copies before 6c8bf90): copied into aligned memory, every rung."""
+    dtype = VERSIONS[version].dtypes[-1]
+    _check(Case(version, B=2, H=3, Nq=77, D=64, causal="bottom_right", misaligned=True, dtype=dtype))
+
+
 @pytest.mark.parametrize("version", RUNGS)
 def test_gqa(version):
     _check(Case(version, B=2, H=8, H_kv=2, Nq=150, D=64, causal="bottom_right"))

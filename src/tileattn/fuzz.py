@@ -56,6 +56,7 @@ def cases(draw, versions: list[str], max_len: int | None = None) -> Case:
         layout=draw(st.sampled_from(["bhnd", "bnhd"])),
         noncontiguous=noncontiguous,
         scale=scale,
+        misaligned=not noncontiguous and draw(st.integers(0, 9)) == 0,
     )
 
 

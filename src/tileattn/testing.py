@@ -71,13 +71,15 @@ class Case:
     layout: str = "bhnd"  # "bhnd" (SDPA) or "bnhd" (flash-attn)
     noncontiguous: bool = False  # q/k/v as strided views into one packed qkv tensor
     scale: float | None = None  # softmax_scale; None: 1/sqrt(D)
+    misaligned: bool = False  # q/k/v contiguous but one element past a 16-byte boundary
 
     def label(self) -> str:
         nk = self.Nk if self.Nk is not None else self.Nq
         return (
             f"{self.version} B={self.B} H={self.H}{'/' + str(self.H_kv) if self.H_kv else ''} "
             f"Nq={self.Nq} Nk={nk} D={self.D} {self.dtype} {self.causal or 'full'} {self.layout}"
-            f"{' strided' if self.noncontiguous else ''}{'' if self.scale is None else f' scale={self.scale}'}"
+            f"{' strided' if self.noncontiguous else ''}{' misaligned' if self.misaligned else ''}"
+            f"{'' if self.scale is None else f' scale={self.scale}'}"
         )
 
 
@@ -111,10 +113,10 @@ def make_inputs(case: Case, generator: torch.Generator | None = None):
         qkv = torch.randn(case.B, case.Nq, case.H + 2 * H_kv + 1, case.D, **kw)
         q, k, v = qkv[:, :, : case.H], qkv[:, :, case.H : case.H + H_kv], qkv[:, :, case.H + H_kv : -1]
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    q = torch.randn(case.B, case.H, case.Nq, case.D, **kw)
-    k = torch.randn(case.B, H_kv, Nk, case.D, **kw)
-    v = torch.randn(case.B, H_kv, Nk, case.D, **kw)
-    return q, k, v
+    shapes = ((case.B, case.H, case.Nq, case.D), (case.B, H_kv, Nk, case.D), (case.B, H_kv, Nk, case.D))
+    if case.misaligned:  # contiguous views one element into their buffers: the API must copy them
+        return tuple(torch.randn(math.prod(s) + 1, **kw)[1:].view(s) for s in shapes)
+    return tuple(torch.randn(s, **kw) for s in shapes)
 
 
 def run_case(case: Case, generator: torch.Generator | None = None) -> dict:
