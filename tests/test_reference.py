@@ -4,7 +4,15 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tileattn.reference import attention_backward_naive, attention_backward_tiled, attention_naive, attention_tiled
+from tileattn.reference import (
+    attention_backward_naive,
+    attention_backward_tiled,
+    attention_naive,
+    attention_serving,
+    attention_tiled,
+    attention_varlen,
+    paged_kv,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -111,3 +119,93 @@ def test_float32_backward_loop_is_close_to_float64():
     got = attention_backward_tiled(q, k, v, O, lse, dO, causal="top_left")
     for e, g in zip(expected, got):
         assert np.linalg.norm(g - e) / np.linalg.norm(e) < 1e-5
+
+
+def _torch_serving(q, k, v, scale, causal, window, softcap, slopes):
+    """The same features written directly in torch float64 (a second, independent spelling)."""
+    import torch
+
+    q, k, v = (torch.tensor(x) for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    Nq, Nk = q.shape[2], k.shape[2]
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i, j = torch.arange(Nq)[:, None], torch.arange(Nk)[None, :]
+    pos = i + Nk - Nq  # the query's position on the key axis
+    if slopes is not None:
+        s = s - torch.tensor(slopes)[None, :, None, None] * (pos - j).abs()
+    ok = torch.ones(Nq, Nk, dtype=torch.bool)
+    if window[0] >= 0:
+        ok &= j >= pos - window[0]
+    if causal or window[1] >= 0:
+        ok &= j <= pos + (0 if causal else window[1])
+    s = s.masked_fill(~ok, float("-inf"))
+    return (torch.softmax(s, -1).nan_to_num(0.0) @ v).numpy()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    Nq=st.integers(1, 70),
+    Nk=st.integers(1, 70),
+    causal=st.booleans(),
+    left=st.sampled_from([-1, 0, 3, 17]),
+    right=st.sampled_from([-1, 0, 5]),
+    softcap=st.sampled_from([0.0, 2.0, 30.0]),
+    alibi=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_serving_features_match_torch(Nq, Nk, causal, left, right, softcap, alibi, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((2, 4, Nq, 16))
+    k, v = (rng.standard_normal((2, 2, Nk, 16)) for _ in range(2))
+    slopes = 2.0 ** -np.arange(1, 5) if alibi else None
+    O, _ = attention_serving(q, k, v, 0.3, causal, (left, right), softcap, slopes)
+    np.testing.assert_allclose(O, _torch_serving(q, k, v, 0.3, causal, (left, right), softcap, slopes), atol=1e-12)
+
+
+def test_serving_defaults_are_plain_attention():
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 33, 8)) for _ in range(3))
+    for causal, mode in ((False, None), (True, "bottom_right")):
+        O, lse = attention_serving(q, k, v, causal=causal)
+        O_ref, lse_ref = attention_naive(q, k, v, causal=mode)
+        np.testing.assert_allclose(O, O_ref, atol=1e-12)
+        np.testing.assert_allclose(lse, lse_ref, atol=1e-12)
+
+
+def test_varlen_and_paged_kv_are_per_sequence_attention():
+    """Packed documents attend only within themselves; a paged cache holds the same keys as a
+    contiguous one (pages in shuffled order)."""
+    rng = np.random.default_rng(6)
+    lens_q, lens_k = [5, 0, 17, 1], [9, 3, 17, 40]
+    cu_q, cu_k = np.cumsum([0, *lens_q]), np.cumsum([0, *lens_k])
+    q = rng.standard_normal((cu_q[-1], 4, 8))
+    k, v = (rng.standard_normal((cu_k[-1], 2, 8)) for _ in range(2))
+    O, lse = attention_varlen(q, k, v, cu_q, cu_k, causal=True)
+    for b in range(4):
+        if lens_q[b] == 0:
+            continue
+        one = lambda t, c: t[c[b] : c[b + 1]].transpose(1, 0, 2)[None]
+        o, l = attention_serving(one(q, cu_q), one(k, cu_k), one(v, cu_k), causal=True)
+        np.testing.assert_allclose(O[cu_q[b] : cu_q[b + 1]], o[0].transpose(1, 0, 2), atol=1e-12)
+        np.testing.assert_allclose(lse[:, cu_q[b] : cu_q[b + 1]], l[0], atol=1e-12)
+    page_size, B = 4, 4
+    pages_per_seq = [-(-n // page_size) for n in lens_k]
+    order = rng.permutation(sum(pages_per_seq))
+    k_cache = np.zeros((len(order), page_size, 2, 8))
+    v_cache = np.zeros_like(k_cache)
+    page_table = np.zeros((B, max(pages_per_seq)), dtype=np.int64)
+    used = 0
+    for b in range(B):
+        for p in range(pages_per_seq[b]):
+            page = order[used]
+            used += 1
+            page_table[b, p] = page
+            rows = slice(cu_k[b] + p * page_size, min(cu_k[b] + (p + 1) * page_size, cu_k[b + 1]))
+            n = rows.stop - rows.start
+            k_cache[page, :n], v_cache[page, :n] = k[rows], v[rows]
+    for b, (kb, vb) in enumerate(paged_kv(k_cache, v_cache, page_table, lens_k)):
+        np.testing.assert_array_equal(kb, k[cu_k[b] : cu_k[b + 1]])
+        np.testing.assert_array_equal(vb, v[cu_k[b] : cu_k[b + 1]])

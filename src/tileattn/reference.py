@@ -189,3 +189,75 @@ def attention_backward_tiled(q, k, v, O, lse, dO, softmax_scale=None, causal=Non
             dKj += scale * (np.swapaxes(dS, -1, -2) @ Qi)
         dK[:, :, cols], dV[:, :, cols] = dKj, dVj
     return dQ, _reduce_groups(dK, H_kv), _reduce_groups(dV, H_kv)
+
+
+# ---- serving (issue 12): window, softcap, ALiBi, variable-length batches, paged KV caches -------
+# flash-attn's conventions, so that its users' arguments mean the same here.  Positions are
+# bottom-right aligned: query i of Nq and key j of Nk are at distance i + Nk - Nq - j.
+
+
+def attention_serving(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """float64 (O, lse) of (B, H, Nq, D) q and (B, H_kv, Nk, D) k, v with:
+      window (left, right): query i sees keys i + Nk - Nq - left .. i + Nk - Nq + right inclusive,
+          -1 for no bound on that side; causal=True is right = 0 (bottom-right, as in flash-attn);
+      softcap > 0: scores s (already scaled) become softcap * tanh(s / softcap) (Gemma 2);
+      alibi_slopes (H,) or (B, H): scores get -slope * |i + Nk - Nq - j| (BLOOM, MPT).
+    A row that sees no key outputs 0 with lse -inf."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    k, v = _expand_kv(q, k, v)
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    scale = 1.0 / np.sqrt(D) if softmax_scale is None else softmax_scale
+    S = np.einsum("bhid,bhjd->bhij", q, k) * scale
+    if softcap > 0:
+        S = softcap * np.tanh(S / softcap)
+    dist = np.arange(Nq)[:, None] + Nk - Nq - np.arange(Nk)[None, :]  # i + Nk - Nq - j
+    if alibi_slopes is not None:
+        slopes = np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64), (B, H))
+        S = S - slopes[:, :, None, None] * np.abs(dist)
+    left, right = window
+    right = 0 if causal else right
+    visible = np.ones((Nq, Nk), bool)
+    if left >= 0:
+        visible &= dist <= left
+    if right >= 0:
+        visible &= dist >= -right
+    S = np.where(visible, S, -np.inf)
+    m_safe = _safe(S.max(axis=-1, keepdims=True))
+    P = np.exp(S - m_safe)
+    l = P.sum(axis=-1, keepdims=True)
+    O = np.einsum("bhij,bhjd->bhid", P, v) / np.where(l > 0, l, 1.0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l[..., 0]), -np.inf)
+    return O, lse
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
+    """Packed variable-length batches, flash-attn's varlen layout: q (total_q, H, D), k and v
+    (total_k, H_kv, D); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and
+    cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k, v, attended to on its own (``attention_serving``'s
+    keyword arguments apply per sequence).  Returns O (total_q, H, D), lse (H, total_q)."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    O = np.zeros_like(q)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    for b in range(len(cu_seqlens_q) - 1):
+        qs, qe, ks, ke = cu_seqlens_q[b], cu_seqlens_q[b + 1], cu_seqlens_k[b], cu_seqlens_k[b + 1]
+        if qe == qs:
+            continue
+        heads = lambda t: t.transpose(1, 0, 2)[None]  # (n, H, D) -> (1, H, n, D)
+        o, l = attention_serving(heads(q[qs:qe]), heads(k[ks:ke]), heads(v[ks:ke]), **kwargs)
+        O[qs:qe] = o[0].transpose(1, 0, 2)
+        lse[:, qs:qe] = l[0]
+    return O, lse
+
+
+def paged_kv(k_cache, v_cache, page_table, seqused_k):
+    """The keys and values a paged KV cache holds for each sequence: k_cache, v_cache
+    (num_pages, page_size, H_kv, D), page_table (B, max_pages) page indices, seqused_k (B,) the
+    number of keys in use.  Returns per sequence (k, v) of shape (seqused_k[b], H_kv, D)."""
+    page_size = k_cache.shape[1]
+    out = []
+    for b, n in enumerate(seqused_k):
+        pages = page_table[b, : -(-int(n) // page_size)]
+        out.append(tuple(c[pages].reshape(-1, *c.shape[2:])[:n] for c in (k_cache, v_cache)))
+    return out
