@@ -235,8 +235,13 @@ def _fwd_op(
 @_fwd_op.register_fake
 def _(q, k, v, softmax_scale, causal, layout, version, precision):
     _, (B, H, Nq, D), *_ = _validate(q, k, v, version, precision, layout)
-    out = q.new_empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D))
+    out = q.new_empty(_out_shape(B, H, Nq, D, layout))
     return out, q.new_empty((B, H, Nq), dtype=torch.float32)
+
+
+def _out_shape(B: int, H: int, Nq: int, D: int, layout: str) -> tuple:
+    """O's shape in the caller's layout (q's shape)."""
+    return (B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D)
 
 
 def _heads_view(q, k, v, layout: str):
@@ -245,9 +250,9 @@ def _heads_view(q, k, v, layout: str):
 
 def _validate(q, k, v, version, precision, layout: str):
     """Checks on the caller's tensors in their layout.  Returns the dtype name, for q, k, v
-    (shape, strides) in (B, H, N, D) order, and the CUDA device index.  What depends only on (dtype, head dim, version,
-    precision) is checked once per combination (_static_checks); the rest on every call.  The
-    device comes last, so CPU tests reach the rest."""
+    (shape, strides) in (B, H, N, D) order, and the CUDA device index.  What depends only on
+    (dtype, head dim, version, precision) is checked once per combination (_static_checks); the
+    rest on every call.  The device comes last, so CPU tests reach the rest."""
     dtype = _DTYPES.get(q.dtype)
     if dtype is None:
         raise TypeError(f"q has dtype {q.dtype}; supported: {', '.join(map(str, _DTYPES))}")
@@ -417,27 +422,70 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
     cc = _nvrtc.device_arch(device_index)
     arch_num = cc[0] * 10 + cc[1]
     arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
-    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal, arch_num), arch)
+    k = load_kernel(
+        f"version {entry.name!r} at head dim {D}",
+        entry.file,
+        entry.name_expression(dtype, D, causal, arch_num),
+        arch,
+        device_index,
+        entry.tensor_maps,
+    )
+    Br, Bc = entry.tile(D, arch_num)
+    return Plan(
+        k.function,
+        k.context,
+        Br,
+        Bc,
+        k.threads,
+        k.smem,
+        entry.grid_style == "per_head",
+        entry.workspace_per_row,
+        k.layout.tma_offset,
+        k.layout.pack,
+        k.params,
+    )
+
+
+@dataclasses.dataclass
+class LaunchableKernel:
+    """One instantiation compiled, loaded into a device's context, and described by its cubin:
+    the CUfunction and context, block size, dynamic shared memory, parameter layout and a
+    thread-local parameter buffer (forward plans and backward kernels alike)."""
+
+    function: int
+    context: int
+    threads: int
+    smem: int
+    layout: _params.Layout
+    params: _nvrtc.ParamBuffer
+
+
+def load_kernel(
+    what: str,
+    file: str,
+    name_expression: str,
+    arch: str,
+    device_index: int,
+    tensor_maps: bool = False,
+    args=None,
+    room=None,
+) -> LaunchableKernel:
+    """Compile (cached), check the shared memory against the device (``what`` names the kernel in
+    the error), load, and read the launch configuration back from the cubin.  args/room: the
+    parameter fields (_params.packer)."""
+    cubin = _nvrtc.compile_kernel(file, name_expression, arch)
     smem = _params.smem_bytes(cubin)  # the kernel's own TILEATTN_SMEM_BYTES
     limit = _nvrtc.max_dynamic_smem(device_index)
     if smem > limit:
-        raise ValueError(
-            f"version {entry.name!r} at head dim {D} needs {smem} bytes of shared memory; this GPU allows {limit}"
-        )
+        raise ValueError(f"{what} needs {smem} bytes of shared memory; this GPU allows {limit}")
     function, context = _nvrtc.function_in_context(_nvrtc.load(cubin), device_index, smem)
-    Br, Bc = entry.tile(D, arch_num)
-    layout = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps)
-    return Plan(
+    layout = _params.packer(cubin.data, cubin.lowered_name, tensor_maps, args, room)
+    return LaunchableKernel(
         function,
         context,
-        Br,
-        Bc,
         _params.block_threads(cubin.data, cubin.lowered_name),
         smem,
-        entry.grid_style == "per_head",
-        entry.workspace_per_row,
-        layout.tma_offset,
-        layout.pack,
+        layout,
         _nvrtc.ParamBuffer(layout.init),
     )
 
@@ -513,7 +561,7 @@ def _forward(
     dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = _validate(q, k, v, version, precision, layout)
     if B * H * Nq == 0 or Nk == 0:
         if out is None:
-            out = torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=q.dtype, device=q.device)
+            out = torch.empty(_out_shape(B, H, Nq, D, layout), dtype=q.dtype, device=q.device)
         if lse is None and with_lse:
             lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
         if Nk == 0:  # no key at all: every row's output is 0 and its lse -inf
@@ -553,7 +601,7 @@ def _forward(
         (qs, ks, vs, os_ if out is None else _bhnd(out, layout)[1]),
         softmax_scale,
         0 if causal != "bottom_right" else Nk - Nq,  # query i sees key j iff j <= i + offset
-        None if q.is_contiguous() else ((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D)),
+        None if q.is_contiguous() else _out_shape(B, H, Nq, D, layout),
         with_lse,
     )
     if cacheable:

@@ -18,20 +18,14 @@ from .versions import BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
 
 
 @functools.cache
-def _bwd_plan(name: str, dtype: str, D: int, causal: bool, device_index: int):
-    """(CUfunction, context, block, smem, Br, Bc, Layout, ParamBuffer) of one backward kernel
-    (a BWD_VERSIONS rung or the preprocessing kernel) on one device."""
+def _bwd_kernel(name: str, dtype: str, D: int, causal: bool, device_index: int) -> api.LaunchableKernel:
+    """One backward kernel (a BWD_VERSIONS rung or the preprocessing kernel) on one device."""
     entry = BWD_PREPROCESS if name == BWD_PREPROCESS.name else BWD_VERSIONS[name]
-    cc = _nvrtc.device_arch(device_index)
-    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal), _nvrtc.arch_string(cc))
-    smem = _params.smem_bytes(cubin)
-    if smem > _nvrtc.max_dynamic_smem(device_index):
-        raise ValueError(f"{entry.name} at head dim {D} needs {smem} bytes of shared memory; this GPU has less")
-    function, context = _nvrtc.function_in_context(_nvrtc.load(cubin), device_index, smem)
-    layout = _params.packer(cubin.data, cubin.lowered_name, False, _params.BWD_ARGS, [])
-    Br, Bc = entry.tiles[D]
-    threads = _params.block_threads(cubin.data, cubin.lowered_name)
-    return function, context, threads, smem, Br, Bc, layout, _nvrtc.ParamBuffer(layout.init)
+    arch = _nvrtc.arch_string(_nvrtc.device_arch(device_index))
+    expr = entry.name_expression(dtype, D, causal)
+    return api.load_kernel(
+        f"{entry.name} at head dim {D}", entry.file, expr, arch, device_index, False, _params.BWD_ARGS, []
+    )
 
 
 def attention_backward(
@@ -81,16 +75,22 @@ def attention_backward(
                 *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], softmax_scale, offset, 0]
         # fmt: on
         stream = api._current_stream(device_index)
-        for kernel, rows in ((BWD_PREPROCESS.name, BWD_PRE_ROWS), (name, None)):
-            function, context, threads, smem, _, Bc, lay, buf = _bwd_plan(
-                kernel, dtype, D, causal is not None, device_index
-            )
-            grid_x = -(-Nq // rows) if rows else -(-Nk // Bc)
+        # D_i over query rows (its CAUSAL template argument is unused: one instantiation), then the
+        # rung over K/V blocks of Bc keys.
+        launches = (
+            (BWD_PREPROCESS.name, False, -(-Nq // BWD_PRE_ROWS)),
+            (name, causal is not None, -(-Nk // entry.tiles[D][1])),
+        )
+        for kernel, is_causal, grid_x in launches:
+            kern = _bwd_kernel(kernel, dtype, D, is_causal, device_index)
+            buf = kern.params
             for bh_offset in range(0, B * H, api._GRID_Y_MAX):
                 args[-1] = bh_offset
-                lay.pack(buf.buf, 0, *args)
+                kern.layout.pack(buf.buf, 0, *args)
                 grid_y = min(api._GRID_Y_MAX, B * H - bh_offset)
-                _nvrtc.launch(function, context, stream, grid_x, grid_y, threads, smem, buf.extra_addr)
+                _nvrtc.launch(
+                    kern.function, kern.context, stream, grid_x, grid_y, kern.threads, kern.smem, buf.extra_addr
+                )
 
     if deterministic and H != H_kv:  # per query head -> per K/V head, summed by torch in a fixed order
         dk_acc, dv_acc = (a.view(B, H_kv, H // H_kv, Nk, D).sum(2) for a in (dk_acc, dv_acc))

@@ -113,11 +113,14 @@ def _peer_fn(name: str, q, k, v, causal: bool):
     return fn
 
 
+_REF_HEADS = (slice(0, 1), slice(0, 2))  # the (batch, head) slices errors are measured on: heads (0, 0), (0, 1)
+
+
 def rel_err(out: torch.Tensor, q, k, v, causal: bool) -> float:
     """||O - O_ref|| / ||O_ref|| against float64 on heads (0, 0) and (0, 1): (B, H, N, D) layout."""
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    sl = (slice(0, 1), slice(0, 2))
+    sl = _REF_HEADS
     ref = sdpa(*(t[sl].double() for t in (q, k, v)), is_causal=causal)
     return ((out[sl].double() - ref).norm() / ref.norm()).item()
 
@@ -515,7 +518,7 @@ def _grad_err(grads, q, k, v, dO, causal: bool) -> float:
     """Largest relative error of dq, dk, dv against float64 autograd, on heads (0, 0) and (0, 1)."""
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    sl = (slice(0, 1), slice(0, 2))
+    sl = _REF_HEADS
     ref_in = [t[sl].detach().double().requires_grad_() for t in (q, k, v)]
     ref = torch.autograd.grad(sdpa(*ref_in, is_causal=causal), ref_in, dO[sl].double())
     return max(((g[sl].double() - r).norm() / r.norm()).item() for g, r in zip(grads, ref))

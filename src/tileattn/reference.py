@@ -53,8 +53,12 @@ def attention_naive(q, k, v, softmax_scale=None, causal=None):
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     k, v = _expand_kv(q, k, v)
     S, _ = _scores(q, k, softmax_scale, causal)
-    m = S.max(axis=-1, keepdims=True)
-    m_safe = _safe(m)
+    return _softmax_times_v(S, v)
+
+
+def _softmax_times_v(S, v):
+    """(softmax(S) v, lse) in float64; a row of S that is all -inf outputs 0 with lse -inf."""
+    m_safe = _safe(S.max(axis=-1, keepdims=True))
     P = np.exp(S - m_safe)
     l = P.sum(axis=-1, keepdims=True)
     O = np.einsum("bhij,bhjd->bhid", P, v) / np.where(l > 0, l, 1.0)
@@ -222,14 +226,7 @@ def attention_serving(q, k, v, softmax_scale=None, causal=False, window=(-1, -1)
         visible &= dist <= left
     if right >= 0:
         visible &= dist >= -right
-    S = np.where(visible, S, -np.inf)
-    m_safe = _safe(S.max(axis=-1, keepdims=True))
-    P = np.exp(S - m_safe)
-    l = P.sum(axis=-1, keepdims=True)
-    O = np.einsum("bhij,bhjd->bhid", P, v) / np.where(l > 0, l, 1.0)
-    with np.errstate(divide="ignore"):
-        lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l[..., 0]), -np.inf)
-    return O, lse
+    return _softmax_times_v(np.where(visible, S, -np.inf), v)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):

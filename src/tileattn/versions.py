@@ -20,6 +20,12 @@ GridStyle = Literal["per_head", "q_outer"]
 _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
+def name_expression(kernel: str, dtype: str, head_dim: int, Br: int, Bc: int, causal: bool) -> str:
+    """The NVRTC name expression of one instantiation: every kernel, forward and backward, is
+    ``tileattn::<kernel><T, HEAD_DIM, Br, Bc, CAUSAL>``."""
+    return f"tileattn::{kernel}<{_CTYPE[dtype]}, {head_dim}, {Br}, {Bc}, {str(causal).lower()}>"
+
+
 @dataclasses.dataclass(frozen=True)
 class Version:
     name: str
@@ -70,8 +76,7 @@ class Version:
         return self.tile(head_dim, arch) != self.tiles[head_dim]
 
     def name_expression(self, dtype: str, head_dim: int, causal: bool, arch: int | None = None) -> str:
-        Br, Bc = self.tile(head_dim, arch)
-        return f"tileattn::{self.kernel}<{_CTYPE[dtype]}, {head_dim}, {Br}, {Bc}, {str(causal).lower()}>"
+        return name_expression(self.kernel, dtype, head_dim, *self.tile(head_dim, arch), causal)
 
     def supports(self, dtype: str, head_dim: int, arch: int, precision: str | None = None) -> bool:
         """precision None means the default: FP32-level accuracy for FP32 inputs."""
@@ -315,8 +320,7 @@ class BwdVersion:
         return tuple(sorted(self.tiles))
 
     def name_expression(self, dtype: str, head_dim: int, causal: bool) -> str:
-        Br, Bc = self.tiles[head_dim]
-        return f"tileattn::{self.kernel}<{_CTYPE[dtype]}, {head_dim}, {Br}, {Bc}, {str(causal).lower()}>"
+        return name_expression(self.kernel, dtype, head_dim, *self.tiles[head_dim], causal)
 
 
 # D_i = rowsum(dO * O): BWD_PRE_ROWS rows (one warp each) per block of 32 * BWD_PRE_ROWS threads.

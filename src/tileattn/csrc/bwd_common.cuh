@@ -37,6 +37,32 @@ namespace tileattn {
 
 #define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
 
+// The first Q block (its first row, a multiple of Br) a K/V block starting at kv_start visits:
+// causal, the first query row that sees key kv_start is kv_start - causal_offset; the Q blocks
+// before it see none of the block's keys.
+template <bool CAUSAL, int Br>
+__device__ __forceinline__ int first_q_start(int kv_start, int causal_offset) {
+  return CAUSAL ? max(0, kv_start - causal_offset) / Br * Br : 0;
+}
+
+// lse_i and D_i of the Q block's Br rows into shared memory, by NTHREADS threads; a row past Nq
+// gets lse = -inf, which gives it weight 0 everywhere.
+template <int Br, int NTHREADS>
+__device__ __forceinline__ void load_row_stats(float* lse_s, float* Di_s, const float* lse_bh, const float* Di_bh,
+                                               int q_start, int Nq) {
+  for (int r = threadIdx.x; r < Br; r += NTHREADS) {
+    const bool ok = q_start + r < Nq;
+    lse_s[r] = ok ? lse_bh[q_start + r] : TILEATTN_NEG_INF;
+    Di_s[r] = ok ? Di_bh[q_start + r] : 0.0f;
+  }
+}
+
+// Deterministic mode's count for (head bh, the Q block at q_start), or null in the default mode.
+template <int Br>
+__device__ __forceinline__ int* dq_count(int* dq_semaphore, int bh, int Nq, int q_start) {
+  return dq_semaphore ? dq_semaphore + (long long)bh * ((Nq + Br - 1) / Br) + q_start / Br : nullptr;
+}
+
 // Deterministic mode's ordering of the dQ adds of K/V block j into one Q block: wait until the j
 // blocks before it have added (the count is j: a K/V block visits the Q blocks from its first
 // visible one on, so the blocks that visit Q block i are 0, 1, ..., in order), add, publish.

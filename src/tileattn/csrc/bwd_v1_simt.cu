@@ -72,9 +72,7 @@ __global__ void __launch_bounds__(BWD_V1_THREADS, 1) bwd_v1(TILEATTN_BWD_PARAMS(
 #pragma unroll
   for (int m = 0; m < DK; ++m) dK[m] = dV[m] = 0.0f;
 
-  // Causal: the first query row that sees key kv_start is kv_start - causal_offset.
-  const int q_first = CAUSAL ? max(0, kv_start - causal_offset) : 0;
-  for (int q_start = q_first / Br * Br; q_start < Nq; q_start += Br) {
+  for (int q_start = first_q_start<CAUSAL, Br>(kv_start, causal_offset); q_start < Nq; q_start += Br) {
     __syncthreads();  // the previous Q block's tiles are no longer read
     // 1. Qi, dOi, lse_i, D_i.
     for (int i = tid; i < Br * HEAD_DIM; i += NT) {
@@ -83,11 +81,7 @@ __global__ void __launch_bounds__(BWD_V1_THREADS, 1) bwd_v1(TILEATTN_BWD_PARAMS(
       Qs[r * LD + d] = ok ? q_bh[(q_start + r) * q_sn + d] : 0.0f;
       dOs[r * LD + d] = ok ? do_bh[(q_start + r) * do_sn + d] : 0.0f;
     }
-    for (int r = tid; r < Br; r += NT) {
-      const bool ok = q_start + r < Nq;
-      lse_s[r] = ok ? lse_bh[q_start + r] : TILEATTN_NEG_INF;  // -inf: the row gets weight 0
-      Di_s[r] = ok ? Di_bh[q_start + r] : 0.0f;
-    }
+    load_row_stats<Br, NT>(lse_s, Di_s, lse_bh, Di_bh, q_start, Nq);
     __syncthreads();
 
     // 2. P and dS for this thread's (row, key) pairs.
@@ -122,7 +116,7 @@ __global__ void __launch_bounds__(BWD_V1_THREADS, 1) bwd_v1(TILEATTN_BWD_PARAMS(
     }
 
     // 4. dQ_i += scale dS Kj, into dq_accum (deterministic: in K/V block order, plain adds).
-    int* count = dq_semaphore ? dq_semaphore + (long long)bh * ((Nq + Br - 1) / Br) + q_start / Br : nullptr;
+    int* count = dq_count<Br>(dq_semaphore, bh, Nq, q_start);
     if (count) ordered_add_begin(count, blockIdx.x);
     {
       const int r4 = tid / TPR, d4 = tid % TPR;

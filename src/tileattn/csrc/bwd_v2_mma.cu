@@ -85,19 +85,13 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
     for (int e = 0; e < 4; ++e) dK[dt][e] = dV[dt][e] = 0.0f;
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
-  // Causal: the first query row that sees key kv_start is kv_start - causal_offset.
-  const int q_first = CAUSAL ? max(0, kv_start - causal_offset) : 0;
-  for (int q_start = q_first / Br * Br; q_start < Nq; q_start += Br) {
+  for (int q_start = first_q_start<CAUSAL, Br>(kv_start, causal_offset); q_start < Nq; q_start += Br) {
     __syncthreads();  // the previous Q block's tiles are no longer read
     // 1. Qi, dOi, lse_i, D_i.
     tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(Qs, q_bh, q_sn, q_start, Nq, tid);
     tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(dOs, do_bh, do_sn, q_start, Nq, tid);
     cp_async_commit();
-    if (tid < Br) {
-      const bool ok = q_start + tid < Nq;
-      lse_s[tid] = ok ? lse_bh[q_start + tid] : TILEATTN_NEG_INF;  // -inf: the row gets weight 0
-      Di_s[tid] = ok ? Di_bh[q_start + tid] : 0.0f;
-    }
+    load_row_stats<Br, NTHREADS>(lse_s, Di_s, lse_bh, Di_bh, q_start, Nq);
     cp_async_wait<0>();
     __syncthreads();
 
@@ -158,7 +152,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
     // dQ_w = dS_w Kj (deterministic: the whole block's adds in K/V block order, without atomics): k-steps of 16 keys, Kj as the .trans B operand (as V in the forward's P V),
     // 32 columns at a time so that only 16 partial sums are live beside dK_w and dV_w.
     constexpr int DQ_TILES = 4;
-    int* count = dq_semaphore ? dq_semaphore + (long long)bh * ((Nq + Br - 1) / Br) + q_start / Br : nullptr;
+    int* count = dq_count<Br>(dq_semaphore, bh, Nq, q_start);
     if (count) ordered_add_begin(count, blockIdx.x);
 #pragma unroll
     for (int d0 = 0; d0 < DT; d0 += DQ_TILES) {
