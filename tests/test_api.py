@@ -131,14 +131,22 @@ def test_lengths_of_2_to_the_31_are_rejected():
         flash_attn_func(small, q, q)
 
 
-def test_requires_grad_raises_and_says_how_to_call():
-    q, k, v = qkv()
+def test_requires_grad_without_a_backward_rung_raises_and_says_how_to_call():
+    # bf16 at head dim 80: the forward takes it, no backward rung does (backward_head_dims).
+    q, k, v = qkv(D=80, dtype=torch.bfloat16)
     q.requires_grad_(True)
-    with pytest.raises(RuntimeError, match=r"no backward pass yet, but q requires grad.*torch.no_grad\(\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"no backward pass for bfloat16 at head dim 80 \(it has one at head dims 32, 64, 128\), "
+        r"but q requires grad.*torch.no_grad\(\)",
+    ):
         flash_attn_func(q, k, v)
     k.requires_grad_(True)
     with pytest.raises(RuntimeError, match=r"but q, k require grad"):
         scaled_dot_product_attention(q, k, v)
+    # At a head dim with a backward rung, the call goes on: here to the device check.
+    with pytest.raises(ValueError, match=r"q must be a CUDA tensor"):
+        flash_attn_func(*(t.requires_grad_(True) for t in qkv()))
     # Under no_grad (or with detached inputs) the call goes on: here to the device check.
     with torch.no_grad(), pytest.raises(ValueError, match=r"q must be a CUDA tensor"):
         flash_attn_func(q, k, v)

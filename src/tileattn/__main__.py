@@ -177,6 +177,27 @@ def cmd_compile(args) -> int:
 _SPECIAL_SUITES = ("story", "overhead", "hf", "bwd")
 
 
+def _narrow(cases, args) -> list:
+    """Narrow a suite (lengths, head dims, dtype, causal) or resize its shapes (batch, heads)."""
+    return [
+        dataclasses.replace(c, B=args.batch or c.B, H=args.heads or c.H)
+        for c in cases
+        if (not args.seqlen or c.N in args.seqlen)
+        and (not args.headdim or c.D in args.headdim)
+        and (not args.dtype or c.dtype in args.dtype)
+        and (args.causal is None or c.causal in args.causal)
+    ]
+
+
+def _narrowing_args(args) -> list[str]:
+    given = []
+    for flag in ("seqlen", "headdim", "dtype", "causal", "batch", "heads"):
+        value = getattr(args, flag)
+        if value not in (None, []):
+            given += [f"--{flag}", *map(str, value if isinstance(value, list) else [value])]
+    return given
+
+
 def cmd_bench(args) -> int:
     if not _has_gpu():
         given = [
@@ -194,11 +215,14 @@ def cmd_bench(args) -> int:
     from . import bench
 
     total_rc = 0
+    bwd_cases = _narrow(bench.BWD_CASES, args)
     for suite_name in args.suite:
         out = Path(args.out_dir) / f"{suite_name}.json"
         if suite_name in _SPECIAL_SUITES:
             with tqdm(
-                total={"story": bench.story_steps, "bwd": bench.bwd_steps}.get(suite_name, lambda: None)(),
+                total={"story": bench.story_steps, "bwd": lambda: bench.bwd_steps(bwd_cases)}.get(
+                    suite_name, lambda: None
+                )(),
                 desc=f"bench {suite_name}",
                 file=sys.stderr,
             ) as bar:
@@ -206,33 +230,28 @@ def cmd_bench(args) -> int:
                     "story": lambda: bench.story(progress=bar.update),
                     "overhead": bench.overhead,
                     "hf": bench.hf_prefill,
-                    "bwd": lambda: bench.backward_suite(progress=bar.update),
+                    "bwd": lambda: bench.backward_suite(bwd_cases, progress=bar.update),
                 }[suite_name]()
             if suite_name == "story":
                 bench.add_ratios(rows)
-            # These suites take no narrowing arguments: record the command that reproduces them.
+            # Only bwd takes the narrowing arguments: record the command that reproduces each.
             result = dict(
                 **bench.environment(),
                 suite=suite_name,
-                command=f"python -m tileattn bench --suite {suite_name}",
+                command=f"python -m tileattn bench --suite {suite_name}"
+                + (" " + " ".join(_narrowing_args(args)) if suite_name == "bwd" else "").rstrip(),
                 rows=rows,
             )
             bench.save(result, out, chart=suite_name == "story")
+            if suite_name == "bwd":
+                bench.bwd_chart(result, out.with_suffix(".png"))
             print(bench.result_table(result))
-            print(f"\nwrote {out}" + (f" and {out.with_suffix('.png')}" if suite_name == "story" else "") + "\n")
+            chart = suite_name in ("story", "bwd")
+            print(f"\nwrote {out}" + (f" and {out.with_suffix('.png')}" if chart else "") + "\n")
             continue
         suite = bench.SUITES[suite_name]
         versions = [v for v in (args.versions or suite.versions) if v in VERSIONS]
-        cases = suite.cases()
-        # Narrow a suite (lengths, head dims, dtype, causal) or resize its shapes (batch, heads).
-        cases = [
-            dataclasses.replace(c, B=args.batch or c.B, H=args.heads or c.H)
-            for c in cases
-            if (not args.seqlen or c.N in args.seqlen)
-            and (not args.headdim or c.D in args.headdim)
-            and (not args.dtype or c.dtype in args.dtype)
-            and (args.causal is None or c.causal in args.causal)
-        ]
+        cases = _narrow(suite.cases(), args)
         peers = [] if args.no_peers else list(suite.peers)
         total = sum(
             len([v for v in versions if VERSIONS[v].supports(c.dtype, c.D, bench._arch(), VERSIONS[v].precision)])

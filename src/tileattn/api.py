@@ -14,8 +14,9 @@ sm_90's wgmma, the default there, and v2.2 on mma.sync, the default elsewhere; v
 with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1; v3.2 with TMA
 loads and v3.3 on wgmma on sm_90) at every head dim that is a multiple of 8 from 16 to 256; any
 Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous head dim; causal masks aligned top-left
-or bottom-right; GQA/MQA; the log-sum-exp of each row.
-Not yet: backward, dropout, arbitrary masks, variable-length batches, KV cache.
+or bottom-right; GQA/MQA; the log-sum-exp of each row.  Gradients (backward.py, registered as the
+custom op's autograd formula) for FP32 (bwd_v1), fp16 and bf16 (bwd_v2) at head dims 32, 64, 128.
+Not yet: dropout, arbitrary masks, variable-length batches, KV cache.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ _CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}  # how the custom op 
 _CAUSAL_OF_CODE = {c: m for m, c in _CAUSAL_CODE.items()}
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, return_lse=False, precision=None):
+def flash_attn_func(
+    q, k, v, softmax_scale=None, causal=False, *, version=None, return_lse=False, precision=None, deterministic=False
+):
     """Attention in flash-attn's layout.
 
     Args:
@@ -54,15 +57,19 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, version=None, 
         precision: FP32 inputs only.  None or "fp32" (default): FP32-level accuracy (relative error
             ~1e-6 vs float64; tensor-core rungs get it by 3xTF32).  "tf32": opt in to plain TF32
             tensor-core products, faster but with ~1e-3 relative error (10-bit mantissas).
+        deterministic: the backward pass adds dQ in a fixed order, so gradients are
+            bitwise-reproducible (also on under ``torch.use_deterministic_algorithms(True)``).
 
     Returns:
         O (B, Nq, H, D) in q's dtype, or (O, lse) when return_lse.
 
-    Forward only: with grad mode on, an input that requires grad raises (no gradient is dropped
-    silently); call under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    Differentiable in q, k and v (lse is not) for the dtypes and head dims of
+    ``tileattn.backward_head_dims``; elsewhere an input that requires grad raises.
     """
     mode = _causal_mode(causal, default_true="bottom_right")
-    out, lse = _call(q, k, v, softmax_scale, mode, "bnhd", version, precision, "softmax_scale", return_lse)
+    out, lse = _call(
+        q, k, v, softmax_scale, mode, "bnhd", version, precision, "softmax_scale", return_lse, False, deterministic
+    )
     return (out, lse) if return_lse else out
 
 
@@ -92,7 +99,8 @@ def scaled_dot_product_attention(
         version, precision: as in ``flash_attn_func``.
 
     Returns:
-        O (B, H, Nq, D) in query's dtype.
+        O (B, H, Nq, D) in query's dtype; differentiable as ``flash_attn_func`` (deterministic
+        under ``torch.use_deterministic_algorithms(True)``).
     """
     if attn_mask is not None:
         raise NotImplementedError(
@@ -138,17 +146,28 @@ def _check_rank(**tensors):
             raise ValueError(f"{name} must have 4 dims, got {t.dim()} (shape {tuple(t.shape)})")
 
 
-def _check_no_grad(**tensors):
-    """There is no backward pass yet: a gradient must never be dropped silently.  (Called with grad
-    mode on.)"""
-    needing = [name for name, t in tensors.items() if t.requires_grad]
-    if needing:
+def _check_backward_exists(q, k, v):
+    """An input requires grad (grad mode on): a backward rung must take q's dtype and head dim, or
+    the call raises; a gradient is never dropped silently."""
+    dtype, D = _DTYPES.get(q.dtype), q.shape[-1]
+    dims = backward_head_dims(dtype) if dtype else ()
+    if D not in dims:
+        needing = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
         raise RuntimeError(
-            f"tileattn has no backward pass yet, but {', '.join(needing)} require{'s' if len(needing) == 1 else ''} "
-            "grad: the output would silently carry no gradient.  For inference, call it under "
-            "`with torch.no_grad():` (or torch.inference_mode()), or pass tensors detached with .detach(); "
-            "to train, use torch.nn.functional.scaled_dot_product_attention for now."
+            f"tileattn has no backward pass for {dtype or q.dtype} at head dim {D} (it has one at head dims "
+            f"{', '.join(map(str, dims)) or 'none'}), but {', '.join(needing)} require"
+            f"{'s' if len(needing) == 1 else ''} grad: the output would silently carry no gradient.  For "
+            "inference, call it under `with torch.no_grad():` (or torch.inference_mode()), or pass tensors "
+            "detached with .detach(); to train at this head dim, use torch.nn.functional.scaled_dot_product_attention."
         )
+
+
+@functools.cache
+def backward_head_dims(dtype: str) -> tuple[int, ...]:
+    """The head dims at which some backward rung takes ``dtype`` ("float32", "float16", "bfloat16")."""
+    from .versions import BWD_VERSIONS
+
+    return tuple(sorted({D for e in BWD_VERSIONS.values() if dtype in e.dtypes for D in e.tiles}))
 
 
 _F32_ROUNDS_TO_INF = 2.0**128 - 2.0**103  # the smallest magnitude float32() rounds to infinity
@@ -166,12 +185,24 @@ def _scale(softmax_scale, arg: str) -> float:
 
 
 def _call(
-    q, k, v, softmax_scale, mode, layout: str, version, precision, scale_arg: str, with_lse: bool, same_heads=False
+    q,
+    k,
+    v,
+    softmax_scale,
+    mode,
+    layout: str,
+    version,
+    precision,
+    scale_arg: str,
+    with_lse: bool,
+    same_heads=False,
+    deterministic=False,
 ):
     """The public functions' shared tail: checks that need Python objects, then the custom op
-    (under torch.compile; it always returns lse) or its implementation (eager: no dispatcher round
-    trip, and no lse buffer unless asked for).  same_heads: SDPA's enable_gqa=False, under which
-    key must have query's number of heads."""
+    (for autograd and under torch.compile; it always returns lse) or its implementation (eager:
+    no dispatcher round trip, and no lse buffer unless asked for).  same_heads: SDPA's
+    enable_gqa=False, under which key must have query's number of heads.  deterministic: for
+    the backward pass."""
     Tensor = torch.Tensor
     if not (
         isinstance(q, Tensor)
@@ -189,30 +220,19 @@ def _call(
             f"{tuple(k.shape)} (B, H, N, D)"
         )
     needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
-    if needs_grad and not (BACKWARD_ENABLED and _has_backward(q)):
-        _check_no_grad(q=q, k=k, v=v)  # raises
+    if needs_grad:  # (the custom op below dispatches on the device: check it, and all else, first)
+        _check_backward_exists(q, k, v)
+        _validate(q, k, v, version, precision, layout)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     else:
         softmax_scale = _scale(softmax_scale, scale_arg)
     if needs_grad or torch.compiler.is_compiling():  # through the dispatcher: autograd, tracing
-        return torch.ops.tileattn.fwd(q, k, v, softmax_scale, _CAUSAL_CODE[mode], layout, version, precision)
+        deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
+        return torch.ops.tileattn.fwd(
+            q, k, v, softmax_scale, _CAUSAL_CODE[mode], layout, version, precision, deterministic
+        )
     return _forward(q, k, v, softmax_scale, mode, layout, version, precision, with_lse)
-
-
-# The backward pass (backward.py) is registered as tileattn::fwd's autograd formula, but inputs
-# that require grad keep raising until its GPU tests (tests/test_backward.py -m gpu, which turn
-# this on for themselves) have passed on a device: a gradient is never computed by kernels that
-# have not been checked against float64.
-BACKWARD_ENABLED = False
-
-
-def _has_backward(q) -> bool:
-    """Whether a backward rung takes q's dtype and head dim."""
-    from .versions import BWD_VERSIONS
-
-    dtype = _DTYPES.get(q.dtype)
-    return any(dtype in e.dtypes and q.shape[-1] in e.tiles for e in BWD_VERSIONS.values())
 
 
 @torch.library.custom_op("tileattn::fwd", mutates_args=(), device_types="cuda")
@@ -225,15 +245,17 @@ def _fwd_op(
     layout: str,
     version: str | None,
     precision: str | None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """tileattn::fwd(q, k, v, softmax_scale, causal, layout, version, precision) -> (O, lse).
-    q, k, v in ``layout`` ("bnhd": flash-attn's, "bhnd": SDPA's); causal 0 (none), 1 (top-left),
-    2 (bottom-right); O in ``layout``, lse (B, H, Nq) float32."""
+    """tileattn::fwd(q, k, v, softmax_scale, causal, layout, version, precision, deterministic)
+    -> (O, lse).  q, k, v in ``layout`` ("bnhd": flash-attn's, "bhnd": SDPA's); causal 0 (none),
+    1 (top-left), 2 (bottom-right); O in ``layout``, lse (B, H, Nq) float32.  deterministic only
+    matters to the autograd formula (backward.py): dQ added in a fixed order."""
     return _forward(q, k, v, softmax_scale, _CAUSAL_OF_CODE[causal], layout, version, precision, True)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, softmax_scale, causal, layout, version, precision):
+def _(q, k, v, softmax_scale, causal, layout, version, precision, deterministic=False):
     _, (B, H, Nq, D), *_ = _validate(q, k, v, version, precision, layout)
     out = q.new_empty(_out_shape(B, H, Nq, D, layout))
     return out, q.new_empty((B, H, Nq), dtype=torch.float32)

@@ -2,9 +2,9 @@
 then the float32 accumulators converted to the inputs' dtype and layout.
 
 Registered as the autograd formula of the forward custom op tileattn::fwd: the forward saves q,
-k, v, O and lse (nothing N x N), the backward runs tileattn::bwd.  Inputs that require grad still
-raise until api.BACKWARD_ENABLED is turned on, once tests/test_backward.py -m gpu has passed on a
-device.  lse is a non-differentiable output (as in flash-attn).
+k, v, O and lse (nothing N x N), the backward runs tileattn::bwd.  lse is a non-differentiable
+output (as in flash-attn).  Extra memory beyond the gradients: D_i (B*H*Nq floats) and the float32
+dQ/dK/dV accumulators (for 16-bit inputs; deterministic GQA keeps dK/dV per query head).
 """
 
 from __future__ import annotations
@@ -58,7 +58,13 @@ def attention_backward(
             raise ValueError(f"{arg} must match q (shape {tuple(q.shape)}, {q.dtype}, head dim contiguous)")
     if lse.shape != (B, H, Nq) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {(B, H, Nq)}, got {tuple(lse.shape)}")
-    os_, dos = api._bhnd(out, layout)[1], api._bhnd(dout, layout)[1]
+    # The kernels copy 16-byte vectors (cp.async): a tensor whose rows do not start on 16-byte
+    # boundaries (an odd offset or stride) is copied once into fresh memory, as in the forward.
+    q, k, v, out, dout = (
+        t if api._rows_aligned(t, api._bhnd(t, layout)[1]) else t.clone(memory_format=torch.contiguous_format)
+        for t in (q, k, v, out, dout)
+    )
+    qs, ks, vs, os_, dos = (api._bhnd(t, layout)[1] for t in (q, k, v, out, dout))
     f32 = dict(dtype=torch.float32, device=q.device)
     Br = entry.tiles[D][0]
     dq_acc = torch.zeros((B, H, Nq, D), **f32)
@@ -113,32 +119,34 @@ def _bwd_op(
     softmax_scale: float,
     causal: int,
     layout: str,
+    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """tileattn::bwd(q, k, v, O, lse, dO, softmax_scale, causal, layout) -> (dq, dk, dv), arguments
-    as tileattn::fwd's; dq, dk, dv contiguous in ``layout``."""
-    return attention_backward(q, k, v, out, lse, dout, softmax_scale, api._CAUSAL_OF_CODE[causal], layout)
+    """tileattn::bwd(q, k, v, O, lse, dO, softmax_scale, causal, layout, deterministic) -> (dq, dk,
+    dv), arguments as tileattn::fwd's; dq, dk, dv contiguous in ``layout``."""
+    mode = api._CAUSAL_OF_CODE[causal]
+    return attention_backward(q, k, v, out, lse, dout, softmax_scale, mode, layout, deterministic=deterministic)
 
 
 @_bwd_op.register_fake
-def _(q, k, v, out, lse, dout, softmax_scale, causal, layout):
+def _(q, k, v, out, lse, dout, softmax_scale, causal, layout, deterministic):
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, layout, _version, _precision = inputs
+    q, k, v, softmax_scale, causal, layout, _version, _precision, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.args = (softmax_scale, causal, layout)
+    ctx.args = (softmax_scale, causal, layout, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    softmax_scale, causal, layout = ctx.args
+    softmax_scale, causal, layout, deterministic = ctx.args
     if dout.stride(-1) != 1:  # the kernels read dO rows with a contiguous head dim
         dout = dout.contiguous()
-    dq, dk, dv = torch.ops.tileattn.bwd(q, k, v, out, lse, dout, softmax_scale, causal, layout)
-    return dq, dk, dv, None, None, None, None, None
+    dq, dk, dv = torch.ops.tileattn.bwd(q, k, v, out, lse, dout, softmax_scale, causal, layout, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 api._fwd_op.register_autograd(_backward, setup_context=_setup_context)

@@ -512,6 +512,7 @@ BWD_PEERS = {
     "bfloat16": ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex_attention"),
     "float16": ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex_attention"),
 }
+BWD_FLEX_SEQLENS = (8192,)  # FlexAttention compiles forward and backward per shape: only at this N
 
 
 def _grad_err(grads, q, k, v, dO, causal: bool) -> float:
@@ -526,8 +527,10 @@ def _grad_err(grads, q, k, v, dO, causal: bool) -> float:
 
 def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
     """Backward only (FLOPs = 2.5x the forward's) and forward + backward, tileattn's backward rungs
-    beside PyTorch's backends in one run, with each implementation's peak memory over one forward +
-    backward (beyond the inputs).  (B, H, N, D) layout, upstream gradient drawn at random."""
+    (each also with deterministic=True, as "<rung>_deterministic") beside PyTorch's backends in one
+    run, with each implementation's peak memory over one forward + backward (beyond the inputs).
+    (B, H, N, D) layout, upstream gradient drawn at random.  Each of our rows carries
+    ``vs_<peer>``: the peer's backward time over ours (above 1: we are faster)."""
     from . import backward
     from .versions import BWD_VERSIONS
 
@@ -550,17 +553,22 @@ def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
                     with torch.no_grad():
                         return api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
 
-                impls[name] = (fwd, lambda o, name=name: backward.attention_backward(
-                    q, k, v, *o, dO, case.D**-0.5, mode, "bhnd", version=name
-                ))  # fmt: skip
+                for det in (False, True):
+                    bwd = lambda o, name=name, det=det: backward.attention_backward(
+                        q, k, v, *o, dO, case.D**-0.5, mode, "bhnd", version=name, deterministic=det
+                    )
+                    impls[name + "_deterministic" * det] = (fwd, bwd)
         for name in BWD_PEERS[case.dtype]:
+            if name == "flex_attention" and case.N not in BWD_FLEX_SEQLENS:
+                continue
             fwd = _peer_fn(name, q, k, v, case.causal)
             impls[name] = (fwd, lambda o: torch.autograd.grad(o, (q, k, v), dO, retain_graph=True))
         for name, (fwd, bwd) in impls.items():
             try:
                 out = fwd()
                 grads = bwd(out)
-                err = _grad_err(grads, q, k, v, dO, case.causal) if name in BWD_VERSIONS else None
+                ours = name.removesuffix("_deterministic") in BWD_VERSIONS
+                err = _grad_err(grads, q, k, v, dO, case.causal) if ours else None
                 ms = _time(lambda: bwd(out))
                 out = grads = None  # (freed before the memory measurement)
                 torch.cuda.synchronize()
@@ -572,12 +580,17 @@ def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
                 ms_both = _time(lambda: bwd(fwd()))
                 rows.append(
                     dict(impl=name, **base, ms=ms, tflops=flops / ms / 1e9, fwd_bwd_ms=ms_both, peak_gb=peak_gb)
-                    | ({"kind": "bwd", "rel_err": err} if name in BWD_VERSIONS else {})
+                    | ({"kind": "bwd", "rel_err": err} if ours else {})
                 )
             except Exception as e:  # e.g. flash/cuDNN reject fp32 or D=256: record why, keep going
                 rows.append(dict(impl=name, **base, ms=None, tflops=None, error=f"{type(e).__name__}: {e}"[:200]))
             if progress:
                 progress()
+        case_rows = rows[-len(impls) :]
+        for r in case_rows:
+            for p in case_rows:
+                if "kind" in r and "kind" not in p and r.get("ms") and p.get("ms"):
+                    r[f"vs_{p['impl']}"] = p["ms"] / r["ms"]
         impls.clear()
         q = k = v = dO = None
         torch.cuda.empty_cache()
@@ -587,8 +600,64 @@ def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
 def bwd_steps(cases=BWD_CASES) -> int:
     from .versions import BWD_VERSIONS
 
-    ours = lambda c: sum(c.dtype in e.dtypes and c.D in e.tiles for e in BWD_VERSIONS.values())
-    return sum(ours(c) + len(BWD_PEERS[c.dtype]) for c in cases)
+    ours = lambda c: 2 * sum(c.dtype in e.dtypes and c.D in e.tiles for e in BWD_VERSIONS.values())
+    peers = lambda c: len([p for p in BWD_PEERS[c.dtype] if p != "flex_attention" or c.N in BWD_FLEX_SEQLENS])
+    return sum(ours(c) + peers(c) for c in cases)
+
+
+def bwd_chart(result: dict, path: Path) -> None:
+    """Backward TFLOP/s against N, one panel per (dtype, D, causal): our rungs solid, peers dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r.get("tflops")]
+    panels = sorted({(r["dtype"], r["D"], r["causal"]) for r in rows})
+    cols = 4
+    fig, axes = plt.subplots(-(-len(panels) // cols), cols, figsize=(16, 3.2 * -(-len(panels) // cols)), squeeze=False)
+    for ax, (dtype, D, causal) in zip(axes.flat, panels):
+        group = [r for r in rows if (r["dtype"], r["D"], r["causal"]) == (dtype, D, causal)]
+        for impl in dict.fromkeys(r["impl"] for r in group):
+            pts = sorted((r["Nq"], r["tflops"]) for r in group if r["impl"] == impl)
+            ours = any("kind" in r for r in group if r["impl"] == impl)
+            ax.plot(*zip(*pts), "o-" if ours else "s--", label=impl, linewidth=2 if ours else 1)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dtype} D={D} {'causal' if causal else 'full'}", fontsize=9)
+        ax.set_xlabel("N")
+        ax.set_ylabel("bwd TFLOP/s")
+        ax.legend(fontsize=6)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle(f"backward, {result.get('gpu', '')}, commit {result.get('git_commit', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def bwd_summary(rows: list[dict]) -> str:
+    """Per rung and shape at N=8192 (and FP32 at every N): speed against cuDNN, SDPA flash and SDPA
+    efficient of the same run, and the deterministic mode's cost."""
+    lines = []
+    for r in rows:
+        if "kind" not in r or not r.get("ms") or r["impl"].endswith("_deterministic"):
+            continue
+        if r["dtype"] != "float32" and r["Nq"] != 8192:
+            continue
+        ratios = ", ".join(f"{r[k]:.2f}x {k[3:]}" for k in r if k.startswith("vs_"))
+        det = next(
+            (d for d in rows if d["impl"] == r["impl"] + "_deterministic" and d.get("ms") and _same_shape(d, r)), None
+        )
+        cost = f"; deterministic {det['ms'] / r['ms']:.2f}x the time" if det else ""
+        lines.append(
+            f"{r['impl']} {r['dtype']} D={r['D']} N={r['Nq']} {'causal' if r['causal'] else 'full'}: "
+            f"{r['ms']:.2f} ms, {r['tflops']:.0f} TFLOP/s; {ratios}{cost}"
+        )
+    return "\n".join(lines)
+
+
+def _same_shape(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("B", "H", "Nq", "Nk", "D", "dtype", "causal"))
 
 
 def bwd_table(result: dict) -> str:
@@ -668,7 +737,7 @@ def result_table(result: dict) -> str:
     if suite == "hf":
         return hf_table(result)
     if suite == "bwd":
-        return bwd_table(result)
+        return bwd_table(result) + "\n\n" + "\n".join(f"- {line}" for line in bwd_summary(result["rows"]).splitlines())
     table = markdown_table(result)
     if suite == "story":
         table += "\n\n" + "\n".join(f"- {line}" for line in story_summary(result["rows"]).splitlines())

@@ -333,8 +333,8 @@ BWD_PREPROCESS = BwdVersion(
     dtypes=("float32", "float16", "bfloat16"),
 )
 
-# Not yet wired into autograd: an input that requires grad still raises (api._check_no_grad)
-# until the GPU tests of tests/test_gpu.py::test_backward_* have passed on a device.
+# The autograd formula (backward.py) picks bwd_v1 for FP32 and bwd_v2 for fp16/bf16; an input that
+# requires grad at a head dim neither takes raises (api._check_backward_exists).
 BWD_VERSIONS: dict[str, BwdVersion] = {
     v.name: v
     for v in [

@@ -10,12 +10,12 @@ reaches the attention function with no mask at all (causality comes from ``modul
 aligned top-left as transformers' SDPA path aligns it).
 
 What runs where:
-  * No mask, no dropout, inference (grad mode off, or inputs that need no grad), a head dim and
-    dtype tileattn takes: tileattn, GQA without repeating k/v.
+  * No mask, no dropout, a head dim and dtype tileattn takes (for training: one its backward
+    takes too, tileattn.api.backward_head_dims): tileattn, GQA without repeating k/v.
   * Anything else falls back to transformers' own SDPA path, with one warning per reason:
     a padding mask (variable-length batches are not supported yet), dropout, softcap or
-    position bias, inputs that require grad (there is no backward pass yet: the fallback keeps
-    training correct), an unsupported head dim or dtype.
+    position bias, inputs that require grad at a head dim without a backward rung (the fallback
+    keeps training correct), an unsupported head dim or dtype.
 transformers is an optional dependency: ``pip install 'tileattn[transformers]'``.
 """
 
@@ -51,17 +51,19 @@ def _fallback(reason: str, module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-def _unsupported(query, key, attention_mask, dropout, kwargs) -> str | None:
+def _unsupported(query, key, value, attention_mask, dropout, kwargs) -> str | None:
     if attention_mask is not None:
         return "an attention mask (padding) is not supported yet"
     if dropout:
         return "dropout is not supported"
     if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
         return "softcap / position bias are not supported yet"
-    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
-        return "inputs require grad and tileattn has no backward pass yet"
     if query.dtype not in api._DTYPES or query.device.type != "cuda":
         return f"dtype {query.dtype} on {query.device} is not supported"
+    dtype, D = api._DTYPES[query.dtype], query.shape[-1]
+    needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
+    if torch.is_grad_enabled() and needs_grad and D not in api.backward_head_dims(dtype):
+        return f"inputs require grad and tileattn has no backward pass for {dtype} at head dim {D}"
     if query.shape[-1] not in api.head_dims(api._DTYPES[query.dtype]) or key.shape[-1] != query.shape[-1]:
         return f"head dim {query.shape[-1]} is not supported for {query.dtype}"
     return None
@@ -80,7 +82,7 @@ def attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: query (B, H, Nq, D), key/value (B, H_kv, Nk, D);
     returns (attn_output (B, Nq, H, D), None)."""
-    reason = _unsupported(query, key, attention_mask, dropout, kwargs)
+    reason = _unsupported(query, key, value, attention_mask, dropout, kwargs)
     if reason is not None:
         return _fallback(
             reason,
