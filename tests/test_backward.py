@@ -76,11 +76,13 @@ SHAPES = [  # B, H, H_kv, Nq, Nk, causal, scale, layout
     (1, 2, 2, 4224, 4224, None, None, "bhnd"),
 ]
 # The floor under "2x PyTorch's own error", on RMS errors: a part relative to the gradient's RMS
-# (FA2 rebuilds P = exp(S - lse) from the forward's float32 lse, whose rounding, ~|lse| * 6e-8,
-# PyTorch's softmax does not have: with large logits that alone is a few 1e-6 of the gradient)
 # and an absolute part for exact gradients of 0 (N=1: dq = dk = 0; PyTorch's math backward gets 0
-# exactly, FA2's dS = P (dP - D_i) gets the rounding of dO.v - dO.O).
-FLOOR = {"float32": (1e-5, 1e-6), "float16": (1e-3, 1e-4), "bfloat16": (1e-3, 1e-4)}  # relative, absolute
+# exactly, FA2's dS = P (dP - D_i) gets the rounding of dO.v - dO.O).  The relative part is what
+# FA2's backward inherits from the forward, which PyTorch's math backward does not: P rebuilt as
+# exp(S - lse) from a float32 lse (~|lse| 6e-8) and D_i = rowsum(dO O) from the forward's O
+# (~2e-6 relative in FP32), whose error reaches dS = P (dP - D_i) undivided; at scale 0.7, D=128
+# (logits of ~8 standard deviations) dq's error measured 2e-5 of its RMS on an H200.
+FLOOR = {"float32": (5e-5, 1e-6), "float16": (1e-3, 1e-4), "bfloat16": (1e-3, 1e-4)}  # relative, absolute
 
 
 def _rms(x) -> float:
