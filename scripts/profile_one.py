@@ -3,6 +3,7 @@ for `ncu` to profile, e.g.
     ncu --clock-control none -k regex:v3_1_fwd --launch-skip 1 -c 1 python3 scripts/profile_one.py v3.1 bfloat16 64
     ncu --clock-control none -k regex:flash_fwd --launch-skip 1 -c 1 \
         python3 scripts/profile_one.py sdpa_flash bfloat16 64
+Backward: "bwd_v2" (a BWD_VERSIONS rung) or "sdpa_flash_bwd" with -k regex:bwd_v2 / regex:flash_bwd.
 Optional B H N [causal] after D pick another shape, e.g. a small one under compute-sanitizer:
     compute-sanitizer --tool racecheck python3 scripts/profile_one.py v2.3 float32 128 1 2 300 causal
 """
@@ -12,13 +13,27 @@ import sys
 import torch
 
 import tileattn
+from tileattn.backward import attention_backward
+from tileattn.versions import BWD_VERSIONS
 
 version, dtype, D = sys.argv[1], getattr(torch, sys.argv[2]), int(sys.argv[3])
 B, H, N = map(int, sys.argv[4:7]) if len(sys.argv) > 6 else (4, 16, 8192)
 causal = sys.argv[7:8] == ["causal"]
 q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
+dO = torch.randn_like(q)
 for _ in range(2):  # the first launch compiles/loads; ncu skips it
-    if version == "sdpa_flash":
+    if version in BWD_VERSIONS:  # the backward rung (the forward and D_i kernels run first)
+        with torch.no_grad():
+            out, lse = tileattn.api._call(q, k, v, None, "top_left" if causal else None, "bhnd", None, None, "", True)
+            attention_backward(q, k, v, out, lse, dO, D**-0.5, "top_left" if causal else None, "bhnd", version=version)
+    elif version == "sdpa_flash_bwd":  # PyTorch's FA2 backward
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        qkv = [t.detach().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            out = torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal)
+        torch.autograd.grad(out, qkv, dO)
+    elif version == "sdpa_flash":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):

@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(BWD_V1_THREADS, 1) bwd_v1(TILEATTN_BWD_PARAMS(
           if (count)
             dq_row[d4 + TPR * m] += softmax_scale * dq[m];
           else
-            atomicAdd(dq_row + d4 + TPR * m, softmax_scale * dq[m]);
+            red_add(dq_row + d4 + TPR * m, softmax_scale * dq[m]);
         }
       }
     }

@@ -5,8 +5,7 @@
 // One thread block of four warps per (K/V block j of Bc = 64 keys, batch * head); Kj, Vj stay in
 // shared memory and dK_j, dV_j in registers for the whole loop over the Q blocks (Br = 64 rows)
 // that can see block j.  Per Q block:
-//   1. Qi, dOi by cp.async (rows past Nq zero-filled), lse_i and D_i, double-buffered: block
-//      i+1's copies are issued before block i's products, so their latency hides behind them;
+//   1. Qi, dOi by cp.async (rows past Nq zero-filled), lse_i and D_i;
 //   2. warp w takes query rows 16w..16w+15: S = Q_w Kj^T and dP = dO_w Vj^T (16 x 64 each, in
 //      C fragments), then P = 2^(scale log2(e) S - log2(e) lse) (0 where masked) and
 //      dS = P (dP - D_i) in place;
@@ -30,10 +29,9 @@ namespace tileattn {
 
 constexpr int BWD_V2_THREADS = 128;
 
-// K, V (Bc x D), two stages of Q, dO (Br x D), P, dS (Br x Bc), all 16-bit, then two stages of
-// lse_i and D_i (fp32).
+// K, V (Bc x D), Q, dO (Br x D), P, dS (Br x Bc), all 16-bit, then lse_i and D_i (fp32).
 __host__ __device__ constexpr int bwd_v2_smem(int D, int Br, int Bc) {
-  return (2 * Bc * D + 2 * 2 * Br * D + 2 * Br * Bc) * 2 + 2 * 2 * Br * 4;
+  return (2 * Bc * D + 2 * Br * D + 2 * Br * Bc) * 2 + 2 * Br * 4;
 }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
@@ -41,7 +39,6 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
   static_assert(sizeof(T) == 2, "bwd_v2 takes 16-bit (fp16 / bf16) inputs");
   static_assert(Br == 64 && Bc == 64, "four warps: 16 query rows each in steps 2-3, 16 keys each in step 4");
   static_assert(HEAD_DIM % 32 == 0, "whole pairs of 8-column n-tiles per ldmatrix.trans");
-  static_assert(BWD_V2_THREADS >= Br, "one thread per row loads the next block's lse and D_i");
   constexpr int NTHREADS = BWD_V2_THREADS, KSTEPS = HEAD_DIM / 16, NT = Bc / 8, DT = HEAD_DIM / 8;
   using QTile = SwizzledTile<Br, HEAD_DIM>;   // Q and dO
   using KVTile = SwizzledTile<Bc, HEAD_DIM>;  // K and V
@@ -50,12 +47,15 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
   extern __shared__ __align__(1024) unsigned char smem[];
   unsigned char* Ks = smem;
   unsigned char* Vs = Ks + KVTile::BYTES;
-  unsigned char* Qs0 = Vs + KVTile::BYTES;  // stage s: Qs0 + s * 2 * QTile::BYTES, dO after its Q
-  unsigned char* Ps = Qs0 + 4 * QTile::BYTES;
+  unsigned char* Qs = Vs + KVTile::BYTES;
+  unsigned char* dOs = Qs + QTile::BYTES;
+  unsigned char* Ps = dOs + QTile::BYTES;
   unsigned char* dSs = Ps + PTile::BYTES;
-  float* stats0 = reinterpret_cast<float*>(dSs + PTile::BYTES);  // stage s: lse at 2 Br s, D_i after
+  float* lse_s = reinterpret_cast<float*>(dSs + PTile::BYTES);
+  float* Di_s = lse_s + Br;
   const auto addr = [](const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); };
-  const unsigned Ks_a = addr(Ks), Vs_a = addr(Vs), Ps_a = addr(Ps), dSs_a = addr(dSs);
+  const unsigned Ks_a = addr(Ks), Vs_a = addr(Vs), Qs_a = addr(Qs), dOs_a = addr(dOs), Ps_a = addr(Ps),
+                 dSs_a = addr(dSs);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -68,18 +68,8 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
   const float* Di_bh = Di + (long long)bh * Nq;
   float* dq_bh = dq_accum + (long long)bh * Nq * HEAD_DIM;
 
-  const auto copy_q_block = [&](int stage, int q_start) {  // Qi, dOi of the block at q_start
-    unsigned char* Qs = Qs0 + stage * 2 * QTile::BYTES;
-    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(Qs, q_bh, q_sn, q_start, Nq, tid);
-    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(Qs + QTile::BYTES, do_bh, do_sn, q_start, Nq, tid);
-  };
-  int q_start = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
   tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, NTHREADS>(Ks, k + b * k_sb + hk * k_sh, k_sn, kv_start, Nk, tid);
   tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, NTHREADS>(Vs, v + b * v_sb + hk * v_sh, v_sn, kv_start, Nk, tid);
-  if (q_start < Nq) {
-    copy_q_block(0, q_start);
-    load_row_stats<Br, NTHREADS>(stats0, stats0 + Br, lse_bh, Di_bh, q_start, Nq);
-  }
   cp_async_commit();
 
   // Per-lane ldmatrix rows and chunks (as fa2_mma.cuh): A operand; B operand; .trans B operand.
@@ -95,24 +85,15 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
     for (int e = 0; e < 4; ++e) dK[dt][e] = dV[dt][e] = 0.0f;
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
-  for (int stage = 0; q_start < Nq; q_start += Br, stage ^= 1) {
-    __syncthreads();  // the previous Q block (the other stage) and P, dS are no longer read
-    // 1. The next Q block's tiles into the other stage (an empty group after the last block keeps
-    //    wait_group 1 meaning "this block's copies"); its lse and D_i into registers now, into
-    //    shared memory after this block's products.
-    const int next = q_start + Br;
-    if (next < Nq) copy_q_block(stage ^ 1, next);
+  for (int q_start = first_q_start<CAUSAL, Br>(kv_start, causal_offset); q_start < Nq; q_start += Br) {
+    __syncthreads();  // the previous Q block's tiles are no longer read
+    // 1. Qi, dOi, lse_i, D_i.
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(Qs, q_bh, q_sn, q_start, Nq, tid);
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(dOs, do_bh, do_sn, q_start, Nq, tid);
     cp_async_commit();
-    float next_lse = TILEATTN_NEG_INF, next_di = 0.0f;
-    if (tid < Br && next + tid < Nq) {
-      next_lse = lse_bh[next + tid];
-      next_di = Di_bh[next + tid];
-    }
-    cp_async_wait<1>();
+    load_row_stats<Br, NTHREADS>(lse_s, Di_s, lse_bh, Di_bh, q_start, Nq);
+    cp_async_wait<0>();
     __syncthreads();
-    const unsigned Qs_a = addr(Qs0 + stage * 2 * QTile::BYTES), dOs_a = Qs_a + QTile::BYTES;
-    const float* lse_s = stats0 + 2 * Br * stage;
-    const float* Di_s = lse_s + Br;
 
     // 2. S = Q_w Kj^T and dP = dO_w Vj^T, 16 x Bc per warp: [nt] holds keys 8 nt + 2t, +1 of
     //    rows g (elements 0, 1) and g + 8 (2, 3).
@@ -168,11 +149,9 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
       ds_frag[kk][2] = pack2<T>(dP[2 * kk + 1][0], dP[2 * kk + 1][1]);  // row g,   keys 2t+8, +9
       ds_frag[kk][3] = pack2<T>(dP[2 * kk + 1][2], dP[2 * kk + 1][3]);  // row g+8, keys 2t+8, +9
     }
-    // dQ_w = dS_w Kj: k-steps of 16 keys, Kj as the .trans B operand (as V in the forward's P V),
-    // 8 DQ_TILES columns at a time so that few partial sums are live beside dK_w and dV_w (at
-    // D=128, 16 of them beside 128 would spill).  Added into dq_accum with atomics, or
-    // (deterministic) the whole block's adds in K/V block order, without atomics.
-    constexpr int DQ_TILES = HEAD_DIM >= 128 ? 2 : 4;
+    // dQ_w = dS_w Kj (deterministic: the whole block's adds in K/V block order, without atomics): k-steps of 16 keys, Kj as the .trans B operand (as V in the forward's P V),
+    // 32 columns at a time so that only 16 partial sums are live beside dK_w and dV_w.
+    constexpr int DQ_TILES = 4;
     int* count = dq_count<Br>(dq_semaphore, bh, Nq, q_start);
     if (count) ordered_add_begin(count, blockIdx.x);
 #pragma unroll
@@ -201,8 +180,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
               dq_row[8 * i] += softmax_scale * dq[i][2 * hh];
               dq_row[8 * i + 1] += softmax_scale * dq[i][2 * hh + 1];
             } else {
-              atomicAdd(dq_row + 8 * i, softmax_scale * dq[i][2 * hh]);
-              atomicAdd(dq_row + 8 * i + 1, softmax_scale * dq[i][2 * hh + 1]);
+              red_add2(dq_row + 8 * i, softmax_scale * dq[i][2 * hh], softmax_scale * dq[i][2 * hh + 1]);
             }
           }
         }
@@ -227,10 +205,6 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
         mma_m16n16k16<T>(dV[2 * dp], dV[2 * dp + 1], pa, ob);
         mma_m16n16k16<T>(dK[2 * dp], dK[2 * dp + 1], sa, qb);
       }
-    }
-    if (tid < Br) {  // (the other stage's stats were last read before this iteration's first barrier)
-      stats0[2 * Br * (stage ^ 1) + tid] = next_lse;
-      stats0[2 * Br * (stage ^ 1) + Br + tid] = next_di;
     }
   }
   cp_async_wait<0>();  // (Tc = 0 Q blocks: K and V copies still complete before exit)
