@@ -629,7 +629,7 @@ def bwd_chart(result: dict, path: Path) -> None:
         ax.legend(fontsize=6)
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(f"backward, {result.get('gpu', '')}, commit {result.get('git_commit', '')}", fontsize=10)
+    fig.suptitle(f"backward, {result.get('gpu', '')}, commit {result.get('commit', '')}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
