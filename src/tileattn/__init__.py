@@ -1,8 +1,8 @@
 """tileattn: FlashAttention kernels written by hand in CUDA C++, compiled at run time by NVRTC."""
 
 from . import backward  # noqa: F401  (registers tileattn::fwd's autograd formula)
-from .api import flash_attn_func, scaled_dot_product_attention
-from .versions import VERSIONS
+from .api import backward_head_dims, flash_attn_func, scaled_dot_product_attention
+from .versions import BWD_VERSIONS, VERSIONS
 
-__all__ = ["flash_attn_func", "scaled_dot_product_attention", "VERSIONS"]
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "backward_head_dims", "VERSIONS", "BWD_VERSIONS"]
 __version__ = "0.1.0"

@@ -15,7 +15,8 @@ with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1
 loads and v3.3 on wgmma on sm_90) at every head dim that is a multiple of 8 from 16 to 256; any
 Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous head dim; causal masks aligned top-left
 or bottom-right; GQA/MQA; the log-sum-exp of each row.  Gradients (backward.py, registered as the
-custom op's autograd formula) for FP32 (bwd_v1), fp16 and bf16 (bwd_v2) at head dims 32, 64, 128.
+custom op's autograd formula) for FP32 (bwd_v1) at head dims 32, 64, 128, fp16 and bf16 (bwd_v2)
+at 32, 64, 96, 128.
 Not yet: dropout, arbitrary masks, variable-length batches, KV cache.
 """
 
