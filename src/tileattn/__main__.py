@@ -293,7 +293,8 @@ def cmd_report(args) -> int:
     """Regenerate the result tables of README.md and docs/*.md from the committed JSON under
     bench/results/.  Each table sits between <!-- results:NAME --> and <!-- /results:NAME -->
     markers; <!-- results:NAME N=8192 --> keeps only that sequence length (the full table is in the
-    JSON); <!-- results:NAME ratios --> is one line per shape with every rung's ratio to every peer.
+    JSON), <!-- results:NAME N=8192 bfloat16 --> also only that dtype; <!-- results:NAME ratios -->
+    is one line per shape with every rung's ratio to every peer.
     The story, overhead and hf suites have tables of their own."""
     import os
     import re
@@ -314,15 +315,16 @@ def cmd_report(args) -> int:
         rel = os.path.relpath(results, doc.parent)
         for path, result in data.items():
             name = re.escape(path.stem)
-            pattern = re.compile(rf"<!-- results:{name}( N=(\d+)| ratios)? -->.*?<!-- /results:{name} -->", re.S)
+            pattern = re.compile(
+                rf"<!-- results:{name}( N=(\d+)(?: (\w+))?| ratios)? -->.*?<!-- /results:{name} -->", re.S
+            )
 
             def block(m, path=path, result=result):
                 if m.group(1) == " ratios":
                     table = bench.ratio_table(result)
-                elif m.group(2):
-                    table = bench.result_table(
-                        dict(result, rows=[r for r in result["rows"] if r["Nq"] == int(m.group(2))])
-                    )
+                elif m.group(2):  # one length, and one dtype if given
+                    keep = lambda r: r["Nq"] == int(m.group(2)) and m.group(3) in (None, r["dtype"])
+                    table = bench.result_table(dict(result, rows=[r for r in result["rows"] if keep(r)]))
                 else:
                     table = bench.result_table(result)
                 chart = (
