@@ -132,12 +132,13 @@ def test_lengths_of_2_to_the_31_are_rejected():
 
 
 def test_requires_grad_without_a_backward_rung_raises_and_says_how_to_call():
-    # bf16 at head dim 80: the forward takes it, no backward rung does (backward_head_dims).
-    q, k, v = qkv(D=80, dtype=torch.bfloat16)
+    # bf16 at head dim 88: the forward takes it, no backward rung does (backward_head_dims).
+    q, k, v = qkv(D=88, dtype=torch.bfloat16)
     q.requires_grad_(True)
     with pytest.raises(
         RuntimeError,
-        match=r"no backward pass for bfloat16 at head dim 80 \(it has one at head dims 32, 64, 96, 128\), "
+        match=r"no backward pass for bfloat16 at head dim 88 \(it has one at head dims 16, 32, 48, 64, 80, 96, "
+        r"112, 128, 160, 192, 224, 256\), "
         r"but q requires grad.*torch.no_grad\(\)",
     ):
         flash_attn_func(q, k, v)

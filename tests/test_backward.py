@@ -174,10 +174,16 @@ def test_autograd_fp32_matches_float64(layout, causal):
     _assert_within_torch_error([q.grad, k.grad, v.grad], expected, torch_grads, "float32")
 
 
+# Every head dim bwd_v2 takes, at every shape for 64, 128 and 256 (one per tiling, and the widest)
+# and at all but N=4224 for the others.
+BWD_V2_CASES = [
+    (D, *shape) for D in BWD_VERSIONS["bwd_v2"].head_dims for shape in SHAPES if D in (64, 128, 256) or shape[3] < 4096
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("D", BWD_VERSIONS["bwd_v2"].head_dims)
-@pytest.mark.parametrize("B,H,H_kv,Nq,Nk,causal,scale,layout", SHAPES)
+@pytest.mark.parametrize("D,B,H,H_kv,Nq,Nk,causal,scale,layout", BWD_V2_CASES)
 def test_backward_16bit_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout):
     """bwd_v2 against float64 autograd: within 2x the error of PyTorch's own math backward at the
     same precision (plus a small floor), as issue 11 asks."""

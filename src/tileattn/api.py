@@ -16,7 +16,7 @@ loads and v3.3 on wgmma on sm_90) at every head dim that is a multiple of 8 from
 Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous head dim; causal masks aligned top-left
 or bottom-right; GQA/MQA; the log-sum-exp of each row.  Gradients (backward.py, registered as the
 custom op's autograd formula) for FP32 (bwd_v1) at head dims 32, 64, 128, fp16 and bf16 (bwd_v2)
-at 32, 64, 96, 128.
+at multiples of 16 up to 128 and of 32 up to 256.
 Not yet: dropout, arbitrary masks, variable-length batches, KV cache.
 """
 

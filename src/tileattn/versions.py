@@ -329,7 +329,7 @@ BWD_PREPROCESS = BwdVersion(
     name="bwd_preprocess",
     file="bwd_common.cuh",
     kernel="bwd_preprocess",
-    tiles={D: (BWD_PRE_ROWS, 0) for D in (32, 64, 96, 128)},
+    tiles={D: (BWD_PRE_ROWS, 0) for D in (*range(16, 129, 16), 160, 192, 224, 256)},
     dtypes=("float32", "float16", "bfloat16"),
 )
 
@@ -351,13 +351,15 @@ BWD_VERSIONS: dict[str, BwdVersion] = {
             name="bwd_v2",
             file="bwd_v2_mma.cu",
             kernel="bwd_v2",
-            tiles={32: (64, 64), 64: (64, 64), 96: (64, 64), 128: (64, 64)},
+            # Bc = 32 above D=128: the step-4 warps split the head dim in two (bwd_v2_mma.cu).
+            tiles={**{D: (64, 64) for D in range(16, 129, 16)}, **{D: (64, 32) for D in (160, 192, 224, 256)}},
             dtypes=("float16", "bfloat16"),
             summary="bwd_v1 on mma.sync m16n8k16 (fp32 accumulators): S, dP, dQ from row fragments, "
             "P^T dO and dS^T Q through ldmatrix.trans of 16-bit P, dS tiles",
-            # D=96, 128: dK_j and dV_j (96, 128 fp32 registers) beside S and dP at 255 registers
-            # spill 8-32 bytes (NVRTC 13.0); the Hopper rung is meant to replace it there.
-            spill_bytes={96: 16, 128: 32},
+            # D=96..128 (and 224, 256, whose warps hold 112, 128 columns): dK_j and dV_j (up to 128
+            # fp32 registers) beside S and dP at 255 registers spill 8-32 bytes (NVRTC 13.0); the
+            # Hopper rung is meant to replace it there.
+            spill_bytes={96: 16, 112: 32, 128: 32, 224: 16, 256: 32},
         ),
     ]
 }

@@ -2,9 +2,11 @@
 // accumulators), sm_80 and newer — bwd_v1's loop nest with every product a warp-level
 // m16n8k16 MMA.
 //
-// One thread block of four warps per (K/V block j of Bc = 64 keys, batch * head); Kj, Vj stay in
+// One thread block of four warps per (K/V block j of Bc keys, batch * head); Kj, Vj stay in
 // shared memory and dK_j, dV_j in registers for the whole loop over the Q blocks (Br = 64 rows)
-// that can see block j.  Per Q block:
+// that can see block j.  Bc = 64 up to D = 128; above it Bc = 32, and the warps of step 4 split
+// the head dim in two, so that each still holds 16 keys x at most 128 columns of dK and dV.
+// Per Q block:
 //   1. Qi, dOi by cp.async (rows past Nq zero-filled), lse_i and D_i;
 //   2. warp w takes query rows 16w..16w+15: S = Q_w Kj^T and dP = dO_w Vj^T (16 x 64 each, in
 //      C fragments), then P = 2^(scale log2(e) S - log2(e) lse) (0 where masked) and
@@ -12,7 +14,8 @@
 //   3. P and dS go to shared memory as 16-bit [row][key] tiles (the other warps need them
 //      transposed), and dS stays in registers as the A operand of dQ_w = dS_w Kj, which is
 //      added into the float32 dq_accum with atomics (other K/V blocks add theirs);
-//   4. after a barrier, warp w takes keys 16w..16w+15: dV_w += P^T dOi and dK_w += dS^T Qi, the
+//   4. after a barrier, warp w takes keys 16 (w % KC).. + 15 (KC = Bc / 16 key chunks) and
+//      columns of part w / KC of the head dim: dV_w += P^T dOi and dK_w += dS^T Qi, the
 //      transposed operands read with ldmatrix.trans from the [row][key] and [row][d] tiles.
 // At the end dK_j (times scale) and dV_j are added into dk_accum, dv_accum (atomics: the query
 // heads of a GQA group share them).  P and dS are rounded to T for their MMAs, as in
@@ -37,9 +40,13 @@ __host__ __device__ constexpr int bwd_v2_smem(int D, int Br, int Bc) {
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(T)) {
   static_assert(sizeof(T) == 2, "bwd_v2 takes 16-bit (fp16 / bf16) inputs");
-  static_assert(Br == 64 && Bc == 64, "four warps: 16 query rows each in steps 2-3, 16 keys each in step 4");
-  static_assert(HEAD_DIM % 32 == 0, "whole pairs of 8-column n-tiles per ldmatrix.trans");
+  static_assert(Br == 64 && (Bc == 64 || Bc == 32), "four warps: 16 query rows each in steps 2-3");
   constexpr int NTHREADS = BWD_V2_THREADS, KSTEPS = HEAD_DIM / 16, NT = Bc / 8, DT = HEAD_DIM / 8;
+  // Step 4: KC chunks of 16 keys, each taken by DPARTS warps that split the head dim; DTW = the
+  // 8-column tiles of dK and dV one warp holds.
+  constexpr int KC = Bc / 16, DPARTS = 4 / KC, DTW = DT / DPARTS;
+  static_assert(DTW % 2 == 0, "whole pairs of 8-column n-tiles per ldmatrix.trans");
+  static_assert(DT % 2 == 0, "dQ takes whole pairs of 8-column n-tiles");
   using QTile = SwizzledTile<Br, HEAD_DIM>;   // Q and dO
   using KVTile = SwizzledTile<Bc, HEAD_DIM>;  // K and V
   using PTile = SwizzledTile<Br, Bc>;         // P and dS, [query row][key]
@@ -77,10 +84,12 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
   const int b_r = lane % 8 + 8 * (lane / 16), b_c = (lane / 8) % 2;
   const int bt_r = lane % 8 + 8 * ((lane / 8) % 2), bt_c = lane / 16;
 
-  // dK_w, dV_w: keys kv_start + 16 warp + g (elements 0, 1) and + 8 (2, 3), columns 8 dt + 2t, +1.
-  float dK[DT][4], dV[DT][4];
+  // dK_w, dV_w: keys kv_start + 16 kc + g (elements 0, 1) and + 8 (2, 3), columns 8 (dt0 + dt) +
+  // 2t, +1.
+  const int kc = DPARTS == 1 ? warp : warp % KC, dt0 = DPARTS == 1 ? 0 : (warp / KC) * DTW;  // (constant 0: folded)
+  float dK[DTW][4], dV[DTW][4];
 #pragma unroll
-  for (int dt = 0; dt < DT; ++dt)
+  for (int dt = 0; dt < DTW; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dK[dt][e] = dV[dt][e] = 0.0f;
 
@@ -149,8 +158,10 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
       ds_frag[kk][2] = pack2<T>(dP[2 * kk + 1][0], dP[2 * kk + 1][1]);  // row g,   keys 2t+8, +9
       ds_frag[kk][3] = pack2<T>(dP[2 * kk + 1][2], dP[2 * kk + 1][3]);  // row g+8, keys 2t+8, +9
     }
-    // dQ_w = dS_w Kj (deterministic: the whole block's adds in K/V block order, without atomics): k-steps of 16 keys, Kj as the .trans B operand (as V in the forward's P V),
-    // 32 columns at a time so that only 16 partial sums are live beside dK_w and dV_w.
+    // dQ_w = dS_w Kj: k-steps of 16 keys, Kj as the .trans B operand (as V in the forward's P V),
+    // 32 columns at a time (the last 16 when DT % 4 == 2) so that only 16 partial sums are live
+    // beside dK_w and dV_w.  Added into dq_accum by red, or (deterministic) the whole block's
+    // adds in K/V block order, without atomics.
     constexpr int DQ_TILES = 4;
     int* count = dq_count<Br>(dq_semaphore, bh, Nq, q_start);
     if (count) ordered_add_begin(count, blockIdx.x);
@@ -165,6 +176,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
       for (int kk = 0; kk < Bc / 16; ++kk)
 #pragma unroll
         for (int dp = 0; dp < DQ_TILES / 2; ++dp) {
+          if (d0 + 2 * dp >= DT) continue;  // (compile-time: unrolled)
           unsigned kt[4];
           ldmatrix_x4_trans(kt, KVTile::ldsm_addr(Ks_a, bt_r, bt_c, 16 * kk, d0 / 2 + dp));
           mma_m16n16k16<T>(dq[2 * dp], dq[2 * dp + 1], ds_frag[kk], kt);
@@ -176,6 +188,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
           float* dq_row = dq_bh + (long long)row * HEAD_DIM + 8 * d0 + 2 * t;
 #pragma unroll
           for (int i = 0; i < DQ_TILES; ++i) {
+            if (d0 + i >= DT) continue;
             if (count) {
               dq_row[8 * i] += softmax_scale * dq[i][2 * hh];
               dq_row[8 * i + 1] += softmax_scale * dq[i][2 * hh + 1];
@@ -195,13 +208,13 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
 #pragma unroll
     for (int ks = 0; ks < Br / 16; ++ks) {
       unsigned pa[4], sa[4];
-      ldmatrix_x4_trans(pa, PTile::ldsm_addr(Ps_a, b_r, b_c, 16 * ks, warp));
-      ldmatrix_x4_trans(sa, PTile::ldsm_addr(dSs_a, b_r, b_c, 16 * ks, warp));
+      ldmatrix_x4_trans(pa, PTile::ldsm_addr(Ps_a, b_r, b_c, 16 * ks, kc));
+      ldmatrix_x4_trans(sa, PTile::ldsm_addr(dSs_a, b_r, b_c, 16 * ks, kc));
 #pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
+      for (int dp = 0; dp < DTW / 2; ++dp) {
         unsigned ob[4], qb[4];
-        ldmatrix_x4_trans(ob, QTile::ldsm_addr(dOs_a, bt_r, bt_c, 16 * ks, dp));
-        ldmatrix_x4_trans(qb, QTile::ldsm_addr(Qs_a, bt_r, bt_c, 16 * ks, dp));
+        ldmatrix_x4_trans(ob, QTile::ldsm_addr(dOs_a, bt_r, bt_c, 16 * ks, dt0 / 2 + dp));
+        ldmatrix_x4_trans(qb, QTile::ldsm_addr(Qs_a, bt_r, bt_c, 16 * ks, dt0 / 2 + dp));
         mma_m16n16k16<T>(dV[2 * dp], dV[2 * dp + 1], pa, ob);
         mma_m16n16k16<T>(dK[2 * dp], dK[2 * dp + 1], sa, qb);
       }
@@ -212,13 +225,13 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
   // dK_j, dV_j into the accumulators (shared by the GQA group: atomics, or per query head).
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int key = kv_start + 16 * warp + 8 * hh + g;
+    const int key = kv_start + 16 * kc + 8 * hh + g;
     if (key < Nk) {
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt)
+      for (int dt = 0; dt < DTW; ++dt)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          store_dkdv(dk_accum, dv_accum, dq_semaphore, b, h, H, h_per_kv, Nk, key, 8 * dt + 2 * t + e, HEAD_DIM,
+          store_dkdv(dk_accum, dv_accum, dq_semaphore, b, h, H, h_per_kv, Nk, key, 8 * (dt0 + dt) + 2 * t + e, HEAD_DIM,
                      softmax_scale * dK[dt][2 * hh + e], dV[dt][2 * hh + e]);
     }
   }
