@@ -15,6 +15,7 @@ OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 LOGS=$(mktemp -d)
 stages=${*:-compile tests check profile sanitize fuzz bench}
 SANITIZERS=${SANITIZERS:-memcheck racecheck synccheck initcheck}
+SANITIZE_ARGS=${SANITIZE_ARGS:-}  # "--backward": the backward rungs' cases instead of the forward's
 SUITES=${SUITES:-ladder_fp32}  # which `bench --suite` to run
 BENCH_ARGS=${BENCH_ARGS:-}      # e.g. "--seqlen 8192 --headdim 64 128"
 FUZZ_CASES=${FUZZ_CASES:-10000}
@@ -46,7 +47,7 @@ if has sanitize; then
     # cuGetProcAddress on first use, and the ones this driver lacks return INVALID_VALUE, which
     # memcheck would count as errors.  A failed call of ours raises in Python and fails the case.
     stage "sanitize-$tool" "sanitize_$tool.log" env "${env_extra[@]}" compute-sanitizer --tool "$tool" \
-      --report-api-errors no --error-exitcode 1 --print-limit 20 python3 scripts/sanitize.py
+      --report-api-errors no --error-exitcode 1 --print-limit 20 python3 scripts/sanitize.py ${SANITIZE_ARGS:-}
   done
 fi
 has fuzz && stage fuzz fuzz.log python3 -m tileattn fuzz --cases "$FUZZ_CASES" --seed "${FUZZ_SEED:-20261130}" \

@@ -1,10 +1,13 @@
 """Every rung on small awkward shapes, causal and not, for compute-sanitizer:
 
     compute-sanitizer --tool memcheck|racecheck|synccheck|initcheck python scripts/sanitize.py
+    compute-sanitizer --tool ... python scripts/sanitize.py --backward
 
 Each case also checks its output against float64 (testing.run_case), so a clean sanitizer run is
-also a correct one.  Kernels should already be in the cache (`python -m tileattn compile`):
-compiling under the sanitizer works but is slow."""
+also a correct one.  --backward: the backward rungs instead (the D_i kernel, then each rung, in
+the default and the deterministic mode), gradients checked against float64 autograd.  Kernels
+should already be in the cache (`python -m tileattn compile`): compiling under the sanitizer works
+but is slow."""
 
 import sys
 
@@ -17,6 +20,57 @@ cc = torch.cuda.get_device_capability()
 arch = cc[0] * 10 + cc[1]
 gen = torch.Generator(device="cuda").manual_seed(1)
 failures = 0
+
+
+def backward_cases() -> int:
+    """Each backward rung at its smallest, 64 and largest head dim, Nq = Nk = 67 (not a multiple of
+    any tile), causal and not; GQA 2:1 with Nq < Nk; rows that see no key; deterministic mode."""
+    from tileattn import api
+    from tileattn.backward import attention_backward
+    from tileattn.versions import BWD_VERSIONS
+
+    failures = 0
+    for name, entry in BWD_VERSIONS.items():
+        dims = sorted({entry.head_dims[0], 64, entry.head_dims[-1]})
+        shapes = [(1, 2, 2, 67, 67, D, c, False) for D in dims for c in (None, "top_left")]
+        shapes += [(2, 4, 2, 33, 130, 64, "bottom_right", False), (1, 2, 2, 130, 33, 64, "bottom_right", True)]
+        for dtype in entry.dtypes:
+            dt = getattr(torch, dtype)
+            for B, H, H_kv, Nq, Nk, D, causal, det in shapes:
+                q = torch.randn(B, H, Nq, D, device="cuda", dtype=dt, generator=gen)
+                k, v = (torch.randn(B, H_kv, Nk, D, device="cuda", dtype=dt, generator=gen) for _ in range(2))
+                dO = torch.randn(q.shape, device="cuda", dtype=dt, generator=gen)
+                with torch.no_grad():
+                    out, lse = api._call(q, k, v, None, causal, "bhnd", None, None, "scale", True)
+                    got = attention_backward(q, k, v, out, lse, dO, D**-0.5, causal, "bhnd", name, det)
+                expected = _float64_grads(q, k, v, dO, D**-0.5, causal)
+                err = max(((g.double() - e).norm() / e.norm().clamp_min(1e-30)).item() for g, e in zip(got, expected))
+                ok = err < (1e-4 if dtype == "float32" else 2e-2) and not any(g.isnan().any() for g in got)
+                failures += not ok
+                label = f"{name} {dtype} B={B} H={H}/{H_kv} Nq={Nq} Nk={Nk} D={D} {causal} det={det}"
+                print(f"{'PASS' if ok else 'FAIL'} {label} rel_err {err:.1e}", flush=True)
+    return failures
+
+
+def _float64_grads(q, k, v, dO, scale: float, causal):
+    """Autograd of float64 math attention; masked_fill's backward gives rows without keys 0."""
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    group = q.shape[1] // k.shape[1]
+    kk, vv = (t.repeat_interleave(group, dim=1) for t in ref[1:])
+    S = ref[0] @ kk.transpose(-1, -2) * scale
+    if causal is not None:
+        Nq, Nk = q.shape[2], k.shape[2]
+        offset = 0 if causal == "top_left" else Nk - Nq
+        visible = torch.arange(Nk, device="cuda")[None, :] <= torch.arange(Nq, device="cuda")[:, None] + offset
+        S = S.masked_fill(~visible, float("-inf"))
+    O = torch.softmax(S, dim=-1).nan_to_num(0.0) @ vv
+    return torch.autograd.grad(O, ref, dO.double())
+
+
+if "--backward" in sys.argv:
+    failures = backward_cases()
+    print(f"sanitize cases: {failures} failed")
+    sys.exit(1 if failures else 0)
 for name, v in VERSIONS.items():
     if not v.runs_on(arch):
         continue
