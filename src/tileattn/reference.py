@@ -207,6 +207,11 @@ def attention_serving(q, k, v, softmax_scale=None, causal=False, window=(-1, -1)
       softcap > 0: scores s (already scaled) become softcap * tanh(s / softcap) (Gemma 2);
       alibi_slopes (H,) or (B, H): scores get -slope * |i + Nk - Nq - j| (BLOOM, MPT).
     A row that sees no key outputs 0 with lse -inf."""
+    return _softmax_times_v(*_serving_scores(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes))
+
+
+def _serving_scores(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes):
+    """attention_serving's scores (-inf where a key is not visible) and v expanded to q's heads."""
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     k, v = _expand_kv(q, k, v)
     B, H, Nq, D = q.shape
@@ -226,7 +231,44 @@ def attention_serving(q, k, v, softmax_scale=None, causal=False, window=(-1, -1)
         visible &= dist <= left
     if right >= 0:
         visible &= dist >= -right
-    return _softmax_times_v(np.where(visible, S, -np.inf), v)
+    return np.where(visible, S, -np.inf), v
+
+
+def merge_partials(outs, lses):
+    """Attention over the union of disjoint key sets from each set's own (O_c, lse_c): the merge
+    of split-KV decoding (FlashDecoding) and of ring attention.  With lse = log sum_c exp(lse_c),
+    O = sum_c exp(lse_c - lse) O_c.  A part that saw no key (lse_c = -inf) weighs 0; a row no part
+    saw outputs 0 with lse -inf.  outs: C arrays (..., D); lses: C arrays (...)."""
+    outs, lses = (
+        np.stack([np.asarray(o, np.float64) for o in outs]),
+        np.stack([np.asarray(x, np.float64) for x in lses]),
+    )
+    m_safe = _safe(lses.max(axis=0))
+    w = np.exp(lses - m_safe)  # exp(-inf) = 0
+    total = w.sum(axis=0)
+    O = np.einsum("c...,c...d->...d", w, outs) / np.where(total > 0, total, 1.0)[..., None]
+    with np.errstate(divide="ignore"):
+        lse = np.where(total > 0, m_safe + np.log(total), -np.inf)
+    return O, lse
+
+
+def attention_split_kv(
+    q, k, v, num_splits: int, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None
+):
+    """attention_serving computed as split-KV decoding does: the keys cut into ``num_splits``
+    contiguous chunks of ceil(Nk / num_splits) (trailing chunks may be empty: O 0, lse -inf), each
+    chunk's (O_c, lse_c) on its own, then merge_partials.  Masks, softcap and ALiBi use each key's
+    global position, so a chunk can be wholly masked for some rows."""
+    S, v = _serving_scores(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes)
+    chunk = -(-S.shape[-1] // num_splits)
+    parts = []
+    for c in range(num_splits):
+        S_c, v_c = S[..., c * chunk : (c + 1) * chunk], v[:, :, c * chunk : (c + 1) * chunk]
+        if S_c.shape[-1] == 0:
+            parts.append((np.zeros(S.shape[:-1] + v.shape[-1:]), np.full(S.shape[:-1], -np.inf)))
+        else:
+            parts.append(_softmax_times_v(S_c, v_c))
+    return merge_partials([o for o, _ in parts], [lse for _, lse in parts])
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
