@@ -4,7 +4,8 @@ then the float32 accumulators converted to the inputs' dtype and layout.
 Registered as the autograd formula of the forward custom op tileattn::fwd: the forward saves q,
 k, v, O and lse (nothing N x N), the backward runs tileattn::bwd.  lse is a non-differentiable
 output (as in flash-attn).  Extra memory beyond the gradients: D_i (B*H*Nq floats) and the float32
-dQ/dK/dV accumulators (for 16-bit inputs; deterministic GQA keeps dK/dV per query head).
+dQ/dK/dV accumulators, converted to the inputs' dtype and layout at the end (deterministic GQA
+keeps dK/dV per query head until torch sums each group).
 """
 
 from __future__ import annotations
