@@ -202,3 +202,16 @@ BWD_ARGS: list[tuple[str, str]] = (
     + [(f"{t}_{s}", "q") for t in ("q", "k", "v", "o", "do") for s in ("sb", "sh", "sn")]
     + [("softmax_scale", "f"), ("causal_offset", "i"), ("bh_offset", "i")]
 )
+
+
+# TILEATTN_DEC_FIELDS (csrc/dec_v1_splitkv.cu), in order: all packed on every call.
+DEC_ARGS: list[tuple[str, str]] = (
+    [
+        (name, "Q")
+        for name in ("q", "k_cache", "v_cache", "o", "lse", "o_part", "lse_part", "cache_seqlens", "block_table")
+    ]
+    + [(name, "i") for name in ("B", "Nq", "H", "h_per_kv", "Nk", "num_splits", "page_size")]
+    + [("bt_stride", "q")]
+    + [(f"{t}_{s}", "q") for t in ("q", "k", "v", "o") for s in ("sb", "sn", "sh")]
+    + [("softmax_scale", "f")]
+)

@@ -301,10 +301,11 @@ def select(dtype: str, head_dim: int, arch: int, precision: str | None = None) -
 
 
 @dataclasses.dataclass(frozen=True)
-class BwdVersion:
-    """A backward rung: ``tileattn::<kernel><T, HEAD_DIM, Br, Bc, CAUSAL>`` taking
-    TILEATTN_BWD_PARAMS (csrc/bwd_common.cuh), grid (ceil(Nk / Bc), B*H): K/V blocks outer.  The
-    preprocessing kernel (D_i = rowsum(dO * O)) runs before it."""
+class KernelEntry:
+    """A kernel outside the forward ladder: ``tileattn::<kernel><T, HEAD_DIM, Br, Bc, CAUSAL>``.
+    Backward rungs take TILEATTN_BWD_PARAMS (csrc/bwd_common.cuh), grid (ceil(Nk / Bc), B*H): K/V
+    blocks outer, after the preprocessing kernel (D_i = rowsum(dO * O)); the decode kernels take
+    TILEATTN_DEC_PARAMS (csrc/dec_v1_splitkv.cu)."""
 
     name: str
     file: str
@@ -325,7 +326,7 @@ class BwdVersion:
 
 # D_i = rowsum(dO * O): BWD_PRE_ROWS rows (one warp each) per block of 32 * BWD_PRE_ROWS threads.
 BWD_PRE_ROWS = 8
-BWD_PREPROCESS = BwdVersion(
+BWD_PREPROCESS = KernelEntry(
     name="bwd_preprocess",
     file="bwd_common.cuh",
     kernel="bwd_preprocess",
@@ -335,10 +336,10 @@ BWD_PREPROCESS = BwdVersion(
 
 # The autograd formula (backward.py) picks bwd_v1 for FP32 and bwd_v2 for fp16/bf16; an input that
 # requires grad at a head dim neither takes raises (api._check_backward_exists).
-BWD_VERSIONS: dict[str, BwdVersion] = {
+BWD_VERSIONS: dict[str, KernelEntry] = {
     v.name: v
     for v in [
-        BwdVersion(
+        KernelEntry(
             name="bwd_v1",
             file="bwd_v1_simt.cu",
             kernel="bwd_v1",
@@ -347,7 +348,7 @@ BWD_VERSIONS: dict[str, BwdVersion] = {
             summary="FA2 backward on CUDA cores, FP32: K/V blocks outer, P from the forward's lse, dS in "
             "shared memory, dK/dV in registers, dQ by float32 atomics",
         ),
-        BwdVersion(
+        KernelEntry(
             name="bwd_v2",
             file="bwd_v2_mma.cu",
             kernel="bwd_v2",
@@ -363,3 +364,29 @@ BWD_VERSIONS: dict[str, BwdVersion] = {
         ),
     ]
 }
+
+
+# ---- serving (issue 12, being built: not yet run on a GPU) ------------------------------------
+
+# Split-KV decoding over a contiguous or paged KV cache (serving.decode_with_kvcache): dec_v1 per
+# (split, batch x K/V head x block of Br = 16 query rows), Bc keys per warp tile (16 at D=256,
+# where 32 would not fit shared memory beside the merge), then dec_combine (DEC_COMBINE_ROWS rows,
+# one warp each, per block) merges the splits through their lse.
+DEC_V1 = KernelEntry(
+    name="dec_v1",
+    file="dec_v1_splitkv.cu",
+    kernel="dec_v1",
+    tiles={64: (16, 32), 128: (16, 32), 256: (16, 16)},
+    dtypes=("float16", "bfloat16"),
+    summary="split-KV decode: GQA query rows as the MMA's M, keys split over blocks and warps, "
+    "merged through lse; paged caches of any page size",
+    spill_bytes={256: 24},  # sm_80 (NVRTC 13.0): acc (128 registers) beside the row gathers' addresses
+)
+DEC_COMBINE_ROWS = 8
+DEC_COMBINE = KernelEntry(
+    name="dec_combine",
+    file="dec_v1_splitkv.cu",
+    kernel="dec_combine",
+    tiles={D: (DEC_COMBINE_ROWS, 0) for D in DEC_V1.tiles},
+    dtypes=DEC_V1.dtypes,
+)
