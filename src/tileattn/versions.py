@@ -369,18 +369,18 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
 # ---- serving (issue 12, being built: not yet run on a GPU) ------------------------------------
 
 # Split-KV decoding over a contiguous or paged KV cache (serving.decode_with_kvcache): dec_v1 per
-# (split, batch x K/V head x block of Br = 16 query rows), Bc keys per warp tile (16 at D=256,
-# where 32 would not fit shared memory beside the merge), then dec_combine (DEC_COMBINE_ROWS rows,
-# one warp each, per block) merges the splits through their lse.
+# (split, batch x K/V head x block of Br = 16 query rows), Bc keys per warp tile, then
+# dec_combine (DEC_COMBINE_ROWS rows, one warp each, per block) merges the splits through their
+# lse.  Not at D=256 yet: its 128 accumulator registers beside the row gathers spill 12-24 bytes
+# under NVRTC 13.0 and 60-72 under 13.5 (sm_80); it needs the head dim split across warps.
 DEC_V1 = KernelEntry(
     name="dec_v1",
     file="dec_v1_splitkv.cu",
     kernel="dec_v1",
-    tiles={64: (16, 32), 128: (16, 32), 256: (16, 16)},
+    tiles={64: (16, 32), 128: (16, 32)},
     dtypes=("float16", "bfloat16"),
     summary="split-KV decode: GQA query rows as the MMA's M, keys split over blocks and warps, "
     "merged through lse; paged caches of any page size",
-    spill_bytes={256: 24},  # sm_80 (NVRTC 13.0): acc (128 registers) beside the row gathers' addresses
 )
 DEC_COMBINE_ROWS = 8
 DEC_COMBINE = KernelEntry(
