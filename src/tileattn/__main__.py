@@ -174,7 +174,7 @@ def cmd_compile(args) -> int:
     return 0
 
 
-_SPECIAL_SUITES = ("story", "overhead", "hf", "bwd")
+_SPECIAL_SUITES = ("story", "overhead", "hf", "bwd", "decode")
 
 
 def _narrow(cases, args) -> list:
@@ -220,9 +220,11 @@ def cmd_bench(args) -> int:
         out = Path(args.out_dir) / f"{suite_name}.json"
         if suite_name in _SPECIAL_SUITES:
             with tqdm(
-                total={"story": bench.story_steps, "bwd": lambda: bench.bwd_steps(bwd_cases)}.get(
-                    suite_name, lambda: None
-                )(),
+                total={
+                    "story": bench.story_steps,
+                    "bwd": lambda: bench.bwd_steps(bwd_cases),
+                    "decode": bench.decode_steps,
+                }.get(suite_name, lambda: None)(),
                 desc=f"bench {suite_name}",
                 file=sys.stderr,
             ) as bar:
@@ -231,6 +233,7 @@ def cmd_bench(args) -> int:
                     "overhead": bench.overhead,
                     "hf": bench.hf_prefill,
                     "bwd": lambda: bench.backward_suite(bwd_cases, progress=bar.update),
+                    "decode": lambda: bench.decode_suite(progress=bar.update),
                 }[suite_name]()
             if suite_name == "story":
                 bench.add_ratios(rows)
@@ -376,7 +379,8 @@ def main(argv=None) -> int:
         help="story (default): the ladder v1 -> fastest rung, FP32 and bf16, beside PyTorch, ~2 min; "
         "ladder_fp32: the seed's table; fp32: fast FP32 rungs; mma: fp16/bf16 tensor cores; "
         "overhead: host time per call; hf: end-to-end prefill in transformers; bwd: the backward pass "
-        "beside cuDNN, FA2, efficient and FlexAttention, with peak memory",
+        "beside cuDNN, FA2, efficient and FlexAttention, with peak memory; decode: split-KV decoding over "
+        "contiguous and paged KV caches beside SDPA flash and cuDNN (issue 12, being built)",
     )
     b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help="override the suite's rungs")
     b.add_argument("--seqlen", type=int, nargs="*", help="keep only these lengths of the suite")

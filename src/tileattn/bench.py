@@ -678,6 +678,99 @@ def bwd_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# ---- decode (issue 12, being built) ----------------------------------------------------------
+
+# One query token per sequence over Nk cached keys, bf16, D=128 (issue 12's shapes): GQA 32:8 and
+# MHA, contiguous and paged (page sizes 16 and 256); cases whose K and V would pass 24 GB skipped.
+DECODE_CASES = [
+    (B, H, H_kv, Nk, page_size)
+    for Nk in (1024, 16384, 131072)
+    for B in (1, 16, 64)
+    for H, H_kv in ((32, 8), (32, 32))
+    for page_size in (None, 16, 256)
+    if B * Nk * H_kv * 128 * 2 * 2 <= 24e9
+]
+
+
+def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
+    """serving.decode_with_kvcache (dec_v1: split-KV) beside SDPA flash and cuDNN (contiguous
+    cache, GQA through enable_gqa) in the same run, as effective bandwidth: the bytes of K and V
+    read (B * Nk * H_kv * D * 2 tensors * 2 bytes) over the median time.  rel_err: O against
+    float64 on the first sequence."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from .serving import decode_with_kvcache
+
+    D, dt = 128, torch.bfloat16
+    rows = []
+    for B, H, H_kv, Nk, page_size in cases:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(B, 1, H, D, device="cuda", dtype=dt, generator=gen)
+        k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=dt, generator=gen) for _ in range(2))
+        seqlens = torch.full((B,), Nk, dtype=torch.int32, device="cuda")
+        base = dict(B=B, H=H, H_kv=H_kv, Nk=Nk, D=D, dtype="bfloat16", page_size=page_size)
+        gbytes = B * Nk * H_kv * D * 2 * 2 / 1e9
+        if page_size is None:
+            kc, vc, table = k, v, None
+        else:  # the same keys in pages of page_size rows, pages in shuffled order
+            pages = Nk // page_size
+            perm = torch.randperm(B * pages, device="cuda", generator=gen)
+            kc, vc = (torch.empty(B * pages, page_size, H_kv, D, device="cuda", dtype=dt) for _ in range(2))
+            kc[perm], vc[perm] = (t.reshape(B * pages, page_size, H_kv, D) for t in (k, v))
+            table = perm.view(B, pages).to(torch.int32)
+        impls = {"dec_v1": lambda: decode_with_kvcache(q, kc, vc, seqlens, table)}
+        if page_size is None:
+            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            for name, backend in (
+                ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+            ):
+
+                def fn(backend=backend):
+                    with sdpa_kernel([backend]):
+                        return sdpa(qt, kt, vt, enable_gqa=H != H_kv)
+
+                impls[name] = fn
+        for name, fn in impls.items():
+            try:
+                out = fn()
+                err = None
+                if name == "dec_v1":
+                    o = out[0, 0].double()  # (H, D) against float64 on sequence 0
+                    kk, vv = (t[0].double().repeat_interleave(H // H_kv, dim=1).transpose(0, 1) for t in (k, v))
+                    ref = (torch.softmax(q[0, 0].double()[:, None] @ kk.transpose(1, 2) * D**-0.5, -1) @ vv)[:, 0]
+                    err = ((o - ref).norm() / ref.norm()).item()
+                ms = _time(fn)
+                rows.append(dict(impl=name, **base, ms=ms, tb_per_s=gbytes / ms, rel_err=err))
+            except Exception as e:  # e.g. a backend that rejects the shape: record why, keep going
+                rows.append(dict(impl=name, **base, ms=None, tb_per_s=None, error=f"{type(e).__name__}: {e}"[:200]))
+            if progress:
+                progress()
+        q = k = v = kc = vc = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def decode_steps(cases=DECODE_CASES) -> int:
+    return sum(1 + (2 if page_size is None else 0) for *_, page_size in cases)
+
+
+def decode_table(result: dict) -> str:
+    lines = [
+        "| impl | B | H / H_kv | Nk | page size | ms | TB/s of K, V | rel. err |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        head = f"| {r['impl']} | {r['B']} | {r['H']} / {r['H_kv']} | {r['Nk']} | {r['page_size'] or 'contiguous'}"
+        if r.get("ms") is None:
+            lines.append(f"{head} | {r.get('error', '')} | | |")
+            continue
+        err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
+        lines.append(f"{head} | {r['ms']:.3f} | {r['tb_per_s']:.2f} | {err} |")
+    return "\n".join(lines)
+
+
 # ---- the main job: the whole ladder in about two minutes ----------------------------------------
 
 # (rungs, peers, case): the K/V-outer v1 rungs take seconds per call at N=8192, so they run at
@@ -736,6 +829,8 @@ def result_table(result: dict) -> str:
         return overhead_table(result)
     if suite == "hf":
         return hf_table(result)
+    if suite == "decode":
+        return decode_table(result)
     if suite == "bwd":
         return bwd_table(result) + "\n\n" + "\n".join(f"- {line}" for line in bwd_summary(result["rows"]).splitlines())
     table = markdown_table(result)
