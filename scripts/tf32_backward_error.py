@@ -1,0 +1,87 @@
+"""How accurate would a TF32 tensor-core backward be?  A CPU experiment for the FP32-accurate
+backward rung (issue 11): the backward's five products (S = Q K^T, dP = dO V^T, dV = P^T dO,
+dQ = dS K, dK = dS^T Q) with their operands rounded as tensor cores would take them, against
+float64, beside the plain FP32 products that bwd_v1 computes.
+
+    python scripts/tf32_backward_error.py [--n 512] [--d 64 128] [--seed 0]
+
+Per product, "fp32" multiplies FP32 operands, "tf32" rounds each operand to TF32 (10 explicit
+mantissa bits, round to nearest as cvt.rna.tf32.f32), "3xtf32" splits each operand into a TF32
+high part and a TF32 low part (x - hi) and adds hi*hi + hi*lo + lo*hi, as v2.2/v2.3 do in the
+forward.  The products are summed in float64 (the hardware's FP32 accumulation adds a little on
+top), so this measures what operand rounding costs.  The softmax, D_i and dS stay FP32.
+"""
+
+import argparse
+
+import numpy as np
+
+
+def tf32(x):
+    """Round float32 to TF32 (keep 10 explicit mantissa bits, round half away from zero)."""
+    u = np.asarray(x, np.float32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def matmul(a, b, mode: str):
+    if mode == "f64":  # the reference
+        return np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    if mode == "fp32":
+        return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    a_hi, b_hi = tf32(a), tf32(b)
+    prod = a_hi.astype(np.float64) @ b_hi.astype(np.float64)
+    if mode == "3xtf32":
+        a_lo, b_lo = tf32(a - a_hi), tf32(b - b_hi)
+        prod += a_hi.astype(np.float64) @ b_lo.astype(np.float64) + a_lo.astype(np.float64) @ b_hi.astype(np.float64)
+    return prod.astype(np.float32)
+
+
+def backward(q, k, v, dO, scale, modes, dt=np.float32):
+    """dq, dk, dv with each product in modes[name] (one head, no mask), everything else in dt;
+    lse and O computed in float64 and rounded to dt, as the forward hands them over."""
+    q, k, v, dO = (x.astype(dt) for x in (q, k, v, dO))
+    S64 = q.astype(np.float64) @ k.T.astype(np.float64) * scale
+    m = S64.max(-1, keepdims=True)
+    lse64 = m + np.log(np.exp(S64 - m).sum(-1, keepdims=True))
+    O = (np.exp(S64 - lse64) @ v.astype(np.float64)).astype(dt)
+    S = matmul(q, k.T, modes["S"]).astype(dt) * dt(scale)
+    P = np.exp(S - lse64.astype(dt)).astype(dt)
+    Di = (dO * O).sum(-1, keepdims=True, dtype=dt)
+    dV = matmul(P.T, dO, modes["dV"]).astype(dt)
+    dP = matmul(dO, v.T, modes["dP"]).astype(dt)
+    dS = (P * (dP - Di)).astype(dt)
+    dQ = matmul(dS, k, modes["dQ"]).astype(dt) * dt(scale)
+    dK = matmul(dS.T, q, modes["dK"]).astype(dt) * dt(scale)
+    return dQ, dK, dV
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=512)
+    p.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    names = ("S", "dP", "dV", "dQ", "dK")
+    configs = {
+        "fp32 (bwd_v1)": dict.fromkeys(names, "fp32"),
+        "tf32 everywhere": dict.fromkeys(names, "tf32"),
+        "3xtf32 everywhere": dict.fromkeys(names, "3xtf32"),
+        "3xtf32 for S, dP; tf32 for the rest": dict(S="3xtf32", dP="3xtf32", dV="tf32", dQ="tf32", dK="tf32"),
+        "3xtf32 for S; tf32 for the rest": dict(S="3xtf32", dP="tf32", dV="tf32", dQ="tf32", dK="tf32"),
+    }
+    rng = np.random.default_rng(args.seed)
+    print(f"relative error vs float64 (Frobenius), N = {args.n}, standard normal inputs, scale 1/sqrt(D)")
+    print("| products | D | dq | dk | dv |\n|---|---|---|---|---|")
+    for D in args.d:
+        q, k, v, dO = (rng.standard_normal((args.n, D)).astype(np.float32) for _ in range(4))
+        scale = D**-0.5
+        exact = backward(q, k, v, dO, scale, dict.fromkeys(names, "f64"), np.float64)
+        for label, modes in configs.items():
+            got = backward(q, k, v, dO, scale, modes)
+            errs = [np.linalg.norm(g - e) / np.linalg.norm(e) for g, e in zip(got, exact)]
+            print(f"| {label} | {D} | " + " | ".join(f"{x:.1e}" for x in errs) + " |")
+
+
+if __name__ == "__main__":
+    main()
