@@ -15,7 +15,5 @@ for p in parts[1:]:
     for key in same:
         assert p.get(key) == parts[0].get(key), f"{key}: {p.get(key)} != {parts[0].get(key)}"
 merged = dict(parts[0], command=" && ".join(p["command"] for p in parts), rows=[r for p in parts for r in p["rows"]])
-bench.save(merged, out, chart=False)
-if merged["suite"] == "bwd":
-    bench.bwd_chart(merged, out.with_suffix(".png"))
+bench.save(merged, out)
 print(bench.result_table(merged))

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from tileattn.testing import Case, passed, run_case
+from tileattn.testing import Case, passed, reference_grads, run_case
 from tileattn.versions import VERSIONS
 
 cc = torch.cuda.get_device_capability()
@@ -43,28 +43,13 @@ def backward_cases() -> int:
                 with torch.no_grad():
                     out, lse = api._call(q, k, v, None, causal, "bhnd", None, None, "scale", True)
                     got = attention_backward(q, k, v, out, lse, dO, D**-0.5, causal, "bhnd", name, det)
-                expected = _float64_grads(q, k, v, dO, D**-0.5, causal)
+                expected = reference_grads(q, k, v, dO, D**-0.5, causal)
                 err = max(((g.double() - e).norm() / e.norm().clamp_min(1e-30)).item() for g, e in zip(got, expected))
                 ok = err < (1e-4 if dtype == "float32" else 2e-2) and not any(g.isnan().any() for g in got)
                 failures += not ok
                 label = f"{name} {dtype} B={B} H={H}/{H_kv} Nq={Nq} Nk={Nk} D={D} {causal} det={det}"
                 print(f"{'PASS' if ok else 'FAIL'} {label} rel_err {err:.1e}", flush=True)
     return failures
-
-
-def _float64_grads(q, k, v, dO, scale: float, causal):
-    """Autograd of float64 math attention; masked_fill's backward gives rows without keys 0."""
-    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    group = q.shape[1] // k.shape[1]
-    kk, vv = (t.repeat_interleave(group, dim=1) for t in ref[1:])
-    S = ref[0] @ kk.transpose(-1, -2) * scale
-    if causal is not None:
-        Nq, Nk = q.shape[2], k.shape[2]
-        offset = 0 if causal == "top_left" else Nk - Nq
-        visible = torch.arange(Nk, device="cuda")[None, :] <= torch.arange(Nq, device="cuda")[:, None] + offset
-        S = S.masked_fill(~visible, float("-inf"))
-    O = torch.softmax(S, dim=-1).nan_to_num(0.0) @ vv
-    return torch.autograd.grad(O, ref, dO.double())
 
 
 if "--backward" in sys.argv:

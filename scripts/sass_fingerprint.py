@@ -1,4 +1,5 @@
-"""SASS fingerprints of every instantiation, to show that a refactor leaves the kernels alone.
+"""SASS fingerprints of every instantiation (the forward ladder's first dtype; the backward and
+decode kernels' every dtype), to show that a refactor leaves the kernels alone.
 
     python scripts/sass_fingerprint.py OUT.json [--arch sm_90a] [--jobs 2]
     python scripts/sass_fingerprint.py --diff BEFORE.json AFTER.json
@@ -59,6 +60,7 @@ def main():
                 print(f"differs: {key}  n {b['n']}->{c['n']}  res {b['res']} -> {c['res']}  {delta}")
         print(f"{same} of {len(before)} identical")
         return
+    from tileattn import versions
     from tileattn.versions import VERSIONS, arch_number
 
     cc = arch_number(a.arch)
@@ -68,6 +70,15 @@ def main():
         for v in VERSIONS.values()
         if v.runs_on(cc)
         for D in v.head_dims
+        for causal in (False, True)
+    ]
+    # The kernels outside the forward ladder (backward, decode), each of their dtypes.
+    others = [versions.BWD_PREPROCESS, *versions.BWD_VERSIONS.values(), *vars(versions).get("DEC_ENTRIES", ())]
+    jobs += [
+        (e.file, e.name_expression(dtype, D, causal), plain)
+        for e in others
+        for dtype in e.dtypes
+        for D in e.head_dims
         for causal in (False, True)
     ]
     with ProcessPoolExecutor(a.jobs) as pool:

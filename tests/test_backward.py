@@ -7,6 +7,7 @@ import re
 import pytest
 
 from tileattn import _nvrtc, _params
+from tileattn.testing import reference_grads
 from tileattn.versions import BWD_PREPROCESS, BWD_VERSIONS
 
 ARCHS = ["sm_80", "sm_90"]
@@ -43,29 +44,6 @@ def test_backward_compiles_without_spills(entry, dtype, D, causal, arch):
         assert "HMMA" not in sass  # CUDA cores only
     if entry.name == "bwd_v1":
         assert "FFMA" in sass and float_atomics
-
-
-def _grads(q, k, v, dO, scale, causal, layout):
-    """float64 autograd of PyTorch's math attention, in the tensors' layout."""
-    import torch
-
-    t = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    if layout == "bnhd":
-        qq, kk, vv = (x.transpose(1, 2) for x in t)
-    else:
-        qq, kk, vv = t
-    Nq, Nk = qq.shape[2], kk.shape[2]
-    group = qq.shape[1] // kk.shape[1]
-    kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
-    S = (qq @ kk.transpose(-1, -2)) * scale
-    if causal is not None:
-        offset = 0 if causal == "top_left" else Nk - Nq
-        visible = torch.arange(Nk, device=q.device)[None, :] <= torch.arange(Nq, device=q.device)[:, None] + offset
-        S = S.masked_fill(~visible, float("-inf"))
-    O = torch.softmax(S, dim=-1).nan_to_num(0.0) @ vv
-    O = O.transpose(1, 2) if layout == "bnhd" else O
-    O.backward(dO.double())
-    return [x.grad for x in t]
 
 
 # The forward's awkward shapes: N in {1, 17, 113, 203, 1023, 4224}, Nq != Nk both ways, GQA 2:1
@@ -133,9 +111,9 @@ def _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, determi
         _poison_allocator(4 * (3 * q.numel() + 3 * k.numel()))
         got = attention_backward(q, k, v, out, lse, dO, s, causal, layout, deterministic=deterministic)
     assert all(torch.equal(a, b) for a, b in zip(inputs, (q, k, v, dO))), "an input was modified"
-    expected = _grads(q, k, v, dO, s, causal, layout)
-    t = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    _assert_within_torch_error(got, expected, _grads_in(t, dO, s, causal, layout), dtype)
+    expected = reference_grads(q, k, v, dO, s, causal, layout)
+    torch_grads = reference_grads(q, k, v, dO, s, causal, layout, q.dtype)
+    _assert_within_torch_error(got, expected, torch_grads, dtype)
 
 
 @pytest.mark.gpu
@@ -168,9 +146,8 @@ def test_autograd_fp32_matches_float64(layout, causal):
     assert out.grad_fn is not None
     out.backward(dO)
     # flash_attn_func's causal=True is bottom-right, SDPA's top-left; the strings are explicit.
-    expected = _grads(q, k, v, dO, D**-0.5, causal or None, layout)
-    t = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    torch_grads = _grads_in(t, dO, D**-0.5, causal or None, layout)
+    expected = reference_grads(q, k, v, dO, D**-0.5, causal or None, layout)
+    torch_grads = reference_grads(q, k, v, dO, D**-0.5, causal or None, layout, q.dtype)
     _assert_within_torch_error([q.grad, k.grad, v.grad], expected, torch_grads, "float32")
 
 
@@ -188,25 +165,6 @@ def test_backward_16bit_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, sc
     """bwd_v2 against float64 autograd: within 2x the error of PyTorch's own math backward at the
     same precision (plus a small floor), as issue 11 asks."""
     _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout)
-
-
-def _grads_in(t, dO, scale, causal, layout):
-    """Autograd of the math attention in the tensors' own dtype (fp32 softmax, as SDPA's math)."""
-    import torch
-
-    qq, kk, vv = (x.transpose(1, 2) for x in t) if layout == "bnhd" else t
-    Nq, Nk = qq.shape[2], kk.shape[2]
-    group = qq.shape[1] // kk.shape[1]
-    kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
-    S = (qq @ kk.transpose(-1, -2)).float() * scale
-    if causal is not None:
-        offset = 0 if causal == "top_left" else Nk - Nq
-        visible = torch.arange(Nk, device=S.device)[None, :] <= torch.arange(Nq, device=S.device)[:, None] + offset
-        S = S.masked_fill(~visible, float("-inf"))
-    O = torch.softmax(S, dim=-1).nan_to_num(0.0).to(vv.dtype) @ vv
-    O = O.transpose(1, 2) if layout == "bnhd" else O
-    O.backward(dO)
-    return [x.grad for x in t]
 
 
 @pytest.mark.gpu
@@ -283,7 +241,6 @@ def test_backward_packed_qkv_and_many_heads(dtype):
         with torch.no_grad():
             out, lse = tileattn.flash_attn_func(q, k, v, causal="top_left", return_lse=True)
             got = attention_backward(q, k, v, out, lse, dO, 0.125, "top_left", "bnhd")
-        expected = _grads(q, k, v, dO, 0.125, "top_left", "bnhd")
-        t = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        torch_grads = _grads_in(t, dO, 0.125, "top_left", "bnhd")
+        expected = reference_grads(q, k, v, dO, 0.125, "top_left", "bnhd")
+        torch_grads = reference_grads(q, k, v, dO, 0.125, "top_left", "bnhd", q.dtype)
         _assert_within_torch_error(got, expected, torch_grads, dtype, what=f"B={B} H={H} ")

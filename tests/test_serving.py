@@ -51,23 +51,19 @@ def test_decode_bad_input_names_the_argument():
 
 
 def _expected(q, k_seqs, v_seqs, scale, causal):
-    """float64 attention per sequence: q (B, Nq, H, D), k_seqs[b] (seqlen_b, H_kv, D)."""
+    """float64 attention per sequence (testing.reference): q (B, Nq, H, D), k_seqs[b] (seqlen_b,
+    H_kv, D); an empty cache gives O = 0 and lse -inf."""
+    from tileattn.testing import reference
+
     B, Nq, H, D = q.shape
     out = torch.zeros(B, Nq, H, D, dtype=torch.float64, device=q.device)
     lse = torch.full((B, H, Nq), float("-inf"), dtype=torch.float64, device=q.device)
     for b in range(B):
-        n = k_seqs[b].shape[0]
-        if n == 0:
+        if k_seqs[b].shape[0] == 0:
             continue
-        group = H // k_seqs[b].shape[1]
-        kk = k_seqs[b].double().repeat_interleave(group, dim=1).transpose(0, 1)  # (H, n, D)
-        vv = v_seqs[b].double().repeat_interleave(group, dim=1).transpose(0, 1)
-        S = q[b].double().transpose(0, 1) @ kk.transpose(1, 2) * scale  # (H, Nq, n)
-        if causal:
-            visible = torch.arange(n, device=q.device)[None, :] <= torch.arange(Nq, device=q.device)[:, None] + n - Nq
-            S = S.masked_fill(~visible, float("-inf"))
-        lse[b] = torch.logsumexp(S, dim=-1)
-        out[b] = (torch.softmax(S, dim=-1).nan_to_num(0.0) @ vv).transpose(0, 1)
+        heads = lambda t: t.transpose(0, 1)[None]  # (n, H, D) -> (1, H, n, D)
+        o, l = reference(heads(q[b]), heads(k_seqs[b]), heads(v_seqs[b]), scale, "bottom_right" if causal else None)
+        out[b], lse[b] = o[0].transpose(0, 1), l[0]
     return out, lse
 
 

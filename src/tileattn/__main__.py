@@ -245,12 +245,9 @@ def cmd_bench(args) -> int:
                 + (" " + " ".join(_narrowing_args(args)) if suite_name == "bwd" else "").rstrip(),
                 rows=rows,
             )
-            bench.save(result, out, chart=suite_name == "story")
-            if suite_name == "bwd":
-                bench.bwd_chart(result, out.with_suffix(".png"))
+            chart = bench.save(result, out)
             print(bench.result_table(result))
-            chart = suite_name in ("story", "bwd")
-            print(f"\nwrote {out}" + (f" and {out.with_suffix('.png')}" if chart else "") + "\n")
+            print(f"\nwrote {out}" + (f" and {chart}" if chart else "") + "\n")
             continue
         suite = bench.SUITES[suite_name]
         versions = [v for v in (args.versions or suite.versions) if v in VERSIONS]

@@ -215,3 +215,6 @@ DEC_ARGS: list[tuple[str, str]] = (
     + [(f"{t}_{s}", "q") for t in ("q", "k", "v", "o") for s in ("sb", "sn", "sh")]
     + [("softmax_scale", "f")]
 )
+
+# The parameter lists of the kernels outside the forward ladder (versions.KernelEntry.fields).
+ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS}

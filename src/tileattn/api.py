@@ -482,6 +482,35 @@ class LaunchableKernel:
     layout: _params.Layout
     params: _nvrtc.ParamBuffer
 
+    def launch(self, stream: int, grid_x: int, grid_y: int, args) -> None:
+        """Pack ``args`` (the kernel's fields, in order) into its parameter block and launch
+        (grid_x, grid_y) blocks on ``stream``."""
+        self.layout.pack(self.params.buf, 0, *args)
+        _nvrtc.launch(
+            self.function, self.context, stream, grid_x, grid_y, self.threads, self.smem, self.params.extra_addr
+        )
+
+
+@functools.cache
+def entry_kernel(name: str, dtype: str, head_dim: int, causal: bool, device_index: int) -> LaunchableKernel:
+    """A kernel outside the forward ladder (versions.KERNEL_ENTRIES: backward, decode), compiled
+    and loaded for one device."""
+    from .versions import KERNEL_ENTRIES
+
+    entry = KERNEL_ENTRIES[name]
+    arch = _nvrtc.arch_string(_nvrtc.device_arch(device_index))
+    expr = entry.name_expression(dtype, head_dim, causal)
+    return load_kernel(
+        f"{name} at head dim {head_dim}",
+        entry.file,
+        expr,
+        arch,
+        device_index,
+        False,
+        _params.ENTRY_ARGS[entry.fields],
+        [],
+    )
+
 
 def load_kernel(
     what: str,
@@ -546,6 +575,14 @@ def _rows_aligned(t, strides: tuple) -> bool:
     return t.data_ptr() % 16 == 0 and strides[0] % elems == 0 and strides[1] % elems == 0 and strides[2] % elems == 0
 
 
+def _aligned_copies(tensors, layout: str) -> tuple:
+    """Each tensor itself if its rows start on 16-byte boundaries, else a copy in fresh (aligned)
+    memory: clone, since .contiguous() of a contiguous view at an odd offset returns the view."""
+    return tuple(
+        t if _rows_aligned(t, _bhnd(t, layout)[1]) else t.clone(memory_format=torch.contiguous_format) for t in tensors
+    )
+
+
 def _forward(
     q,
     k,
@@ -607,10 +644,7 @@ def _forward(
     # (elems is a power of two: the OR of the strides is a multiple of it iff each stride is.)
     if (q_ptr | k_ptr | v_ptr) % 16 or (qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) % elems:
         cacheable = False
-        q, k, v = (
-            t if _rows_aligned(t, _bhnd(t, layout)[1]) else t.clone(memory_format=torch.contiguous_format)
-            for t in (q, k, v)
-        )
+        q, k, v = _aligned_copies((q, k, v), layout)
         qs, ks, vs = _bhnd(q, layout)[1], _bhnd(k, layout)[1], _bhnd(v, layout)[1]
         q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
 

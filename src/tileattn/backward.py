@@ -10,23 +10,10 @@ keeps dK/dV per query head until torch sums each group).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from . import _nvrtc, _params, api
+from . import api
 from .versions import BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
-
-
-@functools.cache
-def _bwd_kernel(name: str, dtype: str, D: int, causal: bool, device_index: int) -> api.LaunchableKernel:
-    """One backward kernel (a BWD_VERSIONS rung or the preprocessing kernel) on one device."""
-    entry = BWD_PREPROCESS if name == BWD_PREPROCESS.name else BWD_VERSIONS[name]
-    arch = _nvrtc.arch_string(_nvrtc.device_arch(device_index))
-    expr = entry.name_expression(dtype, D, causal)
-    return api.load_kernel(
-        f"{entry.name} at head dim {D}", entry.file, expr, arch, device_index, False, _params.BWD_ARGS, []
-    )
 
 
 def attention_backward(
@@ -61,10 +48,7 @@ def attention_backward(
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {(B, H, Nq)}, got {tuple(lse.shape)}")
     # The kernels copy 16-byte vectors (cp.async): a tensor whose rows do not start on 16-byte
     # boundaries (an odd offset or stride) is copied once into fresh memory, as in the forward.
-    q, k, v, out, dout = (
-        t if api._rows_aligned(t, api._bhnd(t, layout)[1]) else t.clone(memory_format=torch.contiguous_format)
-        for t in (q, k, v, out, dout)
-    )
+    q, k, v, out, dout = api._aligned_copies((q, k, v, out, dout), layout)
     qs, ks, vs, os_, dos = (api._bhnd(t, layout)[1] for t in (q, k, v, out, dout))
     f32 = dict(dtype=torch.float32, device=q.device)
     Br = entry.tiles[D][0]
@@ -89,15 +73,10 @@ def attention_backward(
             (name, causal is not None, -(-Nk // entry.tiles[D][1])),
         )
         for kernel, is_causal, grid_x in launches:
-            kern = _bwd_kernel(kernel, dtype, D, is_causal, device_index)
-            buf = kern.params
+            kern = api.entry_kernel(kernel, dtype, D, is_causal, device_index)
             for bh_offset in range(0, B * H, api._GRID_Y_MAX):
                 args[-1] = bh_offset
-                kern.layout.pack(buf.buf, 0, *args)
-                grid_y = min(api._GRID_Y_MAX, B * H - bh_offset)
-                _nvrtc.launch(
-                    kern.function, kern.context, stream, grid_x, grid_y, kern.threads, kern.smem, buf.extra_addr
-                )
+                kern.launch(stream, grid_x, min(api._GRID_Y_MAX, B * H - bh_offset), args)
 
     if deterministic and H != H_kv:  # per query head -> per K/V head, summed by torch in a fixed order
         dk_acc, dv_acc = (a.view(B, H_kv, H // H_kv, Nk, D).sum(2) for a in (dk_acc, dv_acc))

@@ -106,9 +106,11 @@ def _peer_fn(name: str, q, k, v, causal: bool):
         "sdpa_math": SDPBackend.MATH,
     }[name]
 
+    gqa = k.shape[1] != q.shape[1]  # (passed only then: a backend taking no GQA still runs MHA)
+
     def fn():
         with sdpa_kernel([backend]):
-            return sdpa(q, k, v, is_causal=causal)
+            return sdpa(q, k, v, is_causal=causal, enable_gqa=True) if gqa else sdpa(q, k, v, is_causal=causal)
 
     return fn
 
@@ -277,11 +279,20 @@ def add_ratios(rows: list[dict]) -> None:
                 r[f"vs_{p['impl']}"] = p["ms"] / r["ms"]
 
 
-def save(result: dict, out: Path, chart: bool = True) -> None:
+_NO_CHART = ("overhead", "hf", "decode")  # suites whose table says it all
+
+
+def save(result: dict, out: Path) -> Path | None:
+    """The results file, and beside it (.png) the chart the suite has: one panel per shape for
+    the ladder suites and story, TFLOP/s against N for bwd, none for the rest.  Returns the
+    chart's path, or None."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    if chart:
-        _chart(result, out.with_suffix(".png"))
+    if result.get("suite") in _NO_CHART:
+        return None
+    chart = out.with_suffix(".png")
+    (bwd_chart if result.get("suite") == "bwd" else _chart)(result, chart)
+    return chart
 
 
 def _chart(result: dict, path: Path) -> None:
@@ -697,10 +708,8 @@ def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
     cache, GQA through enable_gqa) in the same run, as effective bandwidth: the bytes of K and V
     read (B * Nk * H_kv * D * 2 tensors * 2 bytes) over the median time.  rel_err: O against
     float64 on the first sequence."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
     from .serving import decode_with_kvcache
+    from .testing import reference
 
     D, dt = 128, torch.bfloat16
     rows = []
@@ -721,26 +730,15 @@ def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
             table = perm.view(B, pages).to(torch.int32)
         impls = {"dec_v1": lambda: decode_with_kvcache(q, kc, vc, seqlens, table)}
         if page_size is None:
-            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            for name, backend in (
-                ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
-                ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
-            ):
-
-                def fn(backend=backend):
-                    with sdpa_kernel([backend]):
-                        return sdpa(qt, kt, vt, enable_gqa=H != H_kv)
-
-                impls[name] = fn
+            for name in ("sdpa_flash", "sdpa_cudnn"):
+                impls[name] = _peer_fn(name, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False)
         for name, fn in impls.items():
             try:
                 out = fn()
                 err = None
-                if name == "dec_v1":
-                    o = out[0, 0].double()  # (H, D) against float64 on sequence 0
-                    kk, vv = (t[0].double().repeat_interleave(H // H_kv, dim=1).transpose(0, 1) for t in (k, v))
-                    ref = (torch.softmax(q[0, 0].double()[:, None] @ kk.transpose(1, 2) * D**-0.5, -1) @ vv)[:, 0]
-                    err = ((o - ref).norm() / ref.norm()).item()
+                if name == "dec_v1":  # against float64 on sequence 0 ((B, H, N, D) views)
+                    ref, _ = reference(*(t[:1].transpose(1, 2) for t in (q, k, v)), D**-0.5, None)
+                    err = ((out[:1].transpose(1, 2).double() - ref).norm() / ref.norm()).item()
                 ms = _time(fn)
                 rows.append(dict(impl=name, **base, ms=ms, tb_per_s=gbytes / ms, rel_err=err))
             except Exception as e:  # e.g. a backend that rejects the shape: record why, keep going

@@ -15,26 +15,15 @@ import math
 
 import torch
 
-from . import _nvrtc, _params, api
+from . import api
 from .versions import DEC_COMBINE, DEC_COMBINE_ROWS, DEC_V1
 
 _WARPS = 4  # dec_v1's DEC_WARPS: tiles a split should give each of its warps
 
 
 @functools.cache
-def _kernel(name: str, dtype: str, D: int, causal: bool, device_index: int) -> api.LaunchableKernel:
-    entry = DEC_V1 if name == DEC_V1.name else DEC_COMBINE
-    arch = _nvrtc.arch_string(_nvrtc.device_arch(device_index))
-    return api.load_kernel(
-        f"{name} at head dim {D}",
-        entry.file,
-        entry.name_expression(dtype, D, causal),
-        arch,
-        device_index,
-        False,
-        _params.DEC_ARGS,
-        [],
-    )
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _check_int32_vector(name: str, t, length: int, device):
@@ -111,9 +100,9 @@ def decode_with_kvcache(
     blocks = B * H_kv * row_blocks
     if blocks > api._GRID_Y_MAX:
         raise ValueError(f"B * H_kv * ceil(h_per_kv * Nq / 16) = {blocks} is above 65535")
-    if num_splits <= 0:  # two waves of blocks, but no split under one tile per warp
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        num_splits = max(1, min(-(-2 * sms // blocks), -(-max_keys // (Bc * _WARPS)), 128))
+    if num_splits <= 0:  # two waves of blocks, but no split under one tile per warp (none: no work)
+        waves = -(-2 * _sm_count(q.device.index) // blocks) if blocks else 1
+        num_splits = max(1, min(waves, -(-max_keys // (Bc * _WARPS)), 128))
     f32 = dict(dtype=torch.float32, device=q.device)
     o_part = torch.empty((num_splits, B, H, Nq, D), **f32)
     lse_part = torch.empty((num_splits, B, H, Nq), **f32)
@@ -134,9 +123,6 @@ def decode_with_kvcache(
             (DEC_V1.name, num_splits, blocks),
             (DEC_COMBINE.name, -(-B * H * Nq // DEC_COMBINE_ROWS), 1),
         ):
-            kern = _kernel(name, dtype, D, bool(causal) and name == DEC_V1.name, device_index)
-            kern.layout.pack(kern.params.buf, 0, *args)
-            _nvrtc.launch(
-                kern.function, kern.context, stream, grid_x, grid_y, kern.threads, kern.smem, kern.params.extra_addr
-            )
+            kern = api.entry_kernel(name, dtype, D, bool(causal) and name == DEC_V1.name, device_index)
+            kern.launch(stream, grid_x, grid_y, args)
     return (out, lse) if return_lse else out

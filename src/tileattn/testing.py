@@ -100,6 +100,27 @@ def reference(q, k, v, softmax_scale: float, causal: str | None):
     return P @ v, lse
 
 
+def reference_grads(q, k, v, dO, softmax_scale: float, causal: str | None, layout: str = "bhnd", dtype=None):
+    """(dq, dk, dv) by autograd of PyTorch's math attention, in the tensors' layout ("bhnd" or
+    "bnhd"): in float64 (dtype None, the ground truth) or in ``dtype`` with the softmax in at
+    least float32, as SDPA's math backend computes it (PyTorch's own error at that precision).
+    GQA by repeating k/v heads; a row that sees no key gets gradient 0 (masked_fill's backward)."""
+    t = [x.detach().to(dtype or torch.float64).requires_grad_() for x in (q, k, v)]
+    qq, kk, vv = (x.transpose(1, 2) for x in t) if layout == "bnhd" else t
+    group = qq.shape[1] // kk.shape[1]
+    kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
+    S = (qq @ kk.transpose(-1, -2)).to(torch.promote_types(qq.dtype, torch.float32)) * softmax_scale
+    offset = causal_offset(qq.shape[2], kk.shape[2], causal)
+    if offset is not None:
+        i = torch.arange(qq.shape[2], device=S.device)[:, None]
+        j = torch.arange(kk.shape[2], device=S.device)[None, :]
+        S = S.masked_fill(j > i + offset, -math.inf)
+    O = torch.softmax(S, dim=-1).nan_to_num(0.0).to(vv.dtype) @ vv
+    O = O.transpose(1, 2) if layout == "bnhd" else O
+    O.backward(dO.to(O.dtype))
+    return [x.grad for x in t]
+
+
 def make_inputs(case: Case, generator: torch.Generator | None = None):
     """Fresh random q, k, v as (B, H, N, D) views, laid out as the case asks."""
     Nk = case.Nk if case.Nk is not None else case.Nq

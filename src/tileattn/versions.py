@@ -312,7 +312,7 @@ class KernelEntry:
     kernel: str
     tiles: dict[int, tuple[int, int]]  # head dim -> (Br, Bc)
     dtypes: tuple[str, ...]
-    min_arch: int = 80
+    fields: str = "bwd"  # its parameter list: _params.ENTRY_ARGS["bwd"] or ["dec"]
     summary: str = ""
     spill_bytes: dict[int, int] = dataclasses.field(default_factory=dict)  # documented budgets, by head dim
 
@@ -377,6 +377,7 @@ DEC_V1 = KernelEntry(
     name="dec_v1",
     file="dec_v1_splitkv.cu",
     kernel="dec_v1",
+    fields="dec",
     tiles={64: (16, 32), 128: (16, 32)},
     dtypes=("float16", "bfloat16"),
     summary="split-KV decode: GQA query rows as the MMA's M, keys split over blocks and warps, "
@@ -387,6 +388,11 @@ DEC_COMBINE = KernelEntry(
     name="dec_combine",
     file="dec_v1_splitkv.cu",
     kernel="dec_combine",
+    fields="dec",
     tiles={D: (DEC_COMBINE_ROWS, 0) for D in DEC_V1.tiles},
     dtypes=DEC_V1.dtypes,
 )
+DEC_ENTRIES = (DEC_V1, DEC_COMBINE)
+
+# Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
+KERNEL_ENTRIES: dict[str, KernelEntry] = {e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES)}

@@ -80,9 +80,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
   cp_async_commit();
 
   // Per-lane ldmatrix rows and chunks (as fa2_mma.cuh): A operand; B operand; .trans B operand.
-  const int a_r = lane % 16, a_c = lane / 16;
-  const int b_r = lane % 8 + 8 * (lane / 16), b_c = (lane / 8) % 2;
-  const int bt_r = lane % 8 + 8 * ((lane / 8) % 2), bt_c = lane / 16;
+  const auto [a_r, a_c, b_r, b_c, bt_r, bt_c] = ldsm_lane(lane);
 
   // dK_w, dV_w: keys kv_start + 16 kc + g (elements 0, 1) and + 8 (2, 3), columns 8 (dt0 + dt) +
   // 2t, +1.
@@ -135,7 +133,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float p = 8 * nt + e < kend ? exp2_ftz(fmaf(S[nt][2 * hh + e], scale_log2, -m)) : 0.0f;
+          const float p = 8 * nt + e < kend ? softmax_weight(S[nt][2 * hh + e], scale_log2, m) : 0.0f;
           S[nt][2 * hh + e] = p;
           dP[nt][2 * hh + e] = p * (dP[nt][2 * hh + e] - di);
         }
@@ -152,12 +150,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
       *reinterpret_cast<unsigned*>(dSs + PTile::offset_elem(r + 8, col)) = pack2<T>(dP[nt][2], dP[nt][3]);
     }
 #pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) {
-      ds_frag[kk][0] = pack2<T>(dP[2 * kk][0], dP[2 * kk][1]);          // row g,   keys 2t, 2t+1
-      ds_frag[kk][1] = pack2<T>(dP[2 * kk][2], dP[2 * kk][3]);          // row g+8, keys 2t, 2t+1
-      ds_frag[kk][2] = pack2<T>(dP[2 * kk + 1][0], dP[2 * kk + 1][1]);  // row g,   keys 2t+8, +9
-      ds_frag[kk][3] = pack2<T>(dP[2 * kk + 1][2], dP[2 * kk + 1][3]);  // row g+8, keys 2t+8, +9
-    }
+    for (int kk = 0; kk < Bc / 16; ++kk) pack_a_frag<T>(ds_frag[kk], dP[2 * kk], dP[2 * kk + 1]);
     // dQ_w = dS_w Kj: k-steps of 16 keys, Kj as the .trans B operand (as V in the forward's P V),
     // 32 columns at a time (the last 16 when DT % 4 == 2) so that only 16 partial sums are live
     // beside dK_w and dV_w.  Added into dq_accum by red, or (deterministic) the whole block's

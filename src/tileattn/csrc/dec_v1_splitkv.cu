@@ -49,7 +49,7 @@ constexpr int DEC_WARPS = 4;
 // merge at the end reuses the K/V area for each warp's m_i, l_i (Br floats each) and acc
 // (Br x D floats).
 __host__ __device__ constexpr int dec_v1_kv_bytes(int D, int Bc) { return DEC_WARPS * 4 * Bc * D * 2; }
-__host__ __device__ constexpr int dec_v1_merge_bytes(int D, int Br) { return DEC_WARPS * Br * (D + 2) * 4; }
+__host__ __device__ constexpr int dec_v1_merge_bytes(int D, int Br) { return DEC_WARPS * Br * (D + 3) * 4; }
 __host__ __device__ constexpr int dec_v1_smem(int D, int Br, int Bc) {
   return Br * D * 2 + (dec_v1_kv_bytes(D, Bc) > dec_v1_merge_bytes(D, Br) ? dec_v1_kv_bytes(D, Bc)
                                                                           : dec_v1_merge_bytes(D, Br));
@@ -133,9 +133,7 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
   // Q's A fragments: kept in registers for the whole loop up to D=64; above, re-read from shared
   // memory at each k-step (beside acc's D/2 registers they would spill).
   constexpr bool Q_IN_REGS = HEAD_DIM <= 64;
-  const int q_r = lane % 16, q_c = lane / 16;
-  const int k_r = lane % 8 + 8 * (lane / 16), k_c = (lane / 8) % 2;
-  const int v_r = lane % 8 + 8 * ((lane / 8) % 2), v_c = lane / 16;
+  const auto [q_r, q_c, k_r, k_c, v_r, v_c] = ldsm_lane(lane);
   cp_async_wait<1>();  // Q (this thread's copies)
   __syncthreads();     // (everyone's)
   unsigned q_frag[Q_IN_REGS ? KSTEPS : 1][4];
@@ -147,7 +145,7 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
   // This lane's rows g and g + 8: their token (for the causal bound) and the first key they may
   // not see: token i sees keys j < i + seqlen - Nq + 1 (and j < kv_end: the chunk).
   // (Two scalars, not an array: an indexed pair went to the stack at D=32.)
-  const auto stop_of = [=](int qr) { return CAUSAL ? min(kv_end, max(0, qr % Nq + seqlen - Nq + 1)) : kv_end; };
+  const auto stop_of = [=](int qr) { return key_end<CAUSAL>(qr % Nq, kv_end, seqlen - Nq); };
   const int key_stop_lo = stop_of(qr0 + g), key_stop_hi = stop_of(qr0 + g + 8);
 
   float acc[DT][4];
@@ -211,12 +209,7 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
         l_i[e / 2] += S[nt][e];
       }
 #pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) {
-      p_frag[kk][0] = pack2<T>(S[2 * kk][0], S[2 * kk][1]);
-      p_frag[kk][1] = pack2<T>(S[2 * kk][2], S[2 * kk][3]);
-      p_frag[kk][2] = pack2<T>(S[2 * kk + 1][0], S[2 * kk + 1][1]);
-      p_frag[kk][3] = pack2<T>(S[2 * kk + 1][2], S[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < Bc / 16; ++kk) pack_a_frag<T>(p_frag[kk], S[2 * kk], S[2 * kk + 1]);
     // acc += P V (rows past kv_end were zero-filled: P = 0 times 0).
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk)
@@ -231,11 +224,16 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its K/V stages: the merge area reuses them
 
-  // Merge the four warps: each writes m_i (log2 domain), l_i and its unnormalised acc; then the
-  // block's 128 threads combine them element by element.
+  // Merge the four warps: each writes m_i (log2 domain), l_i and its unnormalised acc; one thread
+  // per row turns them into each warp's weight 2^(m_w - m) / l and the row's lse; then the
+  // block's 128 threads combine the accumulators element by element.
   float* m_s = reinterpret_cast<float*>(kv0);  // [warp][Br]
   float* l_s = m_s + DEC_WARPS * Br;           // [warp][Br]
-  float* acc_s = l_s + DEC_WARPS * Br;         // [warp][Br][HEAD_DIM]
+  float* w_s = l_s + DEC_WARPS * Br;           // [warp][Br]
+  float* acc_s = w_s + DEC_WARPS * Br;         // [warp][Br][HEAD_DIM]
+  const auto part_row = [=](int qr) {          // (split, b, query head, token) of o_part, lse_part
+    return (((long long)split * B + b) * H + hk * h_per_kv + qr / Nq) * Nq + qr % Nq;
+  };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = lanes_sum<4>(l_i[h]);
@@ -249,24 +247,32 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_s[(warp * Br + g + 8 * (e / 2)) * HEAD_DIM + 8 * dt + 2 * t + e % 2] = acc[dt][e];
   __syncthreads();
-  constexpr float LN2 = 0.6931471805599453f;
-  for (int i = tid; i < Br * HEAD_DIM; i += 32 * DEC_WARPS) {
-    const int r = i / HEAD_DIM, d = i % HEAD_DIM, qr = qr0 + r;
-    if (qr >= rows_per_kv) continue;
+  if (tid < Br) {
+    const int r = tid;
     float m = TILEATTN_NEG_INF;
 #pragma unroll
     for (int w = 0; w < DEC_WARPS; ++w) m = fmaxf(m, m_s[w * Br + r]);
     const float m_base = safe_max(m);
-    float l = 0.0f, o = 0.0f;
+    float f[DEC_WARPS], l = 0.0f;
 #pragma unroll
     for (int w = 0; w < DEC_WARPS; ++w) {
-      const float f = exp2_ftz(m_s[w * Br + r] - m_base);  // 0 for a warp that saw no key
-      l += f * l_s[w * Br + r];
-      o += f * acc_s[(w * Br + r) * HEAD_DIM + d];
+      f[w] = exp2_ftz(m_s[w * Br + r] - m_base);  // 0 for a warp that saw no key
+      l += f[w] * l_s[w * Br + r];
     }
-    const long long row = (((long long)split * B + b) * H + hk * h_per_kv + qr / Nq) * Nq + qr % Nq;
-    o_part[row * HEAD_DIM + d] = l > 0.0f ? o / l : 0.0f;
-    if (d == 0) lse_part[row] = row_lse(m * LN2, l);
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // a row no warp saw outputs 0
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; ++w) w_s[w * Br + r] = f[w] * inv_l;
+    constexpr float LN2 = 0.6931471805599453f;
+    if (qr0 + r < rows_per_kv) lse_part[part_row(qr0 + r)] = row_lse(m * LN2, l);
+  }
+  __syncthreads();
+  for (int i = tid; i < Br * HEAD_DIM; i += 32 * DEC_WARPS) {
+    const int r = i / HEAD_DIM, d = i % HEAD_DIM;
+    if (qr0 + r >= rows_per_kv) continue;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; ++w) o += w_s[w * Br + r] * acc_s[(w * Br + r) * HEAD_DIM + d];
+    o_part[part_row(qr0 + r) * HEAD_DIM + d] = o;
   }
 }
 
@@ -292,7 +298,7 @@ __global__ void __launch_bounds__(32 * Br) dec_combine(TILEATTN_DEC_PARAMS(T)) {
       acc += __expf(lse_part[s * split_stride + row] - m_base) * o_part[(s * split_stride + row) * HEAD_DIM + d];
     o_row[d] = static_cast<T>(acc * inv_l);
   }
-  if (lse && lane == 0) lse[row] = l > 0.0f ? m_base + __logf(l) : TILEATTN_NEG_INF;
+  if (lse && lane == 0) lse[row] = row_lse(m_base, l);
 }
 
 TILEATTN_SMEM_BYTES(dec_v1, dec_v1_smem(HEAD_DIM, Br, Bc));

@@ -102,9 +102,7 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
 
   // Per-lane ldmatrix row / chunk, as in v3 (Q: A operand; K: B operand, two key n-tiles;
   // V: .trans B operand, two head-dim n-tiles).  Row tile mt of Q adds 16 mt to the row base.
-  const int q_r = lane % 16, q_c = lane / 16;
-  const int k_r = lane % 8 + 8 * (lane / 16), k_c = (lane / 8) % 2;
-  const int v_r = lane % 8 + 8 * ((lane / 8) % 2), v_c = lane / 16;
+  const auto [q_r, q_c, k_r, k_c, v_r, v_c] = ldsm_lane(lane);
 
   unsigned q_frag[Q_IN_REGS ? KSTEPS : 1][MT][4];  // A fragments of this warp's 16 MT Q rows
   if constexpr (TMA) {
@@ -262,12 +260,7 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
             l_i[2 * mt + e / 2] += S[mt][nt][e];
           }
 #pragma unroll
-        for (int kk = 0; kk < Bc / 16; ++kk) {
-          p_frag[mt][kk][0] = pack2<T>(S[mt][2 * kk][0], S[mt][2 * kk][1]);          // row g,   keys 2t, 2t+1
-          p_frag[mt][kk][1] = pack2<T>(S[mt][2 * kk][2], S[mt][2 * kk][3]);          // row g+8, keys 2t, 2t+1
-          p_frag[mt][kk][2] = pack2<T>(S[mt][2 * kk + 1][0], S[mt][2 * kk + 1][1]);  // row g,   keys 2t+8, +9
-          p_frag[mt][kk][3] = pack2<T>(S[mt][2 * kk + 1][2], S[mt][2 * kk + 1][3]);  // row g+8, keys 2t+8, +9
-        }
+        for (int kk = 0; kk < Bc / 16; ++kk) pack_a_frag<T>(p_frag[mt][kk], S[mt][2 * kk], S[mt][2 * kk + 1]);
       }
     }
 

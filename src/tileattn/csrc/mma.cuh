@@ -92,6 +92,28 @@ __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
+// ---- Fragment plumbing shared by the mma.sync kernels (fa2_mma.cuh, bwd_v2, dec_v1) ----
+// Each lane's ldmatrix row and 16-byte chunk for the three operand roles: an A operand (16 rows,
+// k-step chunks), a B operand read as two 8-row n-tiles (K in Q K^T), and a B operand read with
+// .trans (V in P V: rows are the k dimension).
+struct LdsmLane {
+  int a_r, a_c, b_r, b_c, bt_r, bt_c;
+};
+__device__ __forceinline__ LdsmLane ldsm_lane(int lane) {
+  return {lane % 16, lane / 16, lane % 8 + 8 * (lane / 16), (lane / 8) % 2, lane % 8 + 8 * ((lane / 8) % 2), lane / 16};
+}
+
+// Two C fragments of a 16-row tile (n-tiles 2 kk and 2 kk + 1: columns 16 kk .. 16 kk + 15),
+// rounded to T, are exactly the A fragment of the next product's k-step over those columns
+// (P V after Q K^T, dS K after dO V^T): no shuffle, no shared memory.
+template <typename T>
+__device__ __forceinline__ void pack_a_frag(unsigned (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);  // row g,   columns 2t, 2t+1
+  a[1] = pack2<T>(c0[2], c0[3]);  // row g+8, columns 2t, 2t+1
+  a[2] = pack2<T>(c1[0], c1[1]);  // row g,   columns 2t+8, +9
+  a[3] = pack2<T>(c1[2], c1[3]);  // row g+8, columns 2t+8, +9
+}
+
 // ---- Swizzled shared-memory tile of 16-bit elements ----
 //
 // A [ROWS][COLS] tile (COLS % 16 == 0) is stored as 16-byte chunks (8 elements).  Shared memory

@@ -64,8 +64,8 @@ def _unsupported(query, key, value, attention_mask, dropout, kwargs) -> str | No
     needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
     if torch.is_grad_enabled() and needs_grad and D not in api.backward_head_dims(dtype):
         return f"inputs require grad and tileattn has no backward pass for {dtype} at head dim {D}"
-    if query.shape[-1] not in api.head_dims(api._DTYPES[query.dtype]) or key.shape[-1] != query.shape[-1]:
-        return f"head dim {query.shape[-1]} is not supported for {query.dtype}"
+    if D not in api.head_dims(dtype) or key.shape[-1] != D:
+        return f"head dim {D} is not supported for {query.dtype}"
     return None
 
 
