@@ -1,21 +1,26 @@
-"""Split-KV decoding over a KV cache (serving.py, csrc/dec_v1_splitkv.cu; issue 12, being built):
+"""flash_attn_with_kvcache (serving.py; split-KV decoding, csrc/dec_common.cuh, dec_v1, dec_v2):
 every instantiation compiles under NVRTC within its spill budget with the instructions it exists
-for, its parameter block is the host's DEC_ARGS, and bad input raises (CPU); outputs against
-float64 per sequence, contiguous and paged caches of page sizes 1..256 (GPU)."""
+for, its parameter block is the host's DEC_ARGS, the split heuristic fills the device, and bad
+input raises naming the argument (CPU); outputs against float64 per sequence with contiguous and
+paged caches (page sizes 1..256, pages shuffled, unused rows NaN), the in-place append, sliding
+windows, softcap and ALiBi crossed with causal, and every decode kernel the GPU runs (GPU)."""
 
+import numpy as np
 import pytest
 import torch
 
-from tileattn import _nvrtc, _params
-from tileattn.versions import DEC_COMBINE, DEC_V1
+from tileattn import _nvrtc, _params, reference
+from tileattn.serving import flash_attn_with_kvcache, num_splits_heuristic
+from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_VERSIONS
 
 INSTANCES = [
     (entry, dtype, D, causal, arch)
-    for entry in (DEC_V1, DEC_COMBINE)
+    for entry in (*DEC_VERSIONS, DEC_COMBINE)
     for dtype in entry.dtypes
     for D in entry.head_dims
-    for causal in ((False, True) if entry is DEC_V1 else (False,))
+    for causal in ((False, True) if entry is not DEC_COMBINE else (False,))
     for arch in ("sm_80", "sm_90")
+    if int(arch[3:]) >= entry.min_arch
 ]
 
 
@@ -31,45 +36,147 @@ def test_decode_kernels_compile_within_budget(entry, dtype, D, causal, arch):
     sass = _nvrtc.sass(cubin)
     if entry is DEC_V1:  # mma.sync, ldmatrix (.trans for V), cp.async row gathers
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "LDGSTS" in sass
+    if entry is DEC_V2:  # the same MMAs, rows by the bulk-copy engine, mbarrier waits; no per-thread copies in the loop
+        assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "UBLKCP" in sass and "SYNCS" in sass
 
 
-def _cache(B=2, Nk=40, H_kv=2, D=64, dtype=torch.float16, device="cpu"):
-    return (torch.zeros(B, Nk, H_kv, D, dtype=dtype, device=device) for _ in range(2))
+def test_dec_v2_fits_two_blocks_per_sm_up_to_d128():
+    """Bytes in flight set decode's speed: two blocks (each STAGES tiles ahead) per H200 SM."""
+    for D in (64, 128):
+        cubin = _nvrtc.compile_kernel(DEC_V2.file, DEC_V2.name_expression("bfloat16", D, False), "sm_90")
+        assert 2 * (_params.smem_bytes(cubin) + 1024) <= 228 * 1024
 
 
-def test_decode_bad_input_names_the_argument():
-    from tileattn.serving import decode_with_kvcache
-
-    q = torch.zeros(2, 1, 4, 64, dtype=torch.float16)
-    k, v = _cache()
-    with pytest.raises(TypeError, match="float16 or bfloat16"):
-        decode_with_kvcache(q.float(), k, v)
-    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
-        decode_with_kvcache(q, k, v)
-    with pytest.raises(ValueError, match="k_cache must be a 4-D tensor"):
-        decode_with_kvcache(q, k[0], v)
+def test_num_splits_heuristic():
+    slots = 2 * 132
+    assert num_splits_heuristic(16 * 8, 256, slots) == 2  # B=16, GQA 32:8: one wave of 256 blocks
+    assert num_splits_heuristic(64 * 32, 256, slots) == 1  # the blocks alone fill the device
+    assert num_splits_heuristic(8, 4, slots) == 4  # never more splits than tiles
+    assert num_splits_heuristic(0, 10, slots) == 1
+    s = num_splits_heuristic(8, 256, slots)  # B=1: splits until the wave is nearly full
+    assert 8 * s <= slots and 8 * s >= 0.85 * slots
 
 
-def _expected(q, k_seqs, v_seqs, scale, causal):
-    """float64 attention per sequence (testing.reference): q (B, Nq, H, D), k_seqs[b] (seqlen_b,
-    H_kv, D); an empty cache gives O = 0 and lse -inf."""
-    from tileattn.testing import reference
+def _cpu(B=2, Nq=1, H=4, H_kv=2, D=64, Nk=40, dtype=torch.float16):
+    q = torch.zeros(B, Nq, H, D, dtype=dtype)
+    return q, torch.zeros(B, Nk, H_kv, D, dtype=dtype), torch.zeros(B, Nk, H_kv, D, dtype=dtype)
 
+
+BAD_INPUT = [
+    (lambda q, k, v: dict(q=q.float()), TypeError, "q must be a float16 or bfloat16"),
+    (lambda q, k, v: dict(k_cache=k[0]), ValueError, "k_cache must be a 4-D tensor"),
+    (lambda q, k, v: dict(v_cache=v.bfloat16()), ValueError, "v_cache must be a tensor of q's dtype"),
+    (lambda q, k, v: dict(k=k[:, :1]), ValueError, "k and v must be given together"),
+    (lambda q, k, v: dict(k_cache=k[..., :32], v_cache=v[..., :32]), ValueError, "one head dim"),
+    (lambda q, k, v: dict(q=torch.zeros(2, 1, 4, 48, dtype=q.dtype)), ValueError, "q and the caches"),
+    (lambda q, k, v: dict(q=torch.zeros(2, 1, 3, 64, dtype=q.dtype)), ValueError, r"multiple of the caches' \(2\)"),
+    (lambda q, k, v: dict(v_cache=v[:, :39]), ValueError, "k_cache and v_cache must have one shape"),
+    (lambda q, k, v: dict(k_cache=k.transpose(1, 3)), ValueError, "k_cache must have a contiguous last"),
+    (lambda q, k, v: dict(cache_seqlens=torch.zeros(2)), ValueError, "cache_seqlens must be a 1-D int32"),
+    (lambda q, k, v: dict(cache_seqlens=torch.zeros(3, dtype=torch.int32)), ValueError, r"shape \(2\)"),
+    (lambda q, k, v: dict(block_table=torch.zeros(2, 4)), ValueError, "block_table must be a 2-D int32"),
+    (lambda q, k, v: dict(block_table=torch.zeros(2, 4, dtype=torch.int32)), ValueError, "cache_seqlens is needed"),
+    (lambda q, k, v: dict(k=k[:, :1], v=v[:, :1]), ValueError, "cache_seqlens is needed"),
+    (lambda q, k, v: dict(k=k[:, :1, :1], v=v[:, :1, :1], cache_seqlens=3), ValueError, "k and v must be"),
+    (lambda q, k, v: dict(window_size=(-2, 0)), ValueError, "window_size entries must be >= -1"),
+    (lambda q, k, v: dict(window_size=3), TypeError, "window_size must be a pair"),
+    (lambda q, k, v: dict(softcap=-1.0), ValueError, "softcap must be finite and >= 0"),
+    (lambda q, k, v: dict(alibi_slopes=torch.zeros(3)), ValueError, r"alibi_slopes must be a float32 tensor of shape"),
+    (lambda q, k, v: dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be"),
+    (lambda q, k, v: dict(num_splits=-1), ValueError, "num_splits must be an int >= 0"),
+    (lambda q, k, v: dict(softmax_scale=float("inf")), ValueError, "softmax_scale must be finite"),
+    (lambda q, k, v: dict(), ValueError, "must be CUDA tensors"),
+]
+
+
+@pytest.mark.parametrize("change,error,match", BAD_INPUT)
+def test_kvcache_bad_input_names_the_argument(change, error, match):
+    q, k, v = _cpu()
+    kwargs = dict(q=q, k_cache=k, v_cache=v)
+    kwargs.update(change(q, k, v))
+    with pytest.raises(error, match=match):
+        flash_attn_with_kvcache(**kwargs)
+
+
+def test_kvcache_refuses_inputs_that_require_grad():
+    q, k, v = _cpu()
+    with pytest.raises(RuntimeError, match="has no backward"):
+        flash_attn_with_kvcache(q.requires_grad_(), k, v)
+
+
+def test_kvcache_unknown_version():
+    q, k, v = _cpu()
+    with pytest.raises(ValueError, match="version must be one of"):
+        flash_attn_with_kvcache(q, k, v, version="dec_v9")
+
+
+# ---- GPU ---------------------------------------------------------------------------------------
+
+
+def _versions():
+    if not torch.cuda.is_available():
+        return [e.name for e in DEC_VERSIONS]
+    cc = torch.cuda.get_device_capability()
+    return [e.name for e in DEC_VERSIONS if e.min_arch <= cc[0] * 10 + cc[1]]
+
+
+def _expected(q, k_seqs, v_seqs, scale, causal, **variants):
+    """float64 (O, lse) per sequence from the NumPy reference (reference.attention_serving): q
+    (B, Nq, H, D), k_seqs[b] (seqlen_b, H_kv, D); an empty cache gives O = 0 and lse -inf."""
     B, Nq, H, D = q.shape
-    out = torch.zeros(B, Nq, H, D, dtype=torch.float64, device=q.device)
-    lse = torch.full((B, H, Nq), float("-inf"), dtype=torch.float64, device=q.device)
+    out = np.zeros((B, Nq, H, D))
+    lse = np.full((B, H, Nq), -np.inf)
+    alibi = variants.pop("alibi_slopes", None)
     for b in range(B):
         if k_seqs[b].shape[0] == 0:
             continue
-        heads = lambda t: t.transpose(0, 1)[None]  # (n, H, D) -> (1, H, n, D)
-        o, l = reference(heads(q[b]), heads(k_seqs[b]), heads(v_seqs[b]), scale, "bottom_right" if causal else None)
-        out[b], lse[b] = o[0].transpose(0, 1), l[0]
-    return out, lse
+        heads = lambda t: t.double().cpu().numpy().transpose(1, 0, 2)[None]  # (n, H, D) -> (1, H, n, D)
+        slopes = None if alibi is None else (alibi[b] if alibi.dim() == 2 else alibi).cpu().numpy()
+        o, l = reference.attention_serving(
+            heads(q[b]), heads(k_seqs[b]), heads(v_seqs[b]), scale, causal, alibi_slopes=slopes, **variants
+        )
+        out[b], lse[b] = o[0].transpose(1, 0, 2), l[0]
+    return torch.from_numpy(out), torch.from_numpy(lse)
+
+
+def _build_cache(k_seqs, v_seqs, Nk, page_size, gen_seed=1):
+    """A contiguous (B, Nk, H_kv, D) cache, or shuffled pages (plus three unused ones) and a block
+    table; unused rows hold NaN (the kernels must never let them reach O)."""
+    B = len(k_seqs)
+    _, H_kv, D = k_seqs[0].shape
+    kw = dict(device="cuda", dtype=k_seqs[0].dtype)
+    if page_size is None:
+        k_cache = torch.full((B, Nk, H_kv, D), float("nan"), **kw)
+        v_cache = k_cache.clone()
+        for b in range(B):
+            n = k_seqs[b].shape[0]
+            k_cache[b, :n], v_cache[b, :n] = k_seqs[b], v_seqs[b]
+        return k_cache, v_cache, None
+    pages_per_seq = -(-Nk // page_size)
+    order = torch.randperm(B * pages_per_seq + 3, generator=torch.Generator().manual_seed(gen_seed)).tolist()
+    k_cache = torch.full((len(order), page_size, H_kv, D), float("nan"), **kw)
+    v_cache = k_cache.clone()
+    block_table = torch.tensor(order[: B * pages_per_seq], dtype=torch.int32, device="cuda").view(B, pages_per_seq)
+    for b in range(B):
+        for j in range(k_seqs[b].shape[0]):
+            page, row = block_table[b, j // page_size].item(), j % page_size
+            k_cache[page, row], v_cache[page, row] = k_seqs[b][j], v_seqs[b][j]
+    return k_cache, v_cache, block_table
+
+
+def _check(out, lse, o_ref, lse_ref, dtype):
+    assert not out.isnan().any()
+    err = ((out.double().cpu() - o_ref).norm() / o_ref.norm()).item()
+    assert err < (1e-2 if dtype == torch.bfloat16 else 2e-3), err
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    torch.testing.assert_close(lse.cpu()[finite].double(), lse_ref[finite], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", _versions())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("D", DEC_V1.head_dims)
+@pytest.mark.parametrize("D", sorted({D for e in DEC_VERSIONS for D in e.tiles}))
 @pytest.mark.parametrize(
     "H,H_kv,Nq,causal,page_size,num_splits",
     [
@@ -80,9 +187,9 @@ def _expected(q, k_seqs, v_seqs, scale, causal):
         (16, 2, 1, False, 256, 1),
     ],
 )
-def test_decode_matches_float64(dtype, D, H, H_kv, Nq, causal, page_size, num_splits):
-    from tileattn.serving import decode_with_kvcache
-
+def test_decode_matches_float64(version, dtype, D, H, H_kv, Nq, causal, page_size, num_splits):
+    if D not in next(e for e in DEC_VERSIONS if e.name == version).tiles:
+        pytest.skip(f"{version} has no head dim {D}")
     gen = torch.Generator(device="cuda").manual_seed(D + Nq)
     lens = [0, 1, 77, 300, 1023]  # a sequence with an empty cache, one with one key
     B, Nk = len(lens), 1100
@@ -90,35 +197,99 @@ def test_decode_matches_float64(dtype, D, H, H_kv, Nq, causal, page_size, num_sp
     k_seqs = [torch.randn(n, H_kv, D, device="cuda", dtype=dtype, generator=gen) for n in lens]
     v_seqs = [torch.randn(n, H_kv, D, device="cuda", dtype=dtype, generator=gen) for n in lens]
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    if page_size is None:
-        k_cache = torch.full((B, Nk, H_kv, D), float("nan"), device="cuda", dtype=dtype)  # unused rows: NaN
-        v_cache = k_cache.clone()
-        for b, n in enumerate(lens):
-            k_cache[b, :n], v_cache[b, :n] = k_seqs[b], v_seqs[b]
-        block_table = None
-    else:  # pages in shuffled order, unused slots NaN
-        pages = [-(-n // page_size) for n in lens]
-        order = torch.randperm(sum(pages) + 3, generator=torch.Generator().manual_seed(1)).tolist()
-        k_cache = torch.full((len(order), page_size, H_kv, D), float("nan"), device="cuda", dtype=dtype)
-        v_cache = k_cache.clone()
-        block_table = torch.zeros(B, max(pages), dtype=torch.int32, device="cuda")
-        used = 0
-        for b, n in enumerate(lens):
-            for p in range(pages[b]):
-                page = order[used]
-                used += 1
-                block_table[b, p] = page
-                rows = slice(p * page_size, min(n, (p + 1) * page_size))
-                k_cache[page, : rows.stop - rows.start] = k_seqs[b][rows]
-                v_cache[page, : rows.stop - rows.start] = v_seqs[b][rows]
-    scale = D**-0.5
-    out, lse = decode_with_kvcache(
-        q, k_cache, v_cache, seqlens, block_table, causal=causal, num_splits=num_splits, return_lse=True
+    k_cache, v_cache, block_table = _build_cache(k_seqs, v_seqs, Nk, page_size)
+    out, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, None, None, seqlens, block_table, causal=causal, num_splits=num_splits,
+        return_lse=True, version=version,
+    )  # fmt: skip
+    _check(out, lse, *_expected(q, k_seqs, v_seqs, D**-0.5, causal), dtype)
+
+
+VARIANTS = [
+    dict(window=(64, -1)),
+    dict(window=(10, 5)),
+    dict(window=(0, 0)),
+    dict(softcap=2.0),
+    dict(alibi="per_head"),
+    dict(alibi="per_batch", softcap=5.0, window=(200, -1)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", _versions())
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_variants_match_float64(version, causal, variant, page_size):
+    dtype, D, H, H_kv, Nq = torch.bfloat16, 128, 8, 2, 3
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    lens = [0, 1, 150, 700]
+    B, Nk = len(lens), 720
+    q = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
+    k_seqs = [torch.randn(n, H_kv, D, device="cuda", dtype=dtype, generator=gen) for n in lens]
+    v_seqs = [torch.randn(n, H_kv, D, device="cuda", dtype=dtype, generator=gen) for n in lens]
+    k_cache, v_cache, block_table = _build_cache(k_seqs, v_seqs, Nk, page_size)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    alibi = {
+        None: None,
+        "per_head": torch.rand(H, device="cuda", generator=gen) * 0.1,
+        "per_batch": torch.rand(B, H, device="cuda", generator=gen) * 0.1,
+    }[variant.get("alibi")]
+    window, softcap = variant.get("window", (-1, -1)), variant.get("softcap", 0.0)
+    out, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, None, None, seqlens, block_table, causal=causal, window_size=window, softcap=softcap,
+        alibi_slopes=alibi, num_splits=3, return_lse=True, version=version,
+    )  # fmt: skip
+    expected = _expected(q, k_seqs, v_seqs, D**-0.5, causal, window=window, softcap=softcap, alibi_slopes=alibi)
+    _check(out, lse, *expected, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", _versions())
+@pytest.mark.parametrize("page_size", [None, 1, 16, 64, 256])
+@pytest.mark.parametrize("Nnew", [1, 4])
+def test_append_then_attend(version, page_size, Nnew):
+    """k, v land in the cache at cache_seqlens (every other row untouched), and the new tokens
+    attend causally to the cache plus themselves; cache_seqlens is not changed."""
+    dtype, D, H, H_kv = torch.float16, 64, 8, 4
+    gen = torch.Generator(device="cuda").manual_seed(Nnew)
+    lens = [0, 1, 255, 300]
+    B, Nk = len(lens), 320
+    full = [torch.randn(n + Nnew, H_kv, D, device="cuda", dtype=dtype, generator=gen) for n in lens]
+    vfull = [torch.randn(n + Nnew, H_kv, D, device="cuda", dtype=dtype, generator=gen) for n in lens]
+    k_cache, v_cache, block_table = _build_cache([f[:n] for f, n in zip(full, lens)],
+                                                 [f[:n] for f, n in zip(vfull, lens)], Nk, page_size)  # fmt: skip
+    k_new = torch.stack([f[n:] for f, n in zip(full, lens)])
+    v_new = torch.stack([f[n:] for f, n in zip(vfull, lens)])
+    q = torch.randn(B, Nnew, H, D, device="cuda", dtype=dtype, generator=gen)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, seqlens, block_table, causal=True, return_lse=True, version=version
     )
-    o_ref, lse_ref = _expected(q, k_seqs, v_seqs, scale, causal)
-    assert not out.isnan().any()
-    err = ((out.double() - o_ref).norm() / o_ref.norm()).item()
-    assert err < (1e-2 if dtype == torch.bfloat16 else 2e-3), err
-    finite = torch.isfinite(lse_ref)
-    assert torch.equal(torch.isfinite(lse), finite)
-    torch.testing.assert_close(lse[finite].double(), lse_ref[finite], rtol=1e-4, atol=1e-4)
+    assert seqlens.tolist() == lens
+    k_expected, v_expected, _ = _build_cache(full, vfull, Nk, page_size)  # the same pages, the rows appended
+    torch.testing.assert_close(k_cache, k_expected, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v_cache, v_expected, rtol=0, atol=0, equal_nan=True)
+    _check(out, lse, *_expected(q, full, vfull, D**-0.5, True), dtype)
+
+
+@pytest.mark.gpu
+def test_kvcache_awkward_inputs():
+    """A strided q (a view of a wider buffer), a negative scale, an int cache_seqlens, and a batch
+    whose B * H_kv passes gridDim.y's 65535 (run in slices)."""
+    dtype, D = torch.bfloat16, 64
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    wide = torch.randn(3, 1, 8, 2 * D, device="cuda", dtype=dtype, generator=gen)
+    q = wide[..., :D]
+    k = torch.randn(3, 50, 2, D, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn_like(k)
+    out = flash_attn_with_kvcache(q, k, v, cache_seqlens=40, softmax_scale=-0.3)
+    o_ref, _ = _expected(q, list(k[:, :40]), list(v[:, :40]), -0.3, False)
+    assert ((out.double().cpu() - o_ref).norm() / o_ref.norm()).item() < 1e-2
+    B = 65536 + 7  # one K/V head, one token: blocks = B
+    q = torch.randn(B, 1, 1, D, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(B, 3, 1, D, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn_like(k)
+    out = flash_attn_with_kvcache(q, k, v)
+    P = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * D**-0.5, dim=-1)
+    torch.testing.assert_close(out.float(), torch.einsum("bhqk,bkhd->bqhd", P, v.float()), rtol=2e-2, atol=2e-2)

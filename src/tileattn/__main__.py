@@ -150,16 +150,17 @@ def cmd_compile(args) -> int:
         for D in v.head_dims
         for causal in (False, True)
     ]
-    if not args.versions:  # and the backward's kernels (versions.BWD_VERSIONS, its D_i kernel)
-        from .versions import BWD_PREPROCESS, BWD_VERSIONS
+    if not args.versions:  # and the kernels outside the ladder (backward, its D_i kernel, decode)
+        from .versions import BWD_PREPROCESS, DEC_COMBINE, KERNEL_ENTRIES
 
         plain_arch = arch_for(VERSIONS["v2"]).rstrip("a")
         jobs += [
             (v.file, v.name_expression(dt, D, causal), plain_arch)
-            for v in [BWD_PREPROCESS, *BWD_VERSIONS.values()]
+            for v in KERNEL_ENTRIES.values()
+            if v.min_arch <= cc_num
             for dt in v.dtypes
             for D in v.head_dims
-            for causal in ((False,) if v is BWD_PREPROCESS else (False, True))  # D_i ignores CAUSAL
+            for causal in ((False,) if v in (BWD_PREPROCESS, DEC_COMBINE) else (False, True))  # they ignore CAUSAL
         ]
     from tqdm import tqdm
 

@@ -204,16 +204,30 @@ BWD_ARGS: list[tuple[str, str]] = (
 )
 
 
-# TILEATTN_DEC_FIELDS (csrc/dec_v1_splitkv.cu), in order: all packed on every call.
+# TILEATTN_DEC_FIELDS (csrc/dec_common.cuh), in order: all packed on every call.
 DEC_ARGS: list[tuple[str, str]] = (
     [
         (name, "Q")
-        for name in ("q", "k_cache", "v_cache", "o", "lse", "o_part", "lse_part", "cache_seqlens", "block_table")
+        for name in (
+            "q",
+            "k_cache",
+            "v_cache",
+            "o",
+            "lse",
+            "o_part",
+            "lse_part",
+            "cache_seqlens",
+            "block_table",
+            "alibi_slopes",
+        )
+    ]  # fmt: skip
+    + [
+        (name, "i")
+        for name in ("B", "Nq", "H", "h_per_kv", "Nk", "num_splits", "page_size", "window_left", "window_right")
     ]
-    + [(name, "i") for name in ("B", "Nq", "H", "h_per_kv", "Nk", "num_splits", "page_size")]
-    + [("bt_stride", "q")]
+    + [("bt_stride", "q"), ("alibi_sb", "q")]
     + [(f"{t}_{s}", "q") for t in ("q", "k", "v", "o") for s in ("sb", "sn", "sh")]
-    + [("softmax_scale", "f")]
+    + [("softmax_scale", "f"), ("softcap", "f")]
 )
 
 # The parameter lists of the kernels outside the forward ladder (versions.KernelEntry.fields).

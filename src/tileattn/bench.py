@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -98,6 +99,8 @@ def _peer_fn(name: str, q, k, v, causal: bool):
         block_mask = None
         if causal:
             block_mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, q.shape[2], k.shape[2])
+        if k.shape[1] != q.shape[1]:  # GQA (passed only then, as below)
+            return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True)
         return lambda: flex(q, k, v, block_mask=block_mask)
     backend = {
         "sdpa_flash": SDPBackend.FLASH_ATTENTION,
@@ -279,19 +282,19 @@ def add_ratios(rows: list[dict]) -> None:
                 r[f"vs_{p['impl']}"] = p["ms"] / r["ms"]
 
 
-_NO_CHART = ("overhead", "hf", "decode")  # suites whose table says it all
+_NO_CHART = ("overhead", "hf")  # suites whose table says it all
 
 
 def save(result: dict, out: Path) -> Path | None:
     """The results file, and beside it (.png) the chart the suite has: one panel per shape for
-    the ladder suites and story, TFLOP/s against N for bwd, none for the rest.  Returns the
+    the ladder suites and story, TFLOP/s against N for bwd, TB/s per case for decode, none for the rest.  Returns the
     chart's path, or None."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     if result.get("suite") in _NO_CHART:
         return None
     chart = out.with_suffix(".png")
-    (bwd_chart if result.get("suite") == "bwd" else _chart)(result, chart)
+    {"bwd": bwd_chart, "decode": decode_chart}.get(result.get("suite"), _chart)(result, chart)
     return chart
 
 
@@ -701,14 +704,24 @@ DECODE_CASES = [
     for page_size in (None, 16, 256)
     if B * Nk * H_kv * 128 * 2 * 2 <= 24e9
 ]
+DECODE_PEERS = ("sdpa_flash", "sdpa_cudnn", "flex_attention")  # on the contiguous cache
+_FLEX_DECODE_NK = (16384,)  # FlexAttention compiles per shape (seconds each): timed at these Nk only
+
+
+def _decode_impls() -> list[str]:
+    from .versions import DEC_VERSIONS
+
+    return [e.name for e in DEC_VERSIONS if e.min_arch <= _arch()]
 
 
 def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
-    """serving.decode_with_kvcache (dec_v1: split-KV) beside SDPA flash and cuDNN (contiguous
-    cache, GQA through enable_gqa) in the same run, as effective bandwidth: the bytes of K and V
-    read (B * Nk * H_kv * D * 2 tensors * 2 bytes) over the median time.  rel_err: O against
+    """serving.flash_attn_with_kvcache, each decode kernel this GPU runs, beside SDPA flash and
+    cuDNN and FlexAttention (contiguous cache, GQA through enable_gqa) in the same run, as
+    effective bandwidth: the bytes of K and V read (B * Nk * H_kv * D * 2 tensors * 2 bytes) over
+    the median time.  vs_<peer>: the peer's time over ours in the same case; vs_contiguous (paged
+    rows): the contiguous cache's time over the paged one's, same kernel.  rel_err: O against
     float64 on the first sequence."""
-    from .serving import decode_with_kvcache
+    from .serving import flash_attn_with_kvcache
     from .testing import reference
 
     D, dt = 128, torch.bfloat16
@@ -728,15 +741,19 @@ def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
             kc, vc = (torch.empty(B * pages, page_size, H_kv, D, device="cuda", dtype=dt) for _ in range(2))
             kc[perm], vc[perm] = (t.reshape(B * pages, page_size, H_kv, D) for t in (k, v))
             table = perm.view(B, pages).to(torch.int32)
-        impls = {"dec_v1": lambda: decode_with_kvcache(q, kc, vc, seqlens, table)}
+        impls = {
+            name: functools.partial(flash_attn_with_kvcache, q, kc, vc, None, None, seqlens, table, version=name)
+            for name in _decode_impls()
+        }
         if page_size is None:
-            for name in ("sdpa_flash", "sdpa_cudnn"):
-                impls[name] = _peer_fn(name, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False)
+            for name in DECODE_PEERS:
+                if name != "flex_attention" or Nk in _FLEX_DECODE_NK:
+                    impls[name] = _peer_fn(name, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False)
         for name, fn in impls.items():
             try:
                 out = fn()
                 err = None
-                if name == "dec_v1":  # against float64 on sequence 0 ((B, H, N, D) views)
+                if name.startswith("dec_"):  # against float64 on sequence 0 ((B, H, N, D) views)
                     ref, _ = reference(*(t[:1].transpose(1, 2) for t in (q, k, v)), D**-0.5, None)
                     err = ((out[:1].transpose(1, 2).double() - ref).norm() / ref.norm()).item()
                 ms = _time(fn)
@@ -747,26 +764,74 @@ def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
                 progress()
         q = k = v = kc = vc = None
         torch.cuda.empty_cache()
+    _decode_ratios(rows)
     return rows
 
 
+def _decode_ratios(rows: list[dict]) -> None:
+    """vs_<peer> on our rows (the peer's contiguous time over ours) and vs_contiguous on paged ones."""
+    timed = [r for r in rows if r.get("ms")]
+    for r in timed:
+        if not r["impl"].startswith("dec_"):
+            continue
+        same = [p for p in timed if all(p[key] == r[key] for key in ("B", "H", "H_kv", "Nk", "D"))]
+        for p in same:
+            if p["impl"] in DECODE_PEERS:
+                r[f"vs_{p['impl']}"] = p["ms"] / r["ms"]
+            elif p["impl"] == r["impl"] and p["page_size"] is None and r["page_size"] is not None:
+                r["vs_contiguous"] = p["ms"] / r["ms"]
+
+
 def decode_steps(cases=DECODE_CASES) -> int:
-    return sum(1 + (2 if page_size is None else 0) for *_, page_size in cases)
+    impls = len(_decode_impls())
+    return sum(impls + (2 + (Nk in _FLEX_DECODE_NK) if page_size is None else 0) for _, _, _, Nk, page_size in cases)
 
 
 def decode_table(result: dict) -> str:
     lines = [
-        "| impl | B | H / H_kv | Nk | page size | ms | TB/s of K, V | rel. err |",
-        "|---|---|---|---|---|---|---|---|",
+        "| impl | B | H / H_kv | Nk | page size | ms | TB/s of K, V | vs cuDNN | vs FA2 | vs Flex "
+        "| paged vs contiguous | rel. err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    ratio = lambda r, key: f"{r[key]:.2f}x" if r.get(key) else ""
     for r in result["rows"]:
         head = f"| {r['impl']} | {r['B']} | {r['H']} / {r['H_kv']} | {r['Nk']} | {r['page_size'] or 'contiguous'}"
         if r.get("ms") is None:
-            lines.append(f"{head} | {r.get('error', '')} | | |")
+            lines.append(f"{head} | {r.get('error', '')} | | | | | | |")
             continue
         err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
-        lines.append(f"{head} | {r['ms']:.3f} | {r['tb_per_s']:.2f} | {err} |")
+        cols = [ratio(r, k) for k in ("vs_sdpa_cudnn", "vs_sdpa_flash", "vs_flex_attention", "vs_contiguous")]
+        lines.append(f"{head} | {r['ms']:.3f} | {r['tb_per_s']:.2f} | {' | '.join(cols)} | {err} |")
     return "\n".join(lines)
+
+
+def decode_chart(result: dict, path: Path) -> None:
+    """TB/s of K and V read per case (contiguous caches), tileattn's kernels beside the peers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r.get("tb_per_s") and r["page_size"] is None]
+    cases = sorted({(r["Nk"], r["B"], r["H_kv"]) for r in rows})
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(impls)
+    for i, name in enumerate(impls):
+        vals = [next((r["tb_per_s"] for r in rows if (r["Nk"], r["B"], r["H_kv"]) == c and r["impl"] == name), 0)
+                for c in cases]  # fmt: skip
+        ax.bar([x + i * width for x in range(len(cases))], vals, width, label=name)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))])
+    ax.set_xticklabels([f"Nk={nk}\nB={b} {32 // hk}:1" for nk, b, hk in cases], fontsize=7)
+    ax.axhline(4.3, color="black", lw=0.6, ls="--")
+    ax.text(0, 4.35, "device copy ~4.3 TB/s", fontsize=7)
+    ax.set_ylabel("TB/s of K, V read")
+    ax.legend(fontsize=8, ncol=len(impls))
+    ax.set_title(f"decode, bf16 D=128, one query token, contiguous cache, {result['gpu']} ({result['commit']})",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # ---- the main job: the whole ladder in about two minutes ----------------------------------------

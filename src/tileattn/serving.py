@@ -1,11 +1,15 @@
-"""Serving paths (issue 12), being built.  Not exported and not yet run on a GPU: the decode
-kernels compile spill-checked under NVRTC (tests/test_serving.py); their GPU tests are written
-and wait for a device session.
+"""Serving paths (issue 12, being built).
 
-``decode_with_kvcache``: attention of a few query tokens per sequence over a KV cache,
-contiguous or paged, by split-KV decoding (csrc/dec_v1_splitkv.cu; reference.attention_split_kv
-is its loop nest).  flash-attn's layout: q (B, Nq, H, D); a contiguous cache (B, Nk, H_kv, D),
-or a paged one (num_pages, page_size, H_kv, D) with block_table (B, max_pages) int32.
+``flash_attn_with_kvcache``: flash-attn's signature.  Attention of a few query tokens per
+sequence over a KV cache, contiguous or paged with any page size, after appending the new keys
+and values in place, by split-KV decoding (csrc/dec_common.cuh; dec_v2 on Hopper, dec_v1 on
+sm_80+; reference.attention_split_kv is their loop nest).  Layouts as flash-attn: q (B, Nq, H,
+D); a contiguous cache (B, Nk, H_kv, D), or a paged one (num_pages, page_size, H_kv, D) with
+block_table (B, max_pages) int32.
+
+Checked on the host without a device sync: every tensor's dtype, device, rank and shape,
+window_size, softcap and the ALiBi slopes' shape.  Not checked (it would need a sync): the values
+inside cache_seqlens and block_table, which must keep every key inside the cache.
 """
 
 from __future__ import annotations
@@ -16,113 +20,287 @@ import math
 import torch
 
 from . import api
-from .versions import DEC_COMBINE, DEC_COMBINE_ROWS, DEC_V1
+from .versions import DEC_COMBINE, DEC_COMBINE_ROWS, DEC_VERSIONS
 
-_WARPS = 4  # dec_v1's DEC_WARPS: tiles a split should give each of its warps
+_MAX_SPLITS = 128
 
 
 @functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _device_slots(device_index: int, smem: int, threads: int) -> int:
+    """How many blocks of a kernel (smem bytes, threads) are resident at once on the device."""
+    props = torch.cuda.get_device_properties(device_index)
+    per_sm_smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    per_sm_threads = getattr(props, "max_threads_per_multi_processor", 2048)
+    per_sm = max(1, min(per_sm_smem // (smem + 1024), per_sm_threads // threads, 32))
+    return per_sm * props.multi_processor_count
 
 
-def _check_int32_vector(name: str, t, length: int, device):
+def num_splits_heuristic(blocks: int, tiles: int, slots: int) -> int:
+    """Splits of each sequence's keys so that blocks x splits fills the device's slots evenly:
+    1 once the blocks alone fill most of a wave; otherwise the fewest splits within 85% of the
+    best wave efficiency (blocks x s / slots over its ceiling), never more splits than tiles."""
+    if blocks == 0 or blocks >= 0.8 * slots:
+        return 1
+    limit = max(1, min(_MAX_SPLITS, tiles))
+    eff = [(blocks * s / slots) / math.ceil(blocks * s / slots) for s in range(1, limit + 1)]
+    best = max(eff)
+    return next(s for s, e in enumerate(eff, 1) if e >= 0.85 * best)
+
+
+def _entries(version):
+    names = [e.name for e in DEC_VERSIONS]
+    if version is not None and version not in names:
+        raise ValueError(f"version must be one of {names} or None, got {version!r}")
+    return [e for e in DEC_VERSIONS if version in (None, e.name)]
+
+
+def _decode_entry(dtype: str, D: int, device_index: int, version=None):
+    """The newest decode kernel (or the one named) this device runs at this head dim, or None."""
+    from . import _nvrtc
+
+    cc = _nvrtc.device_arch(device_index)
+    arch = cc[0] * 10 + cc[1]
+    fits = [e for e in _entries(version) if dtype in e.dtypes and D in e.tiles and e.min_arch <= arch]
+    return fits[-1] if fits else None
+
+
+def head_dims(version=None) -> tuple[int, ...]:
+    """Head dims the decode kernels (or the one named) take; the device's arch may narrow them."""
+    return tuple(sorted({D for e in _entries(version) for D in e.tiles}))
+
+
+def _fail(name: str, expected: str, t) -> None:
+    got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+    raise ValueError(f"{name} must be {expected}, got {got}")
+
+
+def _check_index_tensor(name: str, t, shape: tuple, device) -> None:
+    """An int32 tensor of this exact shape on q's device (None passes)."""
     if t is None:
         return
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.device != device or t.dim() != 1:
-        got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name} must be a 1-D int32 tensor on {device}, got {got}")
-    if t.shape[0] != length:
-        raise ValueError(f"{name} must have B={length} entries, got {t.shape[0]}")
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.device != device or t.dim() != len(shape):
+        _fail(name, f"a {len(shape)}-D int32 tensor on {device}", t)
+    if any(want is not None and got != want for got, want in zip(t.shape, shape)):
+        want = ", ".join("*" if w is None else str(w) for w in shape)
+        raise ValueError(f"{name} must have shape ({want}), got {tuple(t.shape)}")
 
 
-def decode_with_kvcache(
+def _window(window_size) -> tuple[int, int]:
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size entries must be >= -1 (-1: unbounded), got {window_size!r}")
+    return left, right
+
+
+def flash_attn_with_kvcache(
     q,
     k_cache,
     v_cache,
+    k=None,
+    v=None,
     cache_seqlens=None,
     block_table=None,
     softmax_scale=None,
     causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
     num_splits: int = 0,
     return_lse: bool = False,
+    *,
+    version: str | None = None,
 ):
-    """O (B, Nq, H, D) of q over the first cache_seqlens[b] keys of each sequence's cache
-    (all Nk of a contiguous cache when None).  causal: bottom-right per sequence (token i of Nq
-    sees keys j <= i + seqlen - Nq).  num_splits 0: chosen from the SM count and the work.
-    Values inside cache_seqlens and block_table are not checked (that would need a device sync):
-    they must be within the cache."""
-    dtype = api._DTYPES.get(q.dtype)
-    if dtype not in DEC_V1.dtypes:
-        raise TypeError(f"q must be float16 or bfloat16 for decode_with_kvcache, got {q.dtype}")
-    tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))
+    """Attention of q over each sequence's KV cache, flash-attn's ``flash_attn_with_kvcache``.
+
+    Args:
+        q: (B, Nq, H, D), float16 or bfloat16, CUDA.  Nq is small (decode, speculative tokens,
+            chunks); whole prompts belong to flash_attn_func.
+        k_cache, v_cache: (B, Nk, H_kv, D) contiguous cache, or (num_pages, page_size, H_kv, D)
+            pages when block_table is given; any page size >= 1.  H must be a multiple of H_kv.
+        k, v: optional (B, Nnew, H_kv, D) keys and values appended in place at positions
+            cache_seqlens[b] .. cache_seqlens[b] + Nnew - 1 of each sequence (through
+            block_table when paged); attention then covers cache_seqlens[b] + Nnew keys.
+            cache_seqlens itself is not changed (as flash-attn: the caller advances it).
+        cache_seqlens: (B,) int32 tensor or an int: keys in use per sequence before the append;
+            None: the whole contiguous cache.  Needed with k/v and with a paged cache.
+        block_table: (B, max_pages) int32, page indices of each sequence's keys in order.
+        softmax_scale: default 1/sqrt(D); any finite value.
+        causal: token i of Nq sits at key position i + seqlen - Nq (bottom-right) and sees keys
+            up to it.
+        window_size: (left, right), -1 unbounded: token at position p sees keys
+            [p - left, p + right] (with causal, right is 0).  Keys outside are skipped.
+        softcap: > 0 caps each scaled score s at softcap * tanh(s / softcap).
+        alibi_slopes: float32 (H,) or (B, H): adds -slope * |p - j| to the scaled score.
+        num_splits: 0 picks from the SM count and the work; n > 0 cuts each sequence's keys into
+            n chunks merged through their log-sum-exp.
+        return_lse: also return the float32 log-sum-exp, (B, H, Nq); -inf for a row with no key.
+        version: a decode kernel by name ("dec_v1", "dec_v2"); default the newest this GPU runs.
+
+    Not differentiable: an input that requires grad while grad mode is on raises.
+    """
+    dtype = api._DTYPES.get(getattr(q, "dtype", None))
+    if not isinstance(q, torch.Tensor) or dtype not in {d for e in DEC_VERSIONS for d in e.dtypes}:
+        raise TypeError(f"q must be a float16 or bfloat16 tensor, got {getattr(q, 'dtype', type(q).__name__)}")
+    tensors = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (the keys and values to append), got only one")
+    if k is not None:
+        tensors += [("k", k), ("v", v)]
     for name, t in tensors:
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
-    for name, t in tensors:
-        if t.dtype != q.dtype or t.device != q.device or t.device.type != "cuda":
-            raise ValueError(
-                f"{name} must be a CUDA tensor of q's dtype and device ({q.dtype}, {q.device}), "
-                f"got {t.dtype} on {t.device}"
-            )
-        if t.stride(-1) != 1 or not api._rows_aligned(t, (t.stride(0), t.stride(1), t.stride(2))):
-            raise ValueError(f"{name} must have a contiguous head dim and 16-byte aligned rows")
+            _fail(name, "a 4-D tensor", t)
+        if t.dtype != q.dtype or t.device != q.device:
+            _fail(name, f"a tensor of q's dtype and device ({q.dtype}, {q.device})", t)
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last (head) dim, got strides {t.stride()}")
+    if torch.is_grad_enabled() and any(t.requires_grad for _, t in tensors):
+        raise RuntimeError(
+            "flash_attn_with_kvcache has no backward: call it under torch.no_grad() or "
+            "torch.inference_mode(), or train through flash_attn_func"
+        )
     B, Nq, H, D = q.shape
     if k_cache.shape != v_cache.shape:
         raise ValueError(
             f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     _, rows, H_kv, Dk = k_cache.shape
-    if Dk != D or D not in DEC_V1.tiles:
-        raise ValueError(f"head dim must be one of {DEC_V1.head_dims} in q and the caches, got q {D}, caches {Dk}")
-    if H % H_kv:
+    if Dk != D:
+        raise ValueError(f"q and the caches must have one head dim, got q {D} and caches {Dk}")
+    if H_kv == 0 or H % H_kv:
         raise ValueError(f"q's heads ({H}) must be a multiple of the caches' ({H_kv})")
-    if block_table is None:
+    if D not in head_dims(version):
+        raise ValueError(f"head dim must be one of {head_dims(version)}, got {D}")
+    if k is not None and (k.shape != v.shape or k.shape[0] != B or k.shape[2:] != (H_kv, D)):
+        raise ValueError(
+            f"k and v must be (B={B}, Nnew, H_kv={H_kv}, D={D}), got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    paged = block_table is not None
+    if paged:
+        _check_index_tensor("block_table", block_table, (B, None), q.device)
+        if block_table.stride(1) != 1:
+            raise ValueError(f"block_table must have contiguous rows, got strides {block_table.stride()}")
+        Nk, page_size = block_table.shape[1] * rows, rows
+    else:
         if k_cache.shape[0] != B:
             raise ValueError(f"a contiguous cache must have B={B} sequences, got {k_cache.shape[0]}")
-        Nk, page_size, bt_stride, max_keys = rows, 0, 0, rows
-    else:
-        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
-            raise ValueError("block_table must be a 2-D int32 tensor (B, max_pages)")
-        if block_table.shape[0] != B or block_table.device != q.device or block_table.stride(1) != 1:
-            raise ValueError(f"block_table must be (B={B}, max_pages) on {q.device} with contiguous rows")
-        Nk, page_size, bt_stride = block_table.shape[1] * rows, rows, block_table.stride(0)
-        max_keys = Nk
-    _check_int32_vector("cache_seqlens", cache_seqlens, B, q.device)
-    if block_table is not None and cache_seqlens is None:
-        raise ValueError("a paged cache needs cache_seqlens (the keys in use per sequence)")
+        Nk, page_size = rows, 0
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
+    _check_index_tensor("cache_seqlens", cache_seqlens, (B,), q.device)
+    if cache_seqlens is None and (paged or k is not None):
+        raise ValueError("cache_seqlens is needed with a paged cache or with k/v to append (keys in use per sequence)")
+    left, right = _window(window_size)
+    if causal:
+        right = 0
+    softcap = float(softcap)
+    if not softcap >= 0.0 or math.isinf(softcap):
+        raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap!r}")
+    alibi_sb = 0
+    if alibi_slopes is not None:
+        if (
+            not isinstance(alibi_slopes, torch.Tensor)
+            or alibi_slopes.dtype != torch.float32
+            or alibi_slopes.device != q.device
+            or alibi_slopes.shape not in ((H,), (B, H))
+        ):
+            _fail("alibi_slopes", f"a float32 tensor of shape ({H},) or ({B}, {H}) on {q.device}", alibi_slopes)
+        if alibi_slopes.stride(-1) != 1:
+            alibi_slopes = alibi_slopes.contiguous()
+        alibi_sb = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
+    if q.device.type != "cuda":
+        raise ValueError(f"q, k_cache and v_cache must be CUDA tensors, got {q.device}")
+    entry = _decode_entry(dtype, D, q.device.index, version)
+    if entry is None:
+        cc = torch.cuda.get_device_capability(q.device)
+        raise ValueError(
+            f"no decode kernel{'' if version is None else ' ' + version} runs head dim {D} on sm_{cc[0]}{cc[1]}"
+        )
+
+    if not (api._rows_aligned(k_cache, k_cache.stride()[:3]) and api._rows_aligned(v_cache, v_cache.stride()[:3])):
+        raise ValueError("k_cache and v_cache rows must start on 16-byte boundaries (a copy would lose the append)")
+    if not api._rows_aligned(q, q.stride()[:3]):  # a view at an odd offset: its copy is aligned
+        q = q.clone(memory_format=torch.contiguous_format)
+    seqlens = cache_seqlens
+    if k is not None and k.shape[1]:
+        seqlens = _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size)
     if scale < 0:  # the kernels fold a scale >= 0 into the exponent (softmax.cuh): negate q instead
         q, scale = -q, -scale
+    return _decode(entry, dtype, q, k_cache, v_cache, seqlens, block_table, Nk, page_size, scale, bool(causal),
+                   (left, right), softcap, alibi_slopes, alibi_sb, num_splits, return_lse)  # fmt: skip
 
-    Bc = DEC_V1.tiles[D][1]
-    row_blocks = -(-(H // H_kv) * Nq // 16)
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size):
+    """Write k, v (B, Nnew, H_kv, D) at positions cache_seqlens[b] + i in place (index_put_, no
+    host sync) and return the new key counts cache_seqlens + Nnew."""
+    B, Nnew = k.shape[:2]
+    pos = cache_seqlens[:, None].long() + torch.arange(Nnew, device=k.device)  # (B, Nnew)
+    if block_table is None:
+        where = (torch.arange(B, device=k.device)[:, None].expand(B, Nnew), pos)
+    else:
+        where = (block_table.gather(1, pos // page_size).long(), pos % page_size)
+    k_cache.index_put_(where, k)
+    v_cache.index_put_(where, v)
+    return cache_seqlens + Nnew
+
+
+def _decode(entry, dtype, q, k_cache, v_cache, seqlens, block_table, Nk, page_size, scale, causal, window, softcap,
+            alibi_slopes, alibi_sb, num_splits, return_lse):  # fmt: skip
+    """Allocate, choose the splits and launch the decode kernel and the merge."""
+    B, Nq, H, D = q.shape
+    H_kv = k_cache.shape[2]
+    Br, Bc = entry.tiles[D]
+    row_blocks = -(-(H // H_kv) * Nq // Br)
     blocks = B * H_kv * row_blocks
-    if blocks > api._GRID_Y_MAX:
-        raise ValueError(f"B * H_kv * ceil(h_per_kv * Nq / 16) = {blocks} is above 65535")
-    if num_splits <= 0:  # two waves of blocks, but no split under one tile per warp (none: no work)
-        waves = -(-2 * _sm_count(q.device.index) // blocks) if blocks else 1
-        num_splits = max(1, min(waves, -(-max_keys // (Bc * _WARPS)), 128))
+    if H_kv * row_blocks > api._GRID_Y_MAX:
+        raise ValueError(
+            f"H_kv * ceil(H / H_kv * Nq / 16) = {H_kv * row_blocks} is above 65535: Nq={Nq} query tokens are a "
+            "prompt, not a decode step (flash_attn_func takes those)"
+        )
+    if blocks > api._GRID_Y_MAX:  # gridDim.y's limit: the batch in slices (views), results joined
+        step = max(1, api._GRID_Y_MAX // (H_kv * row_blocks))
+        parts = []
+        for b0 in range(0, B, step):
+            sl = slice(b0, b0 + step)
+            parts.append(
+                _decode(
+                    entry, dtype, q[sl], k_cache if block_table is not None else k_cache[sl],
+                    v_cache if block_table is not None else v_cache[sl], None if seqlens is None else seqlens[sl],
+                    None if block_table is None else block_table[sl], Nk, page_size, scale, causal, window, softcap,
+                    alibi_slopes if alibi_slopes is None or alibi_sb == 0 else alibi_slopes[sl], alibi_sb,
+                    num_splits, True,
+                )
+            )  # fmt: skip
+        out, lse = torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
+        return (out, lse) if return_lse else out
+    device_index = q.device.index
+    kern = api.entry_kernel(entry.name, dtype, D, causal, device_index)
+    if num_splits == 0:
+        slots = _device_slots(device_index, kern.smem, kern.threads)
+        num_splits = num_splits_heuristic(blocks, -(-Nk // Bc), slots)
+    num_splits = min(num_splits, _MAX_SPLITS)
     f32 = dict(dtype=torch.float32, device=q.device)
     o_part = torch.empty((num_splits, B, H, Nq, D), **f32)
     lse_part = torch.empty((num_splits, B, H, Nq), **f32)
     out = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), **f32) if return_lse else None
     if B * Nq * H:
-        device_index = q.device.index
+        ptr = lambda t: 0 if t is None else t.data_ptr()
         args = [
-            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
-            o_part.data_ptr(), lse_part.data_ptr(), 0 if cache_seqlens is None else cache_seqlens.data_ptr(),
-            0 if block_table is None else block_table.data_ptr(),
-            B, Nq, H, H // H_kv, Nk, num_splits, page_size, bt_stride,
-            q.stride(0), q.stride(1), q.stride(2), *(k_cache.stride()[:3]), *(v_cache.stride()[:3]),
-            out.stride(0), out.stride(1), out.stride(2), scale,
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), ptr(lse), o_part.data_ptr(),
+            lse_part.data_ptr(), ptr(seqlens), ptr(block_table), ptr(alibi_slopes),
+            B, Nq, H, H // H_kv, Nk, num_splits, page_size, *window,
+            0 if block_table is None else block_table.stride(0), alibi_sb,
+            *(q.stride()[:3]), *(k_cache.stride()[:3]), *(v_cache.stride()[:3]), *(out.stride()[:3]),
+            scale, softcap,
         ]  # fmt: skip
         stream = api._current_stream(device_index)
-        for name, grid_x, grid_y in (
-            (DEC_V1.name, num_splits, blocks),
-            (DEC_COMBINE.name, -(-B * H * Nq // DEC_COMBINE_ROWS), 1),
-        ):
-            kern = api.entry_kernel(name, dtype, D, bool(causal) and name == DEC_V1.name, device_index)
-            kern.launch(stream, grid_x, grid_y, args)
+        kern.launch(stream, num_splits, blocks, args)
+        combine = api.entry_kernel(DEC_COMBINE.name, dtype, D, False, device_index)
+        combine.launch(stream, -(-B * H * Nq // DEC_COMBINE_ROWS), 1, args)
     return (out, lse) if return_lse else out

@@ -314,6 +314,7 @@ class KernelEntry:
     dtypes: tuple[str, ...]
     fields: str = "bwd"  # its parameter list: _params.ENTRY_ARGS["bwd"] or ["dec"]
     summary: str = ""
+    min_arch: int = 80  # compute capability major*10 + minor
     spill_bytes: dict[int, int] = dataclasses.field(default_factory=dict)  # documented budgets, by head dim
 
     @property
@@ -366,12 +367,13 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
 }
 
 
-# ---- serving (issue 12, being built: not yet run on a GPU) ------------------------------------
+# ---- serving (issue 12, being built) ---------------------------------------------------------
 
-# Split-KV decoding over a contiguous or paged KV cache (serving.decode_with_kvcache): dec_v1 per
-# (split, batch x K/V head x block of Br = 16 query rows), Bc keys per warp tile, then
-# dec_combine (DEC_COMBINE_ROWS rows, one warp each, per block) merges the splits through their
-# lse.  Not at D=256 yet: its 128 accumulator registers beside the row gathers spill 12-24 bytes
+# Split-KV decoding over a contiguous or paged KV cache (serving.decode_with_kvcache): per
+# (split, batch x K/V head x block of Br = 16 query rows), Bc keys per tile, then dec_combine
+# (DEC_COMBINE_ROWS rows, one warp each, per block) merges the splits through their lse.  The
+# fastest entry whose min_arch the device meets runs (serving.py).
+# dec_v1 is not at D=256: its 128 accumulator registers beside the row gathers spill 12-24 bytes
 # under NVRTC 13.0 and 60-72 under 13.5 (sm_80); it needs the head dim split across warps.
 DEC_V1 = KernelEntry(
     name="dec_v1",
@@ -383,16 +385,28 @@ DEC_V1 = KernelEntry(
     summary="split-KV decode: GQA query rows as the MMA's M, keys split over blocks and warps, "
     "merged through lse; paged caches of any page size",
 )
+DEC_V2 = KernelEntry(
+    name="dec_v2",
+    file="dec_v2_bulk.cu",
+    kernel="dec_v2",
+    fields="dec",
+    tiles={64: (16, 128), 128: (16, 64), 256: (16, 64)},
+    dtypes=("float16", "bfloat16"),
+    summary="dec_v1 with one producer warp issuing a cp.async.bulk per K/V row, STAGES tiles ahead "
+    "on mbarriers; four consumer warps share each tile",
+    min_arch=90,
+)
+DEC_VERSIONS = (DEC_V1, DEC_V2)
 DEC_COMBINE_ROWS = 8
 DEC_COMBINE = KernelEntry(
     name="dec_combine",
     file="dec_v1_splitkv.cu",
     kernel="dec_combine",
     fields="dec",
-    tiles={D: (DEC_COMBINE_ROWS, 0) for D in DEC_V1.tiles},
+    tiles={D: (DEC_COMBINE_ROWS, 0) for D in sorted({D for e in DEC_VERSIONS for D in e.tiles})},
     dtypes=DEC_V1.dtypes,
 )
-DEC_ENTRIES = (DEC_V1, DEC_COMBINE)
+DEC_ENTRIES = (*DEC_VERSIONS, DEC_COMBINE)
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES)}

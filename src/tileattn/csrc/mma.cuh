@@ -234,6 +234,15 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const void* tmap, int 
       : "memory");
 }
 
+// A bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory to
+// shared memory at dst, completion counted on mbarrier bar: no tensor map, so any row of any
+// strided or paged tensor can be a source.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // One tile of `rows` x COLS 16-bit values in SwizzledTile's layout, as one TMA copy per panel
 // (box: the panel's 64, 32 or 16 columns x rows), counted on mbarrier bar.  The copy engine's
 // 128-, 64- and 32-byte swizzles are exactly SwizzledTile's XOR patterns for those panel widths;
