@@ -11,7 +11,7 @@ import torch
 
 from tileattn import _nvrtc, _params, reference
 from tileattn.serving import flash_attn_with_kvcache, num_splits_heuristic
-from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_VERSIONS
+from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_VERSIONS
 
 INSTANCES = [
     (entry, dtype, D, causal, arch)
@@ -36,15 +36,18 @@ def test_decode_kernels_compile_within_budget(entry, dtype, D, causal, arch):
     sass = _nvrtc.sass(cubin)
     if entry is DEC_V1:  # mma.sync, ldmatrix (.trans for V), cp.async row gathers
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "LDGSTS" in sass
-    if entry is DEC_V2:  # the same MMAs, rows by the bulk-copy engine, mbarrier waits; no per-thread copies in the loop
-        assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "UBLKCP" in sass and "SYNCS" in sass
+    if entry in (DEC_V2, DEC_V3):  # the same MMAs and mbarrier waits; rows by the bulk-copy engine / cp.async
+        assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "SYNCS" in sass
+        assert ("UBLKCP" in sass) == (entry is DEC_V2) and "LDGSTS" in sass  # (Q by cp.async in both)
 
 
-def test_dec_v2_fits_two_blocks_per_sm_up_to_d128():
+@pytest.mark.parametrize("entry", [DEC_V2, DEC_V3], ids=lambda e: e.name)
+def test_pipelined_decode_fits_two_blocks_per_sm_up_to_d128(entry):
     """Bytes in flight set decode's speed: two blocks (each STAGES tiles ahead) per H200 SM."""
     for D in (64, 128):
-        cubin = _nvrtc.compile_kernel(DEC_V2.file, DEC_V2.name_expression("bfloat16", D, False), "sm_90")
+        cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression("bfloat16", D, False), "sm_90")
         assert 2 * (_params.smem_bytes(cubin) + 1024) <= 228 * 1024
+        assert 2 * cubin.resources["registers"] * _params.block_threads(cubin.data, cubin.lowered_name) <= 65536
 
 
 def test_num_splits_heuristic():

@@ -396,7 +396,18 @@ DEC_V2 = KernelEntry(
     "on mbarriers; four consumer warps share each tile",
     min_arch=90,
 )
-DEC_VERSIONS = (DEC_V1, DEC_V2)
+DEC_V3 = KernelEntry(
+    name="dec_v3",
+    file="dec_v3_cpasync.cu",
+    kernel="dec_v3",
+    fields="dec",
+    tiles=DEC_V2.tiles,
+    dtypes=("float16", "bfloat16"),
+    summary="dec_v2 with four producer warps copying the K/V rows by cp.async, each thread's copies "
+    "arriving on the stage's mbarrier when they land",
+    min_arch=90,
+)
+DEC_VERSIONS = (DEC_V1, DEC_V2, DEC_V3)
 DEC_COMBINE_ROWS = 8
 DEC_COMBINE = KernelEntry(
     name="dec_combine",

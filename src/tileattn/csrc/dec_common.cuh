@@ -42,6 +42,7 @@ namespace tileattn {
   X(const float, softmax_scale) SEP X(const float, softcap)
 
 #define TILEATTN_DEC_PARAMS(T) TILEATTN_DEC_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
+#define TILEATTN_DEC_ARGS TILEATTN_DEC_FIELDS(TILEATTN_NAME_, TILEATTN_COMMA_)
 
 // Where one block works: batch b, K/V head hk, query rows qr0 .. qr0 + Br - 1 of that head, and
 // its split's keys [kv_begin, kv_end), whole Bc tiles, the same number per split, inside the

@@ -243,6 +243,16 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
                : "memory");
 }
 
+// 16 bytes global -> shared (address dst) by this thread's cp.async; and the arrival, on a
+// CTA-local mbarrier, of this thread's cp.asyncs so far once they have landed (.noinc: the
+// barrier's count must include these arrivals).
+__device__ __forceinline__ void cp_async_16_to(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // One tile of `rows` x COLS 16-bit values in SwizzledTile's layout, as one TMA copy per panel
 // (box: the panel's 64, 32 or 16 columns x rows), counted on mbarrier bar.  The copy engine's
 // 128-, 64- and 32-byte swizzles are exactly SwizzledTile's XOR patterns for those panel widths;

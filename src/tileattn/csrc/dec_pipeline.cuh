@@ -1,0 +1,182 @@
+// The warp-specialised decode pipeline of dec_v2 and dec_v3 (sm_90+): producer warps copy K/V
+// tiles of Bc keys into STAGES shared-memory stages, four consumer warps each take Bc / 4 keys of
+// every tile (their own online softmax, no barrier between them) and release the stage on its
+// `empty` mbarrier; the rows, splits, variants and merges are dec_common.cuh's.  The rungs differ
+// in how the producers copy (DecCopy).
+//
+// Rows are padded to 2 D + 16 bytes instead of swizzled (a bulk copy lands a row as it is):
+// eight consecutive rows then start 16 bytes apart modulo 128, so every ldmatrix phase hits
+// eight distinct bank groups.  Rows of a partial last tile are copies of the chunk's last key
+// (finite data, masked to P = 0), so every stage's copy is the same size and nothing is
+// zero-filled.
+#pragma once
+
+#include "dec_common.cuh"
+
+namespace tileattn {
+
+constexpr int DEC_CONSUMERS = 4;  // warps 0..3 compute; the warps after them copy
+
+// Shared memory: the stages' mbarriers (full[STAGES], empty[STAGES]; 64 bytes), Q (Br padded
+// rows), then STAGES x (K, V) of Bc padded rows.  STAGES: as many as fit in ~104 KB (two blocks
+// per SM up to D=128), at least 2; the warps' merge reuses the stage area.
+__host__ __device__ constexpr int dec_pipe_pitch(int D) { return 2 * D + 16; }
+__host__ __device__ constexpr int dec_pipe_stage_bytes(int D, int Bc) { return 2 * Bc * dec_pipe_pitch(D); }
+__host__ __device__ constexpr int dec_pipe_stages(int D, int Bc) {
+  return clamp_int((D <= 128 ? 104 : 200) * 1024 / dec_pipe_stage_bytes(D, Bc), 2, 4);
+}
+__host__ __device__ constexpr int dec_pipe_smem(int D, int Br, int Bc) {
+  return 64 + Br * dec_pipe_pitch(D) + dec_pipe_stages(D, Bc) * dec_pipe_stage_bytes(D, Bc);
+}
+
+// How the producer warps move a tile's rows.  BULK: one cp.async.bulk per row from one lane,
+// counted on the stage's full mbarrier by bytes (one arrival, with the byte count).  CP_ASYNC:
+// 16 bytes per cp.async from every producer thread, each thread's copies arriving on the full
+// mbarrier when they land (cp.async.mbarrier.arrive.noinc: 32 x PRODUCERS arrivals).
+enum class DecCopy { BULK, CP_ASYNC };
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, DecCopy COPY, int PRODUCERS>
+__device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
+  static_assert(sizeof(T) == 2, "16-bit (fp16 / bf16) inputs");
+  static_assert(Br == 16, "one m16 row tile per block");
+  static_assert(HEAD_DIM % 16 == 0 && Bc % (16 * DEC_CONSUMERS) == 0, "whole k-steps of 16 per warp");
+  constexpr int STAGES = dec_pipe_stages(HEAD_DIM, Bc), PITCH = dec_pipe_pitch(HEAD_DIM);
+  constexpr int KEYS = Bc / DEC_CONSUMERS, KSTEPS = HEAD_DIM / 16, DT = HEAD_DIM / 8;
+  static_assert(STAGES * dec_pipe_stage_bytes(HEAD_DIM, Bc) >= dec_merge_bytes(HEAD_DIM, Br, DEC_CONSUMERS),
+                "the merge reuses the stages");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const auto addr = [](const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); };
+  const unsigned bars = addr(smem);
+  const auto full = [=](int s) { return bars + 8 * s; };
+  const auto empty = [=](int s) { return bars + 8 * (STAGES + s); };
+  unsigned char* Qs = smem + 64;
+  unsigned char* stages = Qs + Br * PITCH;  // stage s: K rows at stages + s * stage bytes, V rows after them
+  const unsigned stages_addr = addr(stages);
+  const auto K_at = [=](int s) { return stages_addr + s * dec_pipe_stage_bytes(HEAD_DIM, Bc); };
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const DecBlock blk = dec_block<Br, Bc, CAUSAL>(cache_seqlens, Nq, H, h_per_kv, Nk, num_splits, window_left,
+                                                 window_right);
+  const int b = blk.b, hk = blk.hk, qr0 = blk.qr0, kv_begin = blk.kv_begin, kv_end = blk.kv_end;
+  const int tiles = kv_end > kv_begin ? (kv_end - kv_begin + Bc - 1) / Bc : 0;
+
+  // Q, all threads, 16 bytes each (zeros for rows past the block's); the barriers, thread 0.
+  for (int i = tid; i < Br * HEAD_DIM / 8; i += 32 * (DEC_CONSUMERS + PRODUCERS)) {
+    const int r = i / (HEAD_DIM / 8), c = i % (HEAD_DIM / 8), qr = qr0 + r;
+    const bool ok = r < blk.rows;
+    const T* src = q + b * q_sb + (ok ? (qr % Nq) * q_sn + (hk * h_per_kv + qr / Nq) * q_sh + c * 8 : 0);
+    cp_async_16(Qs + r * PITCH + c * 16, src, ok);
+  }
+  cp_async_commit();
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full(s), COPY == DecCopy::BULK ? 1 : 32 * PRODUCERS);
+      mbar_init(empty(s), DEC_CONSUMERS);
+    }
+    mbar_fence_init();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  if (warp >= DEC_CONSUMERS) {  // the producer warps
+    const int ptid = tid - 32 * DEC_CONSUMERS;
+    const auto kv_row = [=](const T* cache, long long sb, long long sn, long long sh, int j) {
+      if (block_table) {
+        const int page = block_table[b * bt_stride + j / page_size];
+        return cache + page * sb + (j % page_size) * sn + hk * sh;
+      }
+      return cache + b * sb + j * sn + hk * sh;
+    };
+    // Each thread copies ROWS rows (BULK: whole rows; CP_ASYNC: its 16-byte chunk column of them).
+    constexpr int CHUNKS = COPY == DecCopy::BULK ? 1 : HEAD_DIM / 8;      // pieces per row
+    constexpr int ROW_STEP = 32 * PRODUCERS / CHUNKS;                     // rows the threads cover at once
+    constexpr int ROWS = (Bc + ROW_STEP - 1) / ROW_STEP;
+    static_assert(COPY == DecCopy::BULK || (32 * PRODUCERS) % CHUNKS == 0, "whole rows per pass");
+    const int row0 = ptid / CHUNKS, chunk = ptid % CHUNKS;
+    for (int n = 0; n < tiles; ++n) {
+      const int s = n % STAGES, j0 = kv_begin + n * Bc;
+      // Source rows first: the block table's reads overlap the wait for the stage.
+      const T* k_src[ROWS];
+      const T* v_src[ROWS];
+#pragma unroll
+      for (int i = 0; i < ROWS; ++i) {
+        const int j = min(j0 + row0 + ROW_STEP * i, kv_end - 1);  // past kv_end: the last key again
+        k_src[i] = kv_row(k_cache, k_sb, k_sn, k_sh, j) + chunk * 8;
+        v_src[i] = kv_row(v_cache, v_sb, v_sn, v_sh, j) + chunk * 8;
+      }
+      if (n >= STAGES) mbar_wait(empty(s), (n / STAGES + 1) & 1);  // its release number n / STAGES - 1
+      if constexpr (COPY == DecCopy::BULK) {
+        if (ptid == 0) mbar_arrive_expect_tx(full(s), 2 * Bc * HEAD_DIM * 2);
+        __syncwarp();
+      }
+#pragma unroll
+      for (int i = 0; i < ROWS; ++i) {
+        const int r = row0 + ROW_STEP * i;
+        if (r < Bc) {
+          const unsigned k_dst = K_at(s) + r * PITCH + chunk * 16, v_dst = k_dst + Bc * PITCH;
+          if constexpr (COPY == DecCopy::BULK) {
+            bulk_load(k_dst, k_src[i], HEAD_DIM * 2, full(s));
+            bulk_load(v_dst, v_src[i], HEAD_DIM * 2, full(s));
+          } else {
+            cp_async_16_to(k_dst, k_src[i]);
+            cp_async_16_to(v_dst, v_src[i]);
+          }
+        }
+      }
+      if constexpr (COPY == DecCopy::CP_ASYNC) cp_async_mbar_arrive(full(s));
+    }
+    return;
+  }
+
+  // Consumers: warp w takes keys w KEYS .. (w + 1) KEYS - 1 of every tile.
+  const LdsmLane ln = ldsm_lane(lane);  // (a named struct: lambdas cannot capture structured bindings)
+  const int q_r = ln.a_r, q_c = ln.a_c, k_r = ln.b_r, k_c = ln.b_c, v_r = ln.bt_r, v_c = ln.bt_c;
+  const unsigned Q_addr = addr(Qs);
+  constexpr bool Q_IN_REGS = HEAD_DIM <= 64;  // as dec_v1: above, acc's registers need the room
+  unsigned q_regs[Q_IN_REGS ? KSTEPS : 1][4];
+  if constexpr (Q_IN_REGS) {
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) ldmatrix_x4(q_regs[ks], Q_addr + q_r * PITCH + (2 * ks + q_c) * 16);
+  }
+  const auto q_frag = [&](int ks, unsigned (&qa)[4]) {
+    if constexpr (Q_IN_REGS) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qa[i] = q_regs[ks][i];
+    } else {
+      ldmatrix_x4(qa, Q_addr + q_r * PITCH + (2 * ks + q_c) * 16);
+    }
+  };
+  const DecRows rows = dec_rows<CAUSAL>(blk, lane / 4, Nq, h_per_kv, window_left, window_right, alibi_slopes,
+                                        alibi_sb, softmax_scale);
+  const bool variants = softcap > 0.0f || alibi_slopes;
+
+  float acc[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
+  float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF}, l_i[2] = {0.0f, 0.0f};
+  const float scale_log2 = folded_scale_log2(softmax_scale);
+  const int key0 = warp * KEYS;
+
+  for (int n = 0; n < tiles; ++n) {
+    const int s = n % STAGES;
+    mbar_wait(full(s), (n / STAGES) & 1);
+    const unsigned K_addr = K_at(s) + key0 * PITCH, V_addr = K_at(s) + (Bc + key0) * PITCH;
+    dec_tile<T, HEAD_DIM, KEYS>(
+        acc, m_i, l_i, q_frag, [=](int np, int ks) { return K_addr + (16 * np + k_r) * PITCH + (2 * ks + k_c) * 16; },
+        [=](int kk, int dp) { return V_addr + (16 * kk + v_r) * PITCH + (2 * dp + v_c) * 16; }, rows,
+        kv_begin + n * Bc + key0, variants, softmax_scale, softcap, scale_log2);
+    __syncwarp();  // the warp's reads of stage s are done ...
+    if (lane == 0) mbar_arrive(empty(s));  // ... so the producer may refill it
+  }
+
+  // Every tile was waited for by every consumer, so every copy has landed: the stages are free.
+  const auto consumers_sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(32 * DEC_CONSUMERS) : "memory"); };
+  consumers_sync();
+  const int split = blockIdx.x;
+  dec_merge_warps<HEAD_DIM, Br, DEC_CONSUMERS>(
+      reinterpret_cast<float*>(stages), acc, m_i, l_i, blk.rows, o_part, lse_part,
+      [=](int r) { return blk.part_row(r, split, B, H, h_per_kv, Nq); }, consumers_sync);
+}
+
+}  // namespace tileattn
