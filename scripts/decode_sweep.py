@@ -1,0 +1,30 @@
+"""One decode shape (issue 12's: bf16, B=16, 32 query heads over 8 K/V heads, one token, 16,384
+cached keys, D=128) across the pipelined rungs' tile (Bc) and the number of splits, beside cuDNN
+in the same run: which of the heuristic's choices and the registered tiles are worth changing.
+Prints a table; writes nothing.  Run on a GPU: python scripts/decode_sweep.py"""
+
+import dataclasses
+
+import torch
+from triton.testing import do_bench
+
+from tileattn import api, serving, versions
+from tileattn.bench import _peer_fn
+
+B, H, H_kv, Nk, D = 16, 32, 8, 16384, 128
+gen = torch.Generator(device="cuda").manual_seed(0)
+q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+gbytes = B * Nk * H_kv * D * 4 / 1e9
+ms = do_bench(_peer_fn("sdpa_cudnn", q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False), rep=200)
+print(f"sdpa_cudnn: {ms:.3f} ms {gbytes / ms:.2f} TB/s")
+for base in (versions.DEC_V2, versions.DEC_V3):
+    for Bc in (64, 128):
+        entry = dataclasses.replace(base, tiles={D: (16, Bc)})
+        versions.KERNEL_ENTRIES[entry.name] = entry
+        serving.DEC_VERSIONS = tuple(entry if e.name == entry.name else e for e in serving.DEC_VERSIONS)
+        api.entry_kernel.cache_clear()
+        for splits in (0, 1, 2, 3, 4, 6, 8):
+            fn = lambda: serving.flash_attn_with_kvcache(q, k, v, num_splits=splits, version=entry.name)
+            ms = do_bench(fn, rep=200)
+            print(f"{entry.name} Bc={Bc} num_splits={splits or 'auto'}: {ms:.3f} ms {gbytes / ms:.2f} TB/s")
