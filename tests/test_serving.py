@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tileattn import _nvrtc, _params, reference
-from tileattn.serving import flash_attn_with_kvcache, num_splits_heuristic
+from tileattn import flash_attn_with_kvcache
+from tileattn.serving import num_splits_heuristic
 from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_VERSIONS
 
 INSTANCES = [

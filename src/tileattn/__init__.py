@@ -2,7 +2,15 @@
 
 from . import backward  # noqa: F401  (registers tileattn::fwd's autograd formula)
 from .api import backward_head_dims, flash_attn_func, scaled_dot_product_attention
+from .serving import flash_attn_with_kvcache
 from .versions import BWD_VERSIONS, VERSIONS
 
-__all__ = ["flash_attn_func", "scaled_dot_product_attention", "backward_head_dims", "VERSIONS", "BWD_VERSIONS"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_with_kvcache",
+    "scaled_dot_product_attention",
+    "backward_head_dims",
+    "VERSIONS",
+    "BWD_VERSIONS",
+]
 __version__ = "0.1.0"
