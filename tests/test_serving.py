@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tileattn import _nvrtc, _params, reference
-from tileattn import flash_attn_with_kvcache
+from tileattn import _nvrtc, _params, flash_attn_with_kvcache, reference
 from tileattn.serving import num_splits_heuristic
 from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_VERSIONS
 
