@@ -2,11 +2,12 @@
 
 from . import backward  # noqa: F401  (registers tileattn::fwd's autograd formula)
 from .api import backward_head_dims, flash_attn_func, scaled_dot_product_attention
-from .serving import flash_attn_with_kvcache
+from .serving import flash_attn_varlen_func, flash_attn_with_kvcache
 from .versions import BWD_VERSIONS, VERSIONS
 
 __all__ = [
     "flash_attn_func",
+    "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "scaled_dot_product_attention",
     "backward_head_dims",

@@ -175,7 +175,7 @@ def cmd_compile(args) -> int:
     return 0
 
 
-_SPECIAL_SUITES = ("story", "overhead", "hf", "bwd", "decode")
+_SPECIAL_SUITES = ("story", "overhead", "hf", "bwd", "decode", "varlen")
 
 
 def _narrow(cases, args) -> list:
@@ -225,6 +225,7 @@ def cmd_bench(args) -> int:
                     "story": bench.story_steps,
                     "bwd": lambda: bench.bwd_steps(bwd_cases),
                     "decode": bench.decode_steps,
+                    "varlen": lambda: 2 * (1 + len(bench.VARLEN_PEERS)),
                 }.get(suite_name, lambda: None)(),
                 desc=f"bench {suite_name}",
                 file=sys.stderr,
@@ -235,6 +236,7 @@ def cmd_bench(args) -> int:
                     "hf": bench.hf_prefill,
                     "bwd": lambda: bench.backward_suite(bwd_cases, progress=bar.update),
                     "decode": lambda: bench.decode_suite(progress=bar.update),
+                    "varlen": lambda: bench.varlen_suite(progress=bar.update),
                 }[suite_name]()
             if suite_name == "story":
                 bench.add_ratios(rows)

@@ -59,6 +59,7 @@ FWD_ROOM: list[tuple[str, str, object]] = [
     ("window_left", "i", -1),
     ("window_right", "i", -1),
     ("softcap", "f", 0.0),
+    ("bottom_right", "i", 0),
 ]
 FWD_FIELDS = FWD_ARGS + [(name, code) for name, code, _ in FWD_ROOM]
 TMA_MAPS_BYTES = 6 * 128  # TmaMaps: q, k, v with 64-column boxes, then with the narrow last panel's box

@@ -282,7 +282,7 @@ def add_ratios(rows: list[dict]) -> None:
                 r[f"vs_{p['impl']}"] = p["ms"] / r["ms"]
 
 
-_NO_CHART = ("overhead", "hf")  # suites whose table says it all
+_NO_CHART = ("overhead", "hf", "varlen")  # suites whose table says it all
 
 
 def save(result: dict, out: Path) -> Path | None:
@@ -834,6 +834,107 @@ def decode_chart(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+# ---- packed documents (issue 12, variable-length batches) ------------------------------------
+
+# 16 documents of 256..8192 tokens (log-uniform, fixed seed) packed into one tensor, bf16, H=16,
+# causal within each document; D = 64 and 128.
+VARLEN_DOCS = 16
+VARLEN_PEERS = ("varlen_attn", "flex_document_mask")
+
+
+def _document_lengths(n=VARLEN_DOCS, lo=256, hi=8192, seed=0) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return [int(lo * (hi / lo) ** u) for u in torch.rand(n, generator=gen).tolist()]
+
+
+def _varlen_peer(name: str, q, k, v, cu, max_len: int, lens: list[int]):
+    import inspect
+
+    if name == "varlen_attn":
+        from torch.nn.attention.varlen import varlen_attn
+
+        params = inspect.signature(varlen_attn).parameters  # is_causal in 2.9; a window from 2.10 on
+        kw = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+        return lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    doc = torch.repeat_interleave(torch.arange(len(lens), device=q.device), torch.tensor(lens, device=q.device))
+    total = q.shape[0]
+    mask = create_block_mask(lambda b, h, i, j: (doc[i] == doc[j]) & (j <= i), None, None, total, total)
+    torch._dynamo.reset()
+    flex = torch.compile(flex_attention, dynamic=False)
+    qt, kt, vt = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, H, total, D)
+    return lambda: flex(qt, kt, vt, block_mask=mask)
+
+
+def varlen_suite(progress=None) -> list[dict]:
+    """flash_attn_varlen_func over packed documents beside torch.nn.attention.varlen.varlen_attn
+    (FA2's varlen kernel) and FlexAttention with a document mask, in the same run.  TFLOP/s counts
+    each document's own causal work: sum of 2 H D L^2 (4 H L^2 D halved).  rel_err: O against
+    float64 on the first two documents."""
+    from .reference import attention_varlen
+    from .serving import flash_attn_varlen_func
+
+    lens, H, dt = _document_lengths(), 16, torch.bfloat16
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    rows = []
+    for D in (64, 128):
+        gen = torch.Generator(device="cuda").manual_seed(D)
+        q, k, v = (torch.randn(sum(lens), H, D, device="cuda", dtype=dt, generator=gen) for _ in range(3))
+        flops = sum(2 * H * D * n * n for n in lens)
+        impls = {"tileattn": lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)}
+        for name in VARLEN_PEERS:
+            try:
+                impls[name] = _varlen_peer(name, q, k, v, cu, max(lens), lens)
+            except Exception as e:  # a peer missing from this torch: record why
+                rows.append(dict(impl=name, docs=len(lens), H=H, D=D, ms=None, error=f"{type(e).__name__}: {e}"[:200]))
+        for name, fn in impls.items():
+            base = dict(impl=name, docs=len(lens), tokens=sum(lens), H=H, D=D, dtype="bfloat16", causal=True)
+            try:
+                out = fn()
+                err = None
+                if name == "tileattn":
+                    two = cu[2].item()
+                    as_np = lambda t: t[:two].double().cpu().numpy()
+                    ref, _ = attention_varlen(as_np(q), as_np(k), as_np(v), cu[:3].tolist(), cu[:3].tolist(),
+                                              causal=True)  # fmt: skip
+                    ref = torch.from_numpy(ref)
+                    err = ((out[:two].double().cpu() - ref).norm() / ref.norm()).item()
+                ms = _time(fn)
+                rows.append(dict(**base, ms=ms, tflops=flops / ms / 1e9, rel_err=err))
+            except Exception as e:
+                rows.append(dict(**base, ms=None, tflops=None, error=f"{type(e).__name__}: {e}"[:200]))
+            if progress:
+                progress()
+    for r in rows:
+        if r["impl"] == "tileattn" and r.get("ms"):
+            for p in rows:
+                if p["impl"] in VARLEN_PEERS and p["D"] == r["D"] and p.get("ms"):
+                    r[f"vs_{p['impl']}"] = p["ms"] / r["ms"]
+    return rows
+
+
+def varlen_table(result: dict) -> str:
+    lines = [
+        "| impl | documents (tokens) | H | D | ms | TFLOP/s | vs varlen_attn | vs Flex document mask | rel. err |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        head = f"| {r['impl']} | {r['docs']} ({r.get('tokens', '')}) | {r['H']} | {r['D']}"
+        if r.get("ms") is None:
+            lines.append(f"{head} | {r.get('error', '')} | | | | |")
+            continue
+        ratio = lambda key: f"{r[key]:.2f}x" if r.get(key) else ""
+        err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
+        lines.append(
+            f"{head} | {r['ms']:.3f} | {r['tflops']:.0f} | {ratio('vs_varlen_attn')} | "
+            f"{ratio('vs_flex_document_mask')} | {err} |"
+        )
+    lens = _document_lengths()
+    lines.append(f"\nDocument lengths: {', '.join(map(str, lens))} (causal within each).")
+    return "\n".join(lines)
+
+
 # ---- the main job: the whole ladder in about two minutes ----------------------------------------
 
 # (rungs, peers, case): the K/V-outer v1 rungs take seconds per call at N=8192, so they run at
@@ -894,6 +995,8 @@ def result_table(result: dict) -> str:
         return hf_table(result)
     if suite == "decode":
         return decode_table(result)
+    if suite == "varlen":
+        return varlen_table(result)
     if suite == "bwd":
         return bwd_table(result) + "\n\n" + "\n".join(f"- {line}" for line in bwd_summary(result["rows"]).splitlines())
     table = markdown_table(result)

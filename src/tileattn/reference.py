@@ -281,7 +281,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)
     for b in range(len(cu_seqlens_q) - 1):
         qs, qe, ks, ke = cu_seqlens_q[b], cu_seqlens_q[b + 1], cu_seqlens_k[b], cu_seqlens_k[b + 1]
-        if qe == qs:
+        if qe == qs or ke == ks:  # no query, or no key: O 0, lse -inf
             continue
         heads = lambda t: t.transpose(1, 0, 2)[None]  # (n, H, D) -> (1, H, n, D)
         o, l = attention_serving(heads(q[qs:qe]), heads(k[ks:ke]), heads(v[ks:ke]), **kwargs)

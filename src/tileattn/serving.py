@@ -304,3 +304,158 @@ def _decode(entry, dtype, q, k_cache, v_cache, seqlens, block_table, Nk, page_si
         combine = api.entry_kernel(DEC_COMBINE.name, dtype, D, False, device_index)
         combine.launch(stream, -(-B * H * Nq // DEC_COMBINE_ROWS), 1, args)
     return (out, lse) if return_lse else out
+
+
+# ---- variable-length batches -------------------------------------------------------------------
+
+_VARLEN = "v3.3"  # the rung that reads cu_seqlens (csrc/common.cuh); Hopper only for now
+
+
+@functools.cache
+def _varlen_kernel(dtype: str, D: int, causal: bool, device_index: int):
+    """v3.3 loaded with every forward field packed per call (the room fields included)."""
+    from . import _nvrtc, _params
+    from .versions import VERSIONS
+
+    entry = VERSIONS[_VARLEN]
+    cc = _nvrtc.device_arch(device_index)
+    arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
+    kern = api.load_kernel(
+        f"{_VARLEN} (variable-length) at head dim {D}",
+        entry.file,
+        entry.name_expression(dtype, D, causal, cc[0] * 10 + cc[1]),
+        arch,
+        device_index,
+        True,
+        _params.FWD_FIELDS,
+        [],
+    )
+    return kern, entry.tile(D, cc[0] * 10 + cc[1])
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes=None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+):
+    """Attention over a batch of sequences of different lengths packed into one tensor,
+    flash-attn's ``flash_attn_varlen_func``.
+
+    Args:
+        q: (total_q, H, D); k, v: (total_k, H_kv, D), H a multiple of H_kv (GQA/MQA); fp16 or
+            bf16 on one CUDA device, contiguous head dim.
+        cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 row offsets: sequence b is rows
+            cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (of k, v: cu_seqlens_k); lengths may
+            differ between q and k and may be 0.
+        max_seqlen_q, max_seqlen_k: the longest sequences (the grid; no host sync reads the
+            offsets).
+        causal: True (bottom-right per sequence, flash-attn's convention), "top_left" or
+            "bottom_right".
+        return_lse: also return the float32 log-sum-exp, (H, total_q); -inf for a row with no key.
+
+    Runs on Hopper (sm_90) at head dims 64, 128, 192 and 256 (the v3.3 rung); dropout, a window,
+    softcap and ALiBi raise NotImplementedError here (flash_attn_with_kvcache has the last three).
+    Not differentiable yet: an input that requires grad while grad mode is on raises.
+    Rows of q past cu_seqlens_q[-1] have unspecified output; the offsets' values are not checked
+    (that would need a sync)."""
+    if dropout_p:
+        raise NotImplementedError(f"dropout_p must be 0.0 (tileattn has no dropout), got {dropout_p!r}")
+    if tuple(_window(window_size)) != (-1, -1) or softcap or alibi_slopes is not None:
+        raise NotImplementedError(
+            "window_size, softcap and alibi_slopes are not in the variable-length path yet "
+            "(flash_attn_with_kvcache takes them)"
+        )
+    mode = api._causal_mode(causal, default_true="bottom_right")
+    tensors = (("q", q), ("k", k), ("v", v))
+    for name, t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            _fail(name, "a 3-D (total, heads, head dim) tensor", t)
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
+    for name, t in tensors[1:]:
+        if t.dtype != q.dtype or t.device != q.device:
+            _fail(name, f"a tensor of q's dtype and device ({q.dtype}, {q.device})", t)
+    for name, t in tensors:
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last (head) dim, got strides {t.stride()}")
+    if torch.is_grad_enabled() and any(t.requires_grad for _, t in tensors):
+        raise RuntimeError("flash_attn_varlen_func has no backward yet: call it under torch.no_grad()")
+    total_q, H, D = q.shape
+    total_k, H_kv, Dk = k.shape
+    if v.shape != k.shape:
+        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if Dk != D:
+        raise ValueError(f"q and k must have one head dim, got {D} and {Dk}")
+    if H_kv == 0 or H % H_kv:
+        raise ValueError(f"q's heads ({H}) must be a multiple of k's and v's ({H_kv})")
+    if not isinstance(cu_seqlens_q, torch.Tensor):
+        _fail("cu_seqlens_q", "a 1-D int32 tensor", cu_seqlens_q)
+    _check_index_tensor("cu_seqlens_q", cu_seqlens_q, (None,), q.device)
+    _check_index_tensor("cu_seqlens_k", cu_seqlens_k, (cu_seqlens_q.shape[0],), q.device)
+    if cu_seqlens_q.shape[0] < 1:
+        raise ValueError("cu_seqlens_q must have B + 1 >= 1 entries, got 0")
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {n!r}")
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
+    if q.device.type != "cuda":
+        raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
+    from . import _nvrtc
+    from .versions import VERSIONS
+
+    cc = _nvrtc.device_arch(q.device.index)
+    if not VERSIONS[_VARLEN].runs_on(cc[0] * 10 + cc[1]) or D not in VERSIONS[_VARLEN].head_dims:
+        raise NotImplementedError(
+            f"variable-length batches run on Hopper (sm_90) at head dims {VERSIONS[_VARLEN].head_dims} for now; "
+            f"got sm_{cc[0]}{cc[1]}, head dim {D}"
+        )
+    B = cu_seqlens_q.shape[0] - 1
+    out = torch.empty((total_q, H, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if B == 0 or total_q == 0 or max_seqlen_q == 0:
+        return (out, lse) if return_lse else out
+    if total_k == 0 or max_seqlen_k == 0:  # no key anywhere: O = 0, lse -inf
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return (out, lse) if return_lse else out
+    if scale < 0:  # the kernels fold a scale >= 0 into the exponent (softmax.cuh): negate q instead
+        q, scale = -q, -scale
+    q, k, v = (
+        t if api._rows_aligned(t, (0, *t.stride()[:2])) else t.clone(memory_format=torch.contiguous_format)
+        for t in (q, k, v)
+    )
+
+    dtype = api._DTYPES[q.dtype]
+    kern, (Br, Bc) = _varlen_kernel(dtype, D, mode is not None, q.device.index)
+    layouts = [
+        ((1, heads, total, D), (total * t.stride(0), t.stride(1), t.stride(0)))
+        for t, heads, total in ((q, H, total_q), (k, H_kv, total_k), (v, H_kv, total_k))
+    ]
+    maps = api._tensor_maps(q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc)
+    strides = [(0, t.stride(1), t.stride(0)) for t in (q, k, v, out)]
+    stream = api._current_stream(q.device.index)
+    BH, Tr = B * H, -(-max_seqlen_q // Br)
+    for off in range(0, BH, api._GRID_Y_MAX):
+        args = [
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0,
+            total_q, total_k, H, H // H_kv, *(x for s in strides for x in s), scale, 0, off,
+            cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), 0, 0, 0, 0, -1, -1, 0.0, int(mode == "bottom_right"),
+        ]  # fmt: skip
+        kern.layout.pack(kern.params.buf, 0, *args)
+        api._TMA_PACK(kern.params.buf, kern.layout.tma_offset, maps)
+        _nvrtc.launch(kern.function, kern.context, stream, Tr, min(api._GRID_Y_MAX, BH - off), kern.threads,
+                      kern.smem, kern.params.extra_addr)  # fmt: skip
+    return (out, lse) if return_lse else out

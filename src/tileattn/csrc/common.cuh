@@ -41,7 +41,11 @@ struct alignas(64) TmaMaps {
 // lse may be null: the caller did not ask for the log-sum-exp, and no rung stores it then.
 // The fields after bh_offset are the room the next features grow into (variable-length batches,
 // paged KV caches, sliding windows, softcapping): the host sets them to their "off" values
-// (null / 0 / -1), and no forward rung reads them yet.
+// (null / 0 / -1).  Variable-length batches (cu_seqlens_q non-null; v3.3 reads them): q, k, v, o
+// are packed (total, H, D) with batch strides 0, sequence b owns rows cu_seqlens_q[b] ..
+// cu_seqlens_q[b + 1] - 1 of q and o (of k, v: cu_seqlens_k), Nq and Nk are the packed totals,
+// lse is (H, total_q), and the causal offset is per sequence: Nk_b - Nq_b when bottom_right, else
+// causal_offset.
 #define TILEATTN_FWD_FIELDS(X, SEP)                                                        \
   X(const T* __restrict__, q) SEP X(const T* __restrict__, k) SEP X(const T* __restrict__, v) SEP \
   X(T* __restrict__, o) SEP X(float* __restrict__, lse) SEP X(float* __restrict__, workspace) SEP \
@@ -58,7 +62,8 @@ struct alignas(64) TmaMaps {
   X(const int* __restrict__, page_table) SEP     /* [B][pages], paged KV cache */           \
   X(const long long, page_table_stride) SEP X(const int, page_size) SEP                    \
   X(const int, window_left) SEP X(const int, window_right) SEP /* -1: unbounded */         \
-  X(const float, softcap)                        /* tanh soft-capping of scores, 0: off */
+  X(const float, softcap) SEP                    /* tanh soft-capping of scores, 0: off */   \
+  X(const int, bottom_right)                     /* variable-length: causal offset Nk_b - Nq_b */
 
 #define TILEATTN_COMMA_ ,
 #define TILEATTN_SEMI_ ;

@@ -22,6 +22,9 @@
 // Head dims 64, 128, 192 and 256 (whole 64-column panels); Br = 128, Bc = 128 up to D = 128 (160 KB
 // of shared memory at D = 128) and 64 above (O takes 96-128 registers a thread; 192 KB at D = 256).
 // Other head dims run v3.2 (up to 128) or v3.1.
+// Variable-length batches (flash_attn_varlen_func): the same kernel with cu_seqlens (common.cuh);
+// grid (Q blocks of the longest sequence, sequences x heads), blocks past a sequence's end exit,
+// and the copy engine reads each sequence's rows of the packed tensors from its offset.
 #include "common.cuh"
 #include "mma.cuh"  // pack2, mbarriers, tma_load_4d
 #include "wgmma.cuh"
@@ -54,21 +57,35 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
   __syncthreads();
 
   const int bh = blockIdx.y + bh_offset;
+  const int b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
+  // This block's sequence: the whole (b_, h_) slice, or (variable-length batches, common.cuh)
+  // rows q0 .. q0 + seq_q - 1 of packed q and k0 .. k0 + seq_k - 1 of packed k, v.  Tiles
+  // reaching past a sequence's end read the next sequence's rows (or the copy engine's zeros past
+  // the tensor): keys there are masked like keys past Nk, query rows there are not stored.
+  int q0 = 0, k0 = 0, seq_q = Nq, seq_k = Nk, offset = causal_offset;
+  if (cu_seqlens_q) {
+    q0 = cu_seqlens_q[b_];
+    k0 = cu_seqlens_k[b_];
+    seq_q = cu_seqlens_q[b_ + 1] - q0;
+    seq_k = cu_seqlens_k[b_ + 1] - k0;
+    if (bottom_right) offset = seq_k - seq_q;
+  }
   const int q_start = q_block<CAUSAL>() * Br;
-  const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
+  if (q_start >= seq_q) return;  // a Q block past a short sequence (the grid covers the longest)
+  const int kv_limit = CAUSAL ? min(seq_k, max(0, q_start + Br + offset)) : seq_k;
   const int Tc = (kv_limit + Bc - 1) / Bc;
+  const int tma_b = cu_seqlens_q ? 0 : b_;  // packed tensors are one "batch" to the copy engine
 
   if (threadIdx.x < V3_3_WG) {
     // ---------------- producer: one thread issues every copy ----------------
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
-    const int b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
-    tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q, bars.q, Br, q_start, h_, b_);  // maps: q, k, v
+    tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q, bars.q, Br, q0 + q_start, h_, tma_b);  // maps: q, k, v
     for (int j = 0; j < Tc; ++j) {
       bars.wait_k_empty(j);
-      tma_tile_load<HEAD_DIM>(&tmaps, 1, s_k(j % STAGES), bars.k_full(j), Bc, j * Bc, hk_, b_);
+      tma_tile_load<HEAD_DIM>(&tmaps, 1, s_k(j % STAGES), bars.k_full(j), Bc, k0 + j * Bc, hk_, tma_b);
       bars.wait_v_empty(j);
-      tma_tile_load<HEAD_DIM>(&tmaps, 2, s_v(j % STAGES), bars.v_full(j), Bc, j * Bc, hk_, b_);
+      tma_tile_load<HEAD_DIM>(&tmaps, 2, s_v(j % STAGES), bars.v_full(j), Bc, k0 + j * Bc, hk_, tma_b);
     }
     return;
   }
@@ -119,8 +136,8 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
   // Online softmax of block j's scores, in place (mask, new row max, S = exp2(S * scale - m)).
   float scale_old[2];
   auto softmax = [&](float (&S)[NS], int j) {
-    fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, j * Bc, Bc, q_start, row_a, t, Nk,
-                                    causal_offset);
+    fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, j * Bc, Bc, q_start, row_a, t, seq_k,
+                                    offset);
   };
   // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
   // the even tile are a0 / a1, of the odd tile a2 / a3), and O rebased to the new row max.
@@ -171,7 +188,9 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
     mbar_arrive(bars.v_empty(Tc - 1));
   }
 
-  fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, Nq, hs.o, o_sn, lse ? hs.lse : nullptr);
+  // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
+  float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
+  fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
 #endif
 }
 

@@ -1,0 +1,125 @@
+"""flash_attn_varlen_func (serving.py; v3.3 reading cu_seqlens, csrc/common.cuh): bad input
+raises naming the argument (CPU); packed sequences of awkward and zero lengths, Nq != Nk per
+sequence, GQA, both causal alignments, strided and negatively scaled inputs and B*H past
+gridDim.y against the float64 reference per sequence (GPU)."""
+
+import numpy as np
+import pytest
+import torch
+
+from tileattn import flash_attn_varlen_func, reference
+
+
+def _cpu(total=10, H=4, H_kv=2, D=64):
+    q = torch.zeros(total, H, D, dtype=torch.float16)
+    k = torch.zeros(total, H_kv, D, dtype=torch.float16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    return dict(q=q, k=k, v=k.clone(), cu_seqlens_q=cu, cu_seqlens_k=cu.clone(), max_seqlen_q=6, max_seqlen_k=6)
+
+
+BAD_INPUT = [
+    (dict(dropout_p=0.1), NotImplementedError, "dropout_p must be 0.0"),
+    (dict(window_size=(4, 0)), NotImplementedError, "not in the variable-length path yet"),
+    (dict(softcap=1.0), NotImplementedError, "not in the variable-length path yet"),
+    (dict(q=torch.zeros(10, 4, 64)), TypeError, "q must be float16 or bfloat16"),
+    (dict(q=torch.zeros(1, 10, 4, 64, dtype=torch.float16)), ValueError, "q must be a 3-D"),
+    (dict(v=torch.zeros(10, 2, 64, dtype=torch.bfloat16)), ValueError, "v must be a tensor of q's dtype"),
+    (dict(v=torch.zeros(9, 2, 64, dtype=torch.float16)), ValueError, "k and v must have one shape"),
+    (dict(q=torch.zeros(10, 3, 64, dtype=torch.float16)), ValueError, r"multiple of k's and v's \(2\)"),
+    (dict(cu_seqlens_q=torch.tensor([0, 4, 10])), ValueError, "cu_seqlens_q must be a 1-D int32"),
+    (dict(cu_seqlens_k=torch.tensor([0, 10], dtype=torch.int32)), ValueError, r"cu_seqlens_k must have shape \(3\)"),
+    (dict(max_seqlen_q=-1), ValueError, "max_seqlen_q must be an int >= 0"),
+    (dict(causal="diagonal"), ValueError, "causal must be a bool or one of"),
+    (dict(), ValueError, "must be CUDA tensors"),
+]
+
+
+@pytest.mark.parametrize("change,error,match", BAD_INPUT)
+def test_varlen_bad_input_names_the_argument(change, error, match):
+    kwargs = _cpu()
+    kwargs.update(change)
+    with pytest.raises(error, match=match):
+        flash_attn_varlen_func(**kwargs)
+
+
+def test_varlen_refuses_inputs_that_require_grad():
+    kwargs = _cpu()
+    kwargs["q"].requires_grad_()
+    with pytest.raises(RuntimeError, match="has no backward yet"):
+        flash_attn_varlen_func(**kwargs)
+
+
+def _packed(lens, H, D, dtype, gen, extra_heads=0):
+    """(total, H, D) rows of all sequences, as a view of a wider buffer when extra_heads > 0."""
+    buf = torch.randn(sum(lens), H + extra_heads, D, device="cuda", dtype=dtype, generator=gen)
+    return buf[:, :H]
+
+
+def _cu(lens):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("H,H_kv", [(8, 8), (8, 2)])
+def test_varlen_matches_float64(dtype, D, causal, H, H_kv):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("variable-length batches run on Hopper for now")
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    lens_q = [0, 1, 17, 128, 129, 300, 1000, 5]
+    lens_k = [3, 1, 40, 128, 100, 300, 1100, 0]  # Nq != Nk both ways, a sequence with no key
+    q = _packed(lens_q, H, D, dtype, gen, extra_heads=2)  # strided: a view of a wider buffer
+    k, v = (_packed(lens_k, H_kv, D, dtype, gen) for _ in range(2))
+    out, lse = flash_attn_varlen_func(
+        q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k), causal=causal, return_lse=True
+    )
+    if causal == "top_left":
+        o_ref, lse_ref = _top_left(q, k, v, lens_q, lens_k, D**-0.5)
+    else:
+        as_np = lambda t: t.double().cpu().numpy()
+        o_ref, lse_ref = reference.attention_varlen(
+            as_np(q), as_np(k), as_np(v), _cu(lens_q).tolist(), _cu(lens_k).tolist(), softmax_scale=D**-0.5,
+            causal=causal == "bottom_right",
+        )  # fmt: skip
+    o_ref, lse_ref = torch.from_numpy(np.asarray(o_ref)), torch.from_numpy(np.asarray(lse_ref))
+    assert not out.isnan().any()
+    err = ((out.double().cpu() - o_ref).norm() / o_ref.norm()).item()
+    assert err < (1e-2 if dtype == torch.bfloat16 else 2e-3), err
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    torch.testing.assert_close(lse.cpu()[finite].double(), lse_ref[finite], rtol=1e-4, atol=1e-4)
+
+
+def _top_left(q, k, v, lens_q, lens_k, scale):
+    """float64 top-left causal per sequence (reference.attention_naive; its causal takes the mode)."""
+    O = np.zeros(q.shape)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    cq, ck = np.cumsum([0, *lens_q]), np.cumsum([0, *lens_k])
+    for b in range(len(lens_q)):
+        if lens_q[b] == 0 or lens_k[b] == 0:
+            continue
+        heads = lambda t, s, e: t[s:e].double().cpu().numpy().transpose(1, 0, 2)[None]
+        o, l = reference.attention_naive(
+            heads(q, cq[b], cq[b + 1]), heads(k, ck[b], ck[b + 1]), heads(v, ck[b], ck[b + 1]), scale, "top_left"
+        )
+        O[cq[b] : cq[b + 1]] = o[0].transpose(1, 0, 2)
+        lse[:, cq[b] : cq[b + 1]] = l[0]
+    return O, lse
+
+
+@pytest.mark.gpu
+def test_varlen_awkward():
+    """A negative scale, and B*H = 65,600 (the heads of 4,100 one-token sequences) in two launches."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("variable-length batches run on Hopper for now")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    B, H, D = 4100, 16, 64
+    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(2 * B, 4, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    cu_q = torch.arange(B + 1, device="cuda", dtype=torch.int32)
+    out = flash_attn_varlen_func(q, k, v, cu_q, 2 * cu_q, 1, 2, softmax_scale=-0.2, causal=True)
+    kk, vv = (t.view(B, 2, 4, D).repeat_interleave(4, dim=2).float() for t in (k, v))  # (B, 2, H, D)
+    P = torch.softmax(torch.einsum("bhd,bjhd->bhj", q.float(), kk) * -0.2, dim=-1)
+    torch.testing.assert_close(out.float(), torch.einsum("bhj,bjhd->bhd", P, vv), rtol=2e-2, atol=2e-2)
