@@ -282,7 +282,7 @@ def add_ratios(rows: list[dict]) -> None:
                 r[f"vs_{p['impl']}"] = p["ms"] / r["ms"]
 
 
-_NO_CHART = ("overhead", "hf", "varlen")  # suites whose table says it all
+_NO_CHART = ("overhead", "hf")  # suites whose table says it all
 
 
 def save(result: dict, out: Path) -> Path | None:
@@ -294,7 +294,7 @@ def save(result: dict, out: Path) -> Path | None:
     if result.get("suite") in _NO_CHART:
         return None
     chart = out.with_suffix(".png")
-    {"bwd": bwd_chart, "decode": decode_chart}.get(result.get("suite"), _chart)(result, chart)
+    {"bwd": bwd_chart, "decode": decode_chart, "varlen": varlen_chart}.get(result.get("suite"), _chart)(result, chart)
     return chart
 
 
@@ -933,6 +933,32 @@ def varlen_table(result: dict) -> str:
     lens = _document_lengths()
     lines.append(f"\nDocument lengths: {', '.join(map(str, lens))} (causal within each).")
     return "\n".join(lines)
+
+
+def varlen_chart(result: dict, path: Path) -> None:
+    """TFLOP/s of the packed-documents case per head dim, tileattn beside the peers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r.get("tflops")]
+    dims = sorted({r["D"] for r in rows})
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(impls)
+    for i, name in enumerate(impls):
+        vals = [next((r["tflops"] for r in rows if r["D"] == d and r["impl"] == name), 0) for d in dims]
+        bars = ax.bar([x + i * width for x in range(len(dims))], vals, width, label=name)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(dims))])
+    ax.set_xticklabels([f"D={d}" for d in dims])
+    ax.set_ylabel("TFLOP/s (each document's causal work)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{VARLEN_DOCS} packed documents, bf16 H=16, {result['gpu']} ({result['commit']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # ---- the main job: the whole ladder in about two minutes ----------------------------------------
