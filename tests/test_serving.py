@@ -88,6 +88,13 @@ BAD_INPUT = [
     (lambda q, k, v: dict(alibi_slopes=torch.zeros(3)), ValueError, r"alibi_slopes must be a float32 tensor of shape"),
     (lambda q, k, v: dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be"),
     (lambda q, k, v: dict(num_splits=-1), ValueError, "num_splits must be an int >= 0"),
+    (lambda q, k, v: dict(cache_seqlens=41), ValueError, r"cache_seqlens must be in \[0, 40\]"),
+    (lambda q, k, v: dict(k=k[:, :2], v=v[:, :2], cache_seqlens=39), ValueError, r"must be in \[0, 38\]"),
+    (
+        lambda q, k, v: dict(cache_seqlens=torch.zeros(2, 2, dtype=torch.int32)[:, 0]),
+        ValueError,
+        "cache_seqlens must be contiguous",
+    ),
     (lambda q, k, v: dict(softmax_scale=float("inf")), ValueError, "softmax_scale must be finite"),
     (lambda q, k, v: dict(), ValueError, "must be CUDA tensors"),
 ]
@@ -207,6 +214,8 @@ VARIANTS = [
     dict(softcap=2.0),
     dict(alibi="per_head"),
     dict(alibi="per_batch", softcap=5.0, window=(200, -1)),
+    dict(window=(-1, 2**31 - 1)),  # as wide as it gets: no window (and no int32 overflow)
+    dict(softcap=2.0, alibi="per_head", scale=0.0),  # the variants at scale 0 (no division by it)
 ]
 
 
@@ -231,11 +240,12 @@ def test_variants_match_float64(version, causal, variant, page_size):
         "per_batch": torch.rand(B, H, device="cuda", generator=gen) * 0.1,
     }[variant.get("alibi")]
     window, softcap = variant.get("window", (-1, -1)), variant.get("softcap", 0.0)
+    scale = variant.get("scale", D**-0.5)
     out, lse = flash_attn_with_kvcache(
-        q, k_cache, v_cache, None, None, seqlens, block_table, causal=causal, window_size=window, softcap=softcap,
-        alibi_slopes=alibi, num_splits=3, return_lse=True, version=version,
+        q, k_cache, v_cache, None, None, seqlens, block_table, softmax_scale=scale, causal=causal,
+        window_size=window, softcap=softcap, alibi_slopes=alibi, num_splits=3, return_lse=True, version=version,
     )  # fmt: skip
-    expected = _expected(q, k_seqs, v_seqs, D**-0.5, causal, window=window, softcap=softcap, alibi_slopes=alibi)
+    expected = _expected(q, k_seqs, v_seqs, scale, causal, window=window, softcap=softcap, alibi_slopes=alibi)
     assert_serving_output(out, lse, *expected, dtype)
 
 

@@ -72,7 +72,9 @@ def test_varlen_matches_float64(dtype, D, causal, H, H_kv):
     lens_q = [0, 1, 17, 128, 129, 300, 1000, 5]
     lens_k = [3, 1, 40, 128, 100, 300, 1100, 0]  # Nq != Nk both ways, a sequence with no key
     q = _packed(lens_q, H, D, dtype, gen, extra_heads=2)  # strided: a view of a wider buffer
-    k, v = (_packed(lens_k, H_kv, D, dtype, gen) for _ in range(2))
+    # k, v with 37 rows of NaN past the last sequence (a preallocated buffer's unused tail)
+    k, v = (torch.cat([_packed(lens_k, H_kv, D, dtype, gen), torch.full((37, H_kv, D), float("nan"), device="cuda",
+                                                                        dtype=dtype)]) for _ in range(2))  # fmt: skip
     out, lse = flash_attn_varlen_func(
         q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k), causal=causal, return_lse=True
     )
@@ -80,9 +82,10 @@ def test_varlen_matches_float64(dtype, D, causal, H, H_kv):
         o_ref, lse_ref = _top_left(q, k, v, lens_q, lens_k, D**-0.5)
     else:
         as_np = lambda t: t.double().cpu().numpy()
+        used = sum(lens_k)
         o_ref, lse_ref = reference.attention_varlen(
-            as_np(q), as_np(k), as_np(v), _cu(lens_q).tolist(), _cu(lens_k).tolist(), softmax_scale=D**-0.5,
-            causal=causal == "bottom_right",
+            as_np(q), as_np(k[:used]), as_np(v[:used]), _cu(lens_q).tolist(), _cu(lens_k).tolist(),
+            softmax_scale=D**-0.5, causal=causal == "bottom_right",
         )  # fmt: skip
     o_ref, lse_ref = torch.from_numpy(np.asarray(o_ref)), torch.from_numpy(np.asarray(lse_ref))
     assert_serving_output(out, lse, o_ref, lse_ref, dtype)

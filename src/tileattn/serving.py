@@ -83,6 +83,8 @@ def _check_index_tensor(name: str, t, shape: tuple, device) -> None:
     if any(want is not None and got != want for got, want in zip(t.shape, shape)):
         want = ", ".join("*" if w is None else str(w) for w in shape)
         raise ValueError(f"{name} must have shape ({want}), got {tuple(t.shape)}")
+    if t.stride(-1) != 1:  # the kernels index it as contiguous
+        raise ValueError(f"{name} must be contiguous along its last dim, got strides {t.stride()}")
 
 
 def _window(window_size) -> tuple[int, int]:
@@ -187,7 +189,10 @@ def flash_attn_with_kvcache(
         if k_cache.shape[0] != B:
             raise ValueError(f"a contiguous cache must have B={B} sequences, got {k_cache.shape[0]}")
         Nk, page_size = rows, 0
+    Nnew = 0 if k is None else k.shape[1]
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if not 0 <= cache_seqlens <= Nk - Nnew:  # (a host int: checked, unlike a tensor's values)
+            raise ValueError(f"cache_seqlens must be in [0, {Nk - Nnew}] (the cache's {Nk} rows), got {cache_seqlens}")
         cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
     _check_index_tensor("cache_seqlens", cache_seqlens, (B,), q.device)
     if cache_seqlens is None and (paged or k is not None):
@@ -195,6 +200,8 @@ def flash_attn_with_kvcache(
     left, right = _window(window_size)
     if causal:
         right = 0
+    # A window as wide as the cache is no window (and keeps the kernels' bounds inside int32).
+    left, right = (-1 if w >= Nk + Nq else w for w in (left, right))
     softcap = float(softcap)
     if not softcap >= 0.0 or math.isinf(softcap):
         raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap!r}")
@@ -226,6 +233,14 @@ def flash_attn_with_kvcache(
         raise ValueError("k_cache and v_cache rows must start on 16-byte boundaries (a copy would lose the append)")
     if not api._rows_aligned(q, q.stride()[:3]):  # a view at an odd offset: its copy is aligned
         q = q.clone(memory_format=torch.contiguous_format)
+    # Everything that can still raise, before the append writes into the caller's cache.
+    row_blocks = -(-(H // H_kv) * Nq // entry.tiles[D][0])
+    if H_kv * row_blocks > api._GRID_Y_MAX:
+        raise ValueError(
+            f"H_kv * ceil(H / H_kv * Nq / 16) = {H_kv * row_blocks} is above 65535: Nq={Nq} query tokens are a "
+            "prompt, not a decode step (flash_attn_func takes those)"
+        )
+    api.entry_kernel(entry.name, dtype, D, bool(causal), q.device.index)  # compiled and loaded (cached)
     seqlens = cache_seqlens
     if k is not None and k.shape[1]:
         seqlens = _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size)
@@ -257,11 +272,6 @@ def _decode(entry, dtype, q, k_cache, v_cache, seqlens, block_table, Nk, page_si
     Br, Bc = entry.tiles[D]
     row_blocks = -(-(H // H_kv) * Nq // Br)
     blocks = B * H_kv * row_blocks
-    if H_kv * row_blocks > api._GRID_Y_MAX:
-        raise ValueError(
-            f"H_kv * ceil(H / H_kv * Nq / 16) = {H_kv * row_blocks} is above 65535: Nq={Nq} query tokens are a "
-            "prompt, not a decode step (flash_attn_func takes those)"
-        )
     if blocks > api._GRID_Y_MAX:  # gridDim.y's limit: the batch in slices (views), results joined
         step = max(1, api._GRID_Y_MAX // (H_kv * row_blocks))
         parts = []

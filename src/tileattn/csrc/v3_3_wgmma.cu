@@ -182,6 +182,23 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
       to_p_and_rescale(S);
     }
     bars.wait_v_full(Tc - 1);
+    if (cu_seqlens_q) {
+      // Packed sequences: the last tile's rows past the sequence's keys hold the next sequence's
+      // values or whatever the buffer holds past cu_seqlens_k[B] (NaN included); P is 0 there,
+      // but 0 x NaN is NaN, so each consumer warpgroup zeroes those rows of every 64-column
+      // panel (row r: bytes [r 128, r 128 + 128) of its panel) before its P V reads them.  Only
+      // the last tile can reach past the keys; the dense path's copy engine zero-fills instead.
+      const int first = seq_k - (Tc - 1) * Bc;  // rows first .. Bc - 1
+      if (first < Bc) {
+        unsigned char* v_tile = smem + (s_v((Tc - 1) % STAGES) - s_q);
+        for (int i = threadIdx.x % V3_3_WG; i < (HEAD_DIM / 64) * (Bc - first) * 8; i += V3_3_WG) {
+          const int panel = i / ((Bc - first) * 8), chunk = i % ((Bc - first) * 8);
+          *reinterpret_cast<uint4*>(v_tile + panel * Bc * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async_smem();  // the generic-proxy stores, before the tensor core's async-proxy reads
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + cwg), "n"(V3_3_WG) : "memory");  // this warpgroup's stores
+      }
+    }
     issue_pv(Tc - 1);
     wgmma_wait<0>();
     fence_operands(acc);
