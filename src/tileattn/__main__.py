@@ -52,6 +52,13 @@ def cmd_info(args) -> int:
         print(f"  {v.name:8s} {v.kind:5s} {'/'.join(v.dtypes):8s} {v.arch_range()}  {tiles}\n           {v.summary}")
         for arch, over in v.arch_tiles.items():
             print(f"           on sm_{arch}+: " + ", ".join(f"D={d}: Br={br} Bc={bc}" for d, (br, bc) in over.items()))
+    from .versions import KERNEL_ENTRIES
+
+    print("outside the ladder (backward, decode):")
+    for e in KERNEL_ENTRIES.values():
+        if e.summary:
+            dims = ", ".join(map(str, e.head_dims))
+            print(f"  {e.name:8s} {'/'.join(e.dtypes):16s} sm_{e.min_arch}+  D={dims}\n           {e.summary}")
     return 0
 
 
