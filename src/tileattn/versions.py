@@ -384,6 +384,11 @@ DEC_V1 = KernelEntry(
     dtypes=("float16", "bfloat16"),
     summary="split-KV decode: GQA query rows as the MMA's M, keys split over blocks and warps, "
     "merged through lse; paged caches of any page size",
+    # D=64 keeps Q's fragments in registers; beside the variants' per-row bounds and slopes and
+    # the IEEE divisions' slow-path call, ptxas (at 168 registers, three blocks per SM) spills 12
+    # bytes (16 of stack) under NVRTC 13.0.  Hopper runs dec_v3; this is the fallback.  (Fast
+    # divisions bring it to 4 bytes on sm_90, 0 on sm_80: not yet run on a GPU.)
+    spill_bytes={64: 16},
 )
 DEC_V2 = KernelEntry(
     name="dec_v2",
