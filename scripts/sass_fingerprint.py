@@ -73,13 +73,11 @@ def main():
         for causal in (False, True)
     ]
     # The kernels outside the forward ladder (backward, decode), each of their dtypes.
-    others = [versions.BWD_PREPROCESS, *versions.BWD_VERSIONS.values(), *vars(versions).get("DEC_ENTRIES", ())]
     jobs += [
-        (e.file, e.name_expression(dtype, D, causal), plain)
-        for e in others
-        for dtype in e.dtypes
-        for D in e.head_dims
-        for causal in (False, True)
+        (e.file, e.name_expression(*inst), plain)
+        for e in versions.KERNEL_ENTRIES.values()
+        if e.min_arch <= cc
+        for inst in e.instantiations()
     ]
     with ProcessPoolExecutor(a.jobs) as pool:
         result = dict(pool.map(_one, jobs))

@@ -14,9 +14,7 @@ ARCHS = ["sm_80", "sm_90"]
 INSTANCES = [
     (entry, dtype, D, causal, arch)
     for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values()]
-    for dtype in entry.dtypes
-    for D in entry.head_dims
-    for causal in ((False,) if entry is BWD_PREPROCESS else (False, True))
+    for dtype, D, causal in entry.instantiations()
     for arch in ARCHS
 ]
 

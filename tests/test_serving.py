@@ -17,9 +17,7 @@ from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_VERSIONS
 INSTANCES = [
     (entry, dtype, D, causal, arch)
     for entry in (*DEC_VERSIONS, DEC_COMBINE)
-    for dtype in entry.dtypes
-    for D in entry.head_dims
-    for causal in ((False, True) if entry is not DEC_COMBINE else (False,))
+    for dtype, D, causal in entry.instantiations()
     for arch in ("sm_80", "sm_90")
     if int(arch[3:]) >= entry.min_arch
 ]

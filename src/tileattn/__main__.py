@@ -158,16 +158,14 @@ def cmd_compile(args) -> int:
         for causal in (False, True)
     ]
     if not args.versions:  # and the kernels outside the ladder (backward, its D_i kernel, decode)
-        from .versions import BWD_PREPROCESS, DEC_COMBINE, KERNEL_ENTRIES
+        from .versions import KERNEL_ENTRIES
 
         plain_arch = arch_for(VERSIONS["v2"]).rstrip("a")
         jobs += [
-            (v.file, v.name_expression(dt, D, causal), plain_arch)
+            (v.file, v.name_expression(*inst), plain_arch)
             for v in KERNEL_ENTRIES.values()
             if v.min_arch <= cc_num
-            for dt in v.dtypes
-            for D in v.head_dims
-            for causal in ((False,) if v in (BWD_PREPROCESS, DEC_COMBINE) else (False, True))  # they ignore CAUSAL
+            for inst in v.instantiations()
         ]
     from tqdm import tqdm
 

@@ -482,10 +482,12 @@ class LaunchableKernel:
     layout: _params.Layout
     params: _nvrtc.ParamBuffer
 
-    def launch(self, stream: int, grid_x: int, grid_y: int, args) -> None:
-        """Pack ``args`` (the kernel's fields, in order) into its parameter block and launch
-        (grid_x, grid_y) blocks on ``stream``."""
+    def launch(self, stream: int, grid_x: int, grid_y: int, args, tmaps: bytes | None = None) -> None:
+        """Pack ``args`` (the kernel's fields, in order) and, for a TMA kernel, its TmaMaps bytes
+        into its parameter block and launch (grid_x, grid_y) blocks on ``stream``."""
         self.layout.pack(self.params.buf, 0, *args)
+        if tmaps is not None:
+            _TMA_PACK(self.params.buf, self.layout.tma_offset, tmaps)
         _nvrtc.launch(
             self.function, self.context, stream, grid_x, grid_y, self.threads, self.smem, self.params.extra_addr
         )

@@ -34,7 +34,7 @@ def attention_backward(
     dk and dv like k and v.  GQA: dk, dv are summed over each group of query heads.
     deterministic: dQ is added in a fixed K/V-block order and dK, dV are kept per query head and
     summed by torch, so two calls give bitwise-identical gradients (bwd_common.cuh)."""
-    dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = api._validate(q, k, v, None, None, layout)
+    dtype, (B, H, Nq, D), _, (_, H_kv, Nk, _), _, _, device_index = api._validate(q, k, v, None, None, layout)
     name = version or ("bwd_v1" if dtype == "float32" else "bwd_v2")
     entry = BWD_VERSIONS[name]
     if dtype not in entry.dtypes or D not in entry.tiles:
@@ -51,7 +51,7 @@ def attention_backward(
     q, k, v, out, dout = api._aligned_copies((q, k, v, out, dout), layout)
     qs, ks, vs, os_, dos = (api._bhnd(t, layout)[1] for t in (q, k, v, out, dout))
     f32 = dict(dtype=torch.float32, device=q.device)
-    Br = entry.tiles[D][0]
+    Br, Bc = entry.tiles[D]
     dq_acc = torch.zeros((B, H, Nq, D), **f32)
     dk_acc = torch.zeros((B, H if deterministic else H_kv, Nk, D), **f32)
     dv_acc = torch.zeros_like(dk_acc)
@@ -70,7 +70,7 @@ def attention_backward(
         # rung over K/V blocks of Bc keys.
         launches = (
             (BWD_PREPROCESS.name, False, -(-Nq // BWD_PRE_ROWS)),
-            (name, causal is not None, -(-Nk // entry.tiles[D][1])),
+            (name, causal is not None, -(-Nk // Bc)),
         )
         for kernel, is_causal, grid_x in launches:
             kern = api.entry_kernel(kernel, dtype, D, is_causal, device_index)

@@ -57,8 +57,9 @@ def attention_naive(q, k, v, softmax_scale=None, causal=None):
 
 
 def _softmax_times_v(S, v):
-    """(softmax(S) v, lse) in float64; a row of S that is all -inf outputs 0 with lse -inf."""
-    m_safe = _safe(S.max(axis=-1, keepdims=True))
+    """(softmax(S) v, lse) in float64; a row of S that is all -inf, or has no key at all,
+    outputs 0 with lse -inf."""
+    m_safe = _safe(S.max(axis=-1, keepdims=True, initial=-np.inf))
     P = np.exp(S - m_safe)
     l = P.sum(axis=-1, keepdims=True)
     O = np.einsum("bhij,bhjd->bhid", P, v) / np.where(l > 0, l, 1.0)
@@ -263,11 +264,7 @@ def attention_split_kv(
     chunk = -(-S.shape[-1] // num_splits)
     parts = []
     for c in range(num_splits):
-        S_c, v_c = S[..., c * chunk : (c + 1) * chunk], v[:, :, c * chunk : (c + 1) * chunk]
-        if S_c.shape[-1] == 0:
-            parts.append((np.zeros(S.shape[:-1] + v.shape[-1:]), np.full(S.shape[:-1], -np.inf)))
-        else:
-            parts.append(_softmax_times_v(S_c, v_c))
+        parts.append(_softmax_times_v(S[..., c * chunk : (c + 1) * chunk], v[:, :, c * chunk : (c + 1) * chunk]))
     return merge_partials([o for o, _ in parts], [lse for _, lse in parts])
 
 
@@ -281,7 +278,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)
     for b in range(len(cu_seqlens_q) - 1):
         qs, qe, ks, ke = cu_seqlens_q[b], cu_seqlens_q[b + 1], cu_seqlens_k[b], cu_seqlens_k[b + 1]
-        if qe == qs or ke == ks:  # no query, or no key: O 0, lse -inf
+        if qe == qs:
             continue
         heads = lambda t: t.transpose(1, 0, 2)[None]  # (n, H, D) -> (1, H, n, D)
         o, l = attention_serving(heads(q[qs:qe]), heads(k[ks:ke]), heads(v[ks:ke]), **kwargs)

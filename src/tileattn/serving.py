@@ -240,14 +240,16 @@ def flash_attn_with_kvcache(
             f"H_kv * ceil(H / H_kv * Nq / 16) = {H_kv * row_blocks} is above 65535: Nq={Nq} query tokens are a "
             "prompt, not a decode step (flash_attn_func takes those)"
         )
-    api.entry_kernel(entry.name, dtype, D, bool(causal), q.device.index)  # compiled and loaded (cached)
+    kern = api.entry_kernel(entry.name, dtype, D, bool(causal), q.device.index)  # compiled and loaded
+    combine = api.entry_kernel(DEC_COMBINE.name, dtype, D, False, q.device.index)
     seqlens = cache_seqlens
     if k is not None and k.shape[1]:
         seqlens = _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size)
     if scale < 0:  # the kernels fold a scale >= 0 into the exponent (softmax.cuh): negate q instead
         q, scale = -q, -scale
-    return _decode(entry, dtype, q, k_cache, v_cache, seqlens, block_table, Nk, page_size, scale, bool(causal),
-                   (left, right), softcap, alibi_slopes, alibi_sb, num_splits, return_lse)  # fmt: skip
+    return _decode((kern, combine), entry.tiles[D][1], row_blocks, q, k_cache, v_cache, seqlens, block_table,
+                   Nk, page_size, scale, (left, right), softcap, alibi_slopes, alibi_sb, num_splits,
+                   return_lse)  # fmt: skip
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size):
@@ -264,13 +266,12 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size):
     return cache_seqlens + Nnew
 
 
-def _decode(entry, dtype, q, k_cache, v_cache, seqlens, block_table, Nk, page_size, scale, causal, window, softcap,
-            alibi_slopes, alibi_sb, num_splits, return_lse):  # fmt: skip
-    """Allocate, choose the splits and launch the decode kernel and the merge."""
+def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, Nk, page_size, scale, window,
+            softcap, alibi_slopes, alibi_sb, num_splits, return_lse):  # fmt: skip
+    """Allocate, choose the splits and launch the decode kernel and the merge (kernels: both,
+    loaded; Bc: the decode kernel's keys per tile; row_blocks: its blocks per K/V head)."""
     B, Nq, H, D = q.shape
     H_kv = k_cache.shape[2]
-    Br, Bc = entry.tiles[D]
-    row_blocks = -(-(H // H_kv) * Nq // Br)
     blocks = B * H_kv * row_blocks
     if blocks > api._GRID_Y_MAX:  # gridDim.y's limit: the batch in slices (views), results joined
         step = max(1, api._GRID_Y_MAX // (H_kv * row_blocks))
@@ -279,9 +280,9 @@ def _decode(entry, dtype, q, k_cache, v_cache, seqlens, block_table, Nk, page_si
             sl = slice(b0, b0 + step)
             parts.append(
                 _decode(
-                    entry, dtype, q[sl], k_cache if block_table is not None else k_cache[sl],
+                    kernels, Bc, row_blocks, q[sl], k_cache if block_table is not None else k_cache[sl],
                     v_cache if block_table is not None else v_cache[sl], None if seqlens is None else seqlens[sl],
-                    None if block_table is None else block_table[sl], Nk, page_size, scale, causal, window, softcap,
+                    None if block_table is None else block_table[sl], Nk, page_size, scale, window, softcap,
                     alibi_slopes if alibi_slopes is None or alibi_sb == 0 else alibi_slopes[sl], alibi_sb,
                     num_splits, True,
                 )
@@ -289,7 +290,7 @@ def _decode(entry, dtype, q, k_cache, v_cache, seqlens, block_table, Nk, page_si
         out, lse = torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
         return (out, lse) if return_lse else out
     device_index = q.device.index
-    kern = api.entry_kernel(entry.name, dtype, D, causal, device_index)
+    kern, combine = kernels
     if num_splits == 0:
         slots = _device_slots(device_index, kern.smem, kern.threads)
         num_splits = num_splits_heuristic(blocks, -(-Nk // Bc), slots)
@@ -311,7 +312,6 @@ def _decode(entry, dtype, q, k_cache, v_cache, seqlens, block_table, Nk, page_si
         ]  # fmt: skip
         stream = api._current_stream(device_index)
         kern.launch(stream, num_splits, blocks, args)
-        combine = api.entry_kernel(DEC_COMBINE.name, dtype, D, False, device_index)
         combine.launch(stream, -(-B * H * Nq // DEC_COMBINE_ROWS), 1, args)
     return (out, lse) if return_lse else out
 
@@ -464,8 +464,5 @@ def flash_attn_varlen_func(
             total_q, total_k, H, H // H_kv, *(x for s in strides for x in s), scale, 0, off,
             cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), 0, 0, 0, 0, -1, -1, 0.0, int(mode == "bottom_right"),
         ]  # fmt: skip
-        kern.layout.pack(kern.params.buf, 0, *args)
-        api._TMA_PACK(kern.params.buf, kern.layout.tma_offset, maps)
-        _nvrtc.launch(kern.function, kern.context, stream, Tr, min(api._GRID_Y_MAX, BH - off), kern.threads,
-                      kern.smem, kern.params.extra_addr)  # fmt: skip
+        kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args, maps)
     return (out, lse) if return_lse else out

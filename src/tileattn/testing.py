@@ -56,13 +56,8 @@ def torch_error(q, k, v, softmax_scale: float, causal: str | None, ref_o) -> flo
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    mask = None
-    offset = causal_offset(q.shape[2], k.shape[2], causal)
-    if offset is not None:
-        i = torch.arange(q.shape[2], device=q.device)[:, None]
-        mask = torch.arange(k.shape[2], device=q.device)[None, :] <= i + offset
+    k, v = _expand_kv(q, k, v)
+    mask = _visible(q.shape[2], k.shape[2], causal, q.device)
     with sdpa_kernel([SDPBackend.MATH]):
         o = sdpa(q, k, v, attn_mask=mask, scale=softmax_scale)
     o = torch.nan_to_num(o.double(), nan=0.0)  # PyTorch gives NaN for rows that see no key
@@ -95,17 +90,33 @@ class Case:
         )
 
 
+def _expand_kv(q, k, v):
+    """k, v with each K/V head repeated for its group of query heads ((B, H, N, D) layout)."""
+    group = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def _visible(Nq: int, Nk: int, causal: str | None, device):
+    """(Nq, Nk) bool: which keys each query row sees (None when every row sees every key)."""
+    offset = causal_offset(Nq, Nk, causal)
+    if offset is None:
+        return None
+    i = torch.arange(Nq, device=device)[:, None]
+    return torch.arange(Nk, device=device)[None, :] <= i + offset
+
+
+def _scores(q, k, softmax_scale: float, causal: str | None, dtype=None):
+    """scale * q k^T (k already expanded), in ``dtype`` (default q's), -inf where not visible."""
+    S = (q @ k.transpose(-1, -2)).to(dtype or q.dtype) * softmax_scale
+    visible = _visible(q.shape[2], k.shape[2], causal, q.device)
+    return S if visible is None else S.masked_fill(~visible, -math.inf)
+
+
 def reference(q, k, v, softmax_scale: float, causal: str | None):
     """float64 (O, lse) for (B, H, N, D) inputs; GQA by repeating k/v heads."""
     q, k, v = (t.double() for t in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    S = (q @ k.transpose(-1, -2)) * softmax_scale
-    offset = causal_offset(q.shape[2], k.shape[2], causal)
-    if offset is not None:
-        i = torch.arange(q.shape[2], device=q.device)[:, None]
-        j = torch.arange(k.shape[2], device=q.device)[None, :]
-        S = S.masked_fill(j > i + offset, -math.inf)
+    k, v = _expand_kv(q, k, v)
+    S = _scores(q, k, softmax_scale, causal)
     lse = torch.logsumexp(S, dim=-1)
     P = torch.exp(S - lse[..., None].nan_to_num(neginf=0.0))
     P = torch.where(torch.isfinite(lse)[..., None], P, torch.zeros_like(P))  # rows seeing no key: 0
@@ -119,14 +130,8 @@ def reference_grads(q, k, v, dO, softmax_scale: float, causal: str | None, layou
     GQA by repeating k/v heads; a row that sees no key gets gradient 0 (masked_fill's backward)."""
     t = [x.detach().to(dtype or torch.float64).requires_grad_() for x in (q, k, v)]
     qq, kk, vv = (x.transpose(1, 2) for x in t) if layout == "bnhd" else t
-    group = qq.shape[1] // kk.shape[1]
-    kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
-    S = (qq @ kk.transpose(-1, -2)).to(torch.promote_types(qq.dtype, torch.float32)) * softmax_scale
-    offset = causal_offset(qq.shape[2], kk.shape[2], causal)
-    if offset is not None:
-        i = torch.arange(qq.shape[2], device=S.device)[:, None]
-        j = torch.arange(kk.shape[2], device=S.device)[None, :]
-        S = S.masked_fill(j > i + offset, -math.inf)
+    kk, vv = _expand_kv(qq, kk, vv)
+    S = _scores(qq, kk, softmax_scale, causal, torch.promote_types(qq.dtype, torch.float32))
     O = torch.softmax(S, dim=-1).nan_to_num(0.0).to(vv.dtype) @ vv
     O = O.transpose(1, 2) if layout == "bnhd" else O
     O.backward(dO.to(O.dtype))

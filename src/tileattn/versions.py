@@ -316,10 +316,15 @@ class KernelEntry:
     summary: str = ""
     min_arch: int = 80  # compute capability major*10 + minor
     spill_bytes: dict[int, int] = dataclasses.field(default_factory=dict)  # documented budgets, by head dim
+    causal_variants: tuple[bool, ...] = (False, True)  # (False,): a kernel that ignores CAUSAL
 
     @property
     def head_dims(self) -> tuple[int, ...]:
         return tuple(sorted(self.tiles))
+
+    def instantiations(self):
+        """Every (dtype, head dim, causal) the entry compiles."""
+        return [(dt, D, causal) for dt in self.dtypes for D in self.head_dims for causal in self.causal_variants]
 
     def name_expression(self, dtype: str, head_dim: int, causal: bool) -> str:
         return name_expression(self.kernel, dtype, head_dim, *self.tiles[head_dim], causal)
@@ -333,6 +338,7 @@ BWD_PREPROCESS = KernelEntry(
     kernel="bwd_preprocess",
     tiles={D: (BWD_PRE_ROWS, 0) for D in (*range(16, 129, 16), 160, 192, 224, 256)},
     dtypes=("float32", "float16", "bfloat16"),
+    causal_variants=(False,),
 )
 
 # The autograd formula (backward.py) picks bwd_v1 for FP32 and bwd_v2 for fp16/bf16; an input that
@@ -421,6 +427,7 @@ DEC_COMBINE = KernelEntry(
     fields="dec",
     tiles={D: (DEC_COMBINE_ROWS, 0) for D in sorted({D for e in DEC_VERSIONS for D in e.tiles})},
     dtypes=DEC_V1.dtypes,
+    causal_variants=(False,),
 )
 DEC_ENTRIES = (*DEC_VERSIONS, DEC_COMBINE)
 
