@@ -285,6 +285,33 @@ def add_ratios(rows: list[dict]) -> None:
 _NO_CHART = ("overhead", "hf")  # suites whose table says it all
 
 
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_figure(fig, path: Path, dpi: int = 110, **layout) -> None:
+    fig.tight_layout(**layout)
+    fig.savefig(path, dpi=dpi)
+    _pyplot().close(fig)
+
+
+def _grouped_bars(ax, groups: list, impls: list[str], value, labels: bool = False) -> None:
+    """One bar per implementation in each group, value(group, impl) high (0 where it has none);
+    the x ticks at the groups' centres.  labels: each bar's value written on it."""
+    width = 0.8 / len(impls)
+    for i, name in enumerate(impls):
+        bars = ax.bar([x + i * width for x in range(len(groups))], [value(g, name) for g in groups], width, label=name)
+        if labels:
+            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))])
+
+
 def save(result: dict, out: Path) -> Path | None:
     """The results file, and beside it (.png) the chart the suite has: one panel per shape for
     the ladder suites and story, TFLOP/s against N for bwd, TB/s per case for decode, none for the rest.  Returns the
@@ -299,10 +326,7 @@ def save(result: dict, out: Path) -> Path | None:
 
 
 def _chart(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     rows = [r for r in result["rows"] if r.get("tflops")]
     shapes = sorted({(r["B"], r["H"], r["Nq"], r["D"], r["dtype"], r["causal"]) for r in rows})
@@ -336,9 +360,7 @@ def _chart(result: dict, path: Path) -> None:
             ax.set_xscale("log")
         ax.set_xlabel(f"TFLOP/s{', log scale' if log else ''} (blue: tileattn, grey: peers)")
     fig.suptitle(f"tileattn forward on {result['gpu']} ({result['commit']})", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.98))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, path, rect=(0, 0, 1, 0.98))
 
 
 def markdown_table(result: dict) -> str:
@@ -621,10 +643,7 @@ def bwd_steps(cases=BWD_CASES) -> int:
 
 def bwd_chart(result: dict, path: Path) -> None:
     """Backward TFLOP/s against N, one panel per (dtype, D, causal): our rungs solid, peers dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     rows = [r for r in result["rows"] if r.get("tflops")]
     panels = sorted({(r["dtype"], r["D"], r["causal"]) for r in rows})
@@ -644,9 +663,7 @@ def bwd_chart(result: dict, path: Path) -> None:
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     fig.suptitle(f"backward, {result.get('gpu', '')}, commit {result.get('commit', '')}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save_figure(fig, path, dpi=90)
 
 
 def bwd_summary(rows: list[dict]) -> str:
@@ -807,21 +824,14 @@ def decode_table(result: dict) -> str:
 
 def decode_chart(result: dict, path: Path) -> None:
     """TB/s of K and V read per case (contiguous caches), tileattn's kernels beside the peers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     rows = [r for r in result["rows"] if r.get("tb_per_s") and r["page_size"] is None]
     cases = sorted({(r["Nk"], r["B"], r["H_kv"]) for r in rows})
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    width = 0.8 / len(impls)
-    for i, name in enumerate(impls):
-        vals = [next((r["tb_per_s"] for r in rows if (r["Nk"], r["B"], r["H_kv"]) == c and r["impl"] == name), 0)
-                for c in cases]  # fmt: skip
-        ax.bar([x + i * width for x in range(len(cases))], vals, width, label=name)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cases))])
+    tbps = {((r["Nk"], r["B"], r["H_kv"]), r["impl"]): r["tb_per_s"] for r in rows}
+    _grouped_bars(ax, cases, impls, lambda c, name: tbps.get((c, name), 0))
     ax.set_xticklabels([f"Nk={nk}\nB={b} {32 // hk}:1" for nk, b, hk in cases], fontsize=7)
     ax.axhline(4.3, color="black", lw=0.6, ls="--")
     ax.text(0, 4.35, "device copy ~4.3 TB/s", fontsize=7)
@@ -829,9 +839,7 @@ def decode_chart(result: dict, path: Path) -> None:
     ax.legend(fontsize=8, ncol=len(impls))
     ax.set_title(f"decode, bf16 D=128, one query token, contiguous cache, {result['gpu']} ({result['commit']})",
                  fontsize=9)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, path)
 
 
 # ---- packed documents (issue 12, variable-length batches) ------------------------------------
@@ -937,28 +945,19 @@ def varlen_table(result: dict) -> str:
 
 def varlen_chart(result: dict, path: Path) -> None:
     """TFLOP/s of the packed-documents case per head dim, tileattn beside the peers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     rows = [r for r in result["rows"] if r.get("tflops")]
     dims = sorted({r["D"] for r in rows})
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.8 / len(impls)
-    for i, name in enumerate(impls):
-        vals = [next((r["tflops"] for r in rows if r["D"] == d and r["impl"] == name), 0) for d in dims]
-        bars = ax.bar([x + i * width for x in range(len(dims))], vals, width, label=name)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(dims))])
+    tflops = {(r["D"], r["impl"]): r["tflops"] for r in rows}
+    _grouped_bars(ax, dims, impls, lambda d, name: tflops.get((d, name), 0), labels=True)
     ax.set_xticklabels([f"D={d}" for d in dims])
     ax.set_ylabel("TFLOP/s (each document's causal work)")
     ax.legend(fontsize=8)
     ax.set_title(f"{VARLEN_DOCS} packed documents, bf16 H=16, {result['gpu']} ({result['commit']})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, path)
 
 
 # ---- the main job: the whole ladder in about two minutes ----------------------------------------
