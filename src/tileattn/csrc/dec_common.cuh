@@ -50,6 +50,17 @@ namespace tileattn {
 // masked).  pos_lo / pos_hi: the first and last token's key position.
 struct DecBlock {
   int b, hk, qr0, rows, seqlen, kv_begin, kv_end;
+  // Key j's row of a cache: contiguous (batch b), or row j % page_size of page
+  // block_table[b][j / page_size] when block_table is non-null.
+  template <typename T>
+  __device__ __forceinline__ const T* kv_row(const T* cache, long long sb, long long sn, long long sh, int j,
+                                             const int* block_table, long long bt_stride, int page_size) const {
+    if (block_table) {
+      const int page = block_table[b * bt_stride + j / page_size];
+      return cache + page * sb + (j % page_size) * sn + hk * sh;
+    }
+    return cache + b * sb + j * sn + hk * sh;
+  }
   // Local row r's (split, b, query head, token) index in o_part / lse_part.
   __device__ __forceinline__ long long part_row(int r, int split, int B, int H, int h_per_kv, int Nq) const {
     const int qr = qr0 + r;

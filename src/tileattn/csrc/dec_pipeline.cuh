@@ -41,7 +41,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   static_assert(Br == 16, "one m16 row tile per block");
   static_assert(HEAD_DIM % 16 == 0 && Bc % (16 * DEC_CONSUMERS) == 0, "whole k-steps of 16 per warp");
   constexpr int STAGES = dec_pipe_stages(HEAD_DIM, Bc), PITCH = dec_pipe_pitch(HEAD_DIM);
-  constexpr int KEYS = Bc / DEC_CONSUMERS, KSTEPS = HEAD_DIM / 16, DT = HEAD_DIM / 8;
+  constexpr int KEYS = Bc / DEC_CONSUMERS, DT = HEAD_DIM / 8;
   static_assert(STAGES * dec_pipe_stage_bytes(HEAD_DIM, Bc) >= dec_merge_bytes(HEAD_DIM, Br, DEC_CONSUMERS),
                 "the merge reuses the stages");
 
@@ -82,11 +82,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   if (warp >= DEC_CONSUMERS) {  // the producer warps
     const int ptid = tid - 32 * DEC_CONSUMERS;
     const auto kv_row = [=](const T* cache, long long sb, long long sn, long long sh, int j) {
-      if (block_table) {
-        const int page = block_table[b * bt_stride + j / page_size];
-        return cache + page * sb + (j % page_size) * sn + hk * sh;
-      }
-      return cache + b * sb + j * sn + hk * sh;
+      return blk.kv_row(cache, sb, sn, sh, j, block_table, bt_stride, page_size);
     };
     // Each thread copies ROWS rows (BULK: whole rows; CP_ASYNC: its 16-byte chunk column of them).
     constexpr int CHUNKS = COPY == DecCopy::BULK ? 1 : HEAD_DIM / 8;      // pieces per row
@@ -134,10 +130,10 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   const int q_r = ln.a_r, q_c = ln.a_c, k_r = ln.b_r, k_c = ln.b_c, v_r = ln.bt_r, v_c = ln.bt_c;
   const unsigned Q_addr = addr(Qs);
   constexpr bool Q_IN_REGS = HEAD_DIM <= 64;  // as dec_v1: above, acc's registers need the room
-  unsigned q_regs[Q_IN_REGS ? KSTEPS : 1][4];
+  unsigned q_regs[Q_IN_REGS ? HEAD_DIM / 16 : 1][4];
   if constexpr (Q_IN_REGS) {
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) ldmatrix_x4(q_regs[ks], Q_addr + q_r * PITCH + (2 * ks + q_c) * 16);
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) ldmatrix_x4(q_regs[ks], Q_addr + q_r * PITCH + (2 * ks + q_c) * 16);
   }
   const auto q_frag = [&](int ks, unsigned (&qa)[4]) {
     if constexpr (Q_IN_REGS) {
@@ -171,7 +167,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   }
 
   // Every tile was waited for by every consumer, so every copy has landed: the stages are free.
-  const auto consumers_sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(32 * DEC_CONSUMERS) : "memory"); };
+  const auto consumers_sync = [] { named_barrier_sync<32 * DEC_CONSUMERS>(1); };
   consumers_sync();
   const int split = blockIdx.x;
   dec_merge_warps<HEAD_DIM, Br, DEC_CONSUMERS>(

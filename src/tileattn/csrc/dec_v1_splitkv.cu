@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
   static_assert(sizeof(T) == 2, "dec_v1 takes 16-bit (fp16 / bf16) inputs");
   static_assert(Br == 16, "one m16 row tile per block");
   static_assert(HEAD_DIM % 16 == 0 && Bc % 16 == 0, "whole k-steps of 16");
-  constexpr int KSTEPS = HEAD_DIM / 16, DT = HEAD_DIM / 8;
+  constexpr int DT = HEAD_DIM / 8;
   using QTile = SwizzledTile<Br, HEAD_DIM>;
   using KVTile = SwizzledTile<Bc, HEAD_DIM>;
 
@@ -69,13 +69,8 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
   gather_rows_async<T, Br, HEAD_DIM, 32 * DEC_WARPS>(Qs, tid, q_row, [=](int r) { return r < blk.rows; });
   cp_async_commit();
 
-  // Key j's row of a cache (contiguous, or through the block table).
   const auto kv_row = [=](const T* cache, long long sb, long long sn, long long sh, int j) {
-    if (block_table) {
-      const int page = block_table[b * bt_stride + j / page_size];
-      return cache + page * sb + (j % page_size) * sn + hk * sh;
-    }
-    return cache + b * sb + j * sn + hk * sh;
+    return blk.kv_row(cache, sb, sn, sh, j, block_table, bt_stride, page_size);
   };
   // This warp's n-th tile (the chunk's tile warp + 4 n) into stage n & 1; rows past kv_end are
   // zero-filled (unused cache rows may hold anything, NaN included).
@@ -91,17 +86,17 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
   if (my_tiles > 0) copy_tile(0);
   cp_async_commit();
 
-  // Q's A fragments: kept in registers for the whole loop up to D=64; above, re-read from shared
-  // memory at each k-step (beside acc's D/2 registers they would spill).
-  constexpr bool Q_IN_REGS = HEAD_DIM <= 64;
   const LdsmLane ln = ldsm_lane(lane);  // (a named struct: lambdas cannot capture structured bindings)
   const int q_r = ln.a_r, q_c = ln.a_c, k_r = ln.b_r, k_c = ln.b_c, v_r = ln.bt_r, v_c = ln.bt_c;
   cp_async_wait<1>();  // Q (this thread's copies)
   __syncthreads();     // (everyone's)
-  unsigned q_regs[Q_IN_REGS ? KSTEPS : 1][4];
+  // Q's A fragments: kept in registers for the whole loop up to D=64; above, re-read from shared
+  // memory at each k-step (beside acc's D/2 registers they would spill).
+  constexpr bool Q_IN_REGS = HEAD_DIM <= 64;
+  unsigned q_regs[Q_IN_REGS ? HEAD_DIM / 16 : 1][4];
   if constexpr (Q_IN_REGS) {
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) ldmatrix_x4(q_regs[ks], QTile::ldsm_addr(addr(Qs), q_r, q_c, 0, ks));
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) ldmatrix_x4(q_regs[ks], QTile::ldsm_addr(addr(Qs), q_r, q_c, 0, ks));
   }
   const auto q_frag = [&](int ks, unsigned (&qa)[4]) {
     if constexpr (Q_IN_REGS) {

@@ -222,6 +222,12 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         : "memory");
   } while (!done);
 }
+// A barrier over THREADS threads of the block (whole warps) on hardware barrier `id` (1..15;
+// __syncthreads is 0): warp-specialised kernels sync one role's warps without the others.
+template <int THREADS>
+__device__ __forceinline__ void named_barrier_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+}
 // One box of a 4-d tensor map (coordinates innermost first: column, row, head, batch) from
 // global to shared memory at dst, completion counted on mbarrier bar.  tmap is the generic address
 // of the 128-byte CUtensorMap (a __grid_constant__ kernel parameter: TmaMaps, common.cuh).

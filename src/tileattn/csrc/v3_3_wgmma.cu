@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
           *reinterpret_cast<uint4*>(v_tile + panel * Bc * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
         }
         fence_proxy_async_smem();  // the generic-proxy stores, before the tensor core's async-proxy reads
-        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + cwg), "n"(V3_3_WG) : "memory");  // this warpgroup's stores
+        named_barrier_sync<V3_3_WG>(1 + cwg);  // this warpgroup's stores
       }
     }
     issue_pv(Tc - 1);
