@@ -74,9 +74,9 @@ def main():
     ]
     # The kernels outside the forward ladder (backward, decode), each of their dtypes.
     jobs += [
-        (e.file, e.name_expression(*inst), plain)
+        (e.file, e.name_expression(*inst), a.arch if e.arch_specific else plain)
         for e in versions.KERNEL_ENTRIES.values()
-        if e.min_arch <= cc
+        if e.runs_on(cc)
         for inst in e.instantiations()
     ]
     with ProcessPoolExecutor(a.jobs) as pool:

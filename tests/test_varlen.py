@@ -20,8 +20,13 @@ def _cpu(total=10, H=4, H_kv=2, D=64):
 
 BAD_INPUT = [
     (dict(dropout_p=0.1), NotImplementedError, "dropout_p must be 0.0"),
-    (dict(window_size=(4, 0)), NotImplementedError, "not in the variable-length path yet"),
-    (dict(softcap=1.0), NotImplementedError, "not in the variable-length path yet"),
+    (dict(window_size=(4, -2)), ValueError, "window_size entries must be >= -1"),
+    (dict(softcap=-1.0), ValueError, "softcap must be finite and >= 0"),
+    (
+        dict(alibi_slopes=torch.zeros(2, 3)),
+        ValueError,
+        r"alibi_slopes must be a float32 tensor of shape \(4,\) or \(2, 4\)",
+    ),
     (dict(q=torch.zeros(10, 4, 64)), TypeError, "q must be float16 or bfloat16"),
     (dict(q=torch.zeros(1, 10, 4, 64, dtype=torch.float16)), ValueError, "q must be a 3-D"),
     (dict(v=torch.zeros(10, 2, 64, dtype=torch.bfloat16)), ValueError, "v must be a tensor of q's dtype"),

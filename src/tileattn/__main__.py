@@ -162,9 +162,9 @@ def cmd_compile(args) -> int:
 
         plain_arch = arch_for(VERSIONS["v2"]).rstrip("a")
         jobs += [
-            (v.file, v.name_expression(*inst), plain_arch)
+            (v.file, v.name_expression(*inst), arch_for(v) if v.arch_specific else plain_arch)
             for v in KERNEL_ENTRIES.values()
-            if v.min_arch <= cc_num
+            if v.runs_on(cc_num)
             for inst in v.instantiations()
         ]
     from tqdm import tqdm
@@ -180,7 +180,7 @@ def cmd_compile(args) -> int:
     return 0
 
 
-_SPECIAL_SUITES = ("story", "overhead", "hf", "bwd", "decode", "varlen")
+_SPECIAL_SUITES = ("story", "overhead", "hf", "bwd", "decode", "varlen", "variants")
 
 
 def _narrow(cases, args) -> list:
@@ -231,6 +231,7 @@ def cmd_bench(args) -> int:
                     "bwd": lambda: bench.bwd_steps(bwd_cases),
                     "decode": bench.decode_steps,
                     "varlen": lambda: 2 * (1 + len(bench.VARLEN_PEERS)),
+                    "variants": bench.variants_steps,
                 }.get(suite_name, lambda: None)(),
                 desc=f"bench {suite_name}",
                 file=sys.stderr,
@@ -242,6 +243,7 @@ def cmd_bench(args) -> int:
                     "bwd": lambda: bench.backward_suite(bwd_cases, progress=bar.update),
                     "decode": lambda: bench.decode_suite(progress=bar.update),
                     "varlen": lambda: bench.varlen_suite(progress=bar.update),
+                    "variants": lambda: bench.variants_suite(progress=bar.update),
                 }[suite_name]()
             if suite_name == "story":
                 bench.add_ratios(rows)

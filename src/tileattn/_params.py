@@ -47,8 +47,9 @@ FWD_ARGS: list[tuple[str, str]] = [
     ("causal_offset", "i"),
     ("bh_offset", "i"),
 ]
-# The room to grow (variable-length batches, paged KV, sliding window, softcap), with the value
-# that means "off"; no forward rung reads them yet.
+# The room to grow (variable-length batches, paged KV, sliding window, softcap, ALiBi), with the
+# value that means "off"; v3.3 reads cu_seqlens and bottom_right, and its variants kernel the window,
+# softcap and ALiBi fields.
 FWD_ROOM: list[tuple[str, str, object]] = [
     ("cu_seqlens_q", "Q", 0),
     ("cu_seqlens_k", "Q", 0),
@@ -60,6 +61,8 @@ FWD_ROOM: list[tuple[str, str, object]] = [
     ("window_right", "i", -1),
     ("softcap", "f", 0.0),
     ("bottom_right", "i", 0),
+    ("alibi_slopes", "Q", 0),
+    ("alibi_sb", "q", 0),
 ]
 FWD_FIELDS = FWD_ARGS + [(name, code) for name, code, _ in FWD_ROOM]
 TMA_MAPS_BYTES = 6 * 128  # TmaMaps: q, k, v with 64-column boxes, then with the narrow last panel's box
@@ -232,4 +235,4 @@ DEC_ARGS: list[tuple[str, str]] = (
 )
 
 # The parameter lists of the kernels outside the forward ladder (versions.KernelEntry.fields).
-ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS}
+ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS, "fwd": FWD_FIELDS}

@@ -42,7 +42,19 @@ _CAUSAL_OF_CODE = {c: m for m, c in _CAUSAL_CODE.items()}
 
 
 def flash_attn_func(
-    q, k, v, softmax_scale=None, causal=False, *, version=None, return_lse=False, precision=None, deterministic=False
+    q,
+    k,
+    v,
+    softmax_scale=None,
+    causal=False,
+    *,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    version=None,
+    return_lse=False,
+    precision=None,
+    deterministic=False,
 ):
     """Attention in flash-attn's layout.
 
@@ -52,6 +64,14 @@ def flash_attn_func(
         softmax_scale: multiplies q.k before the softmax; default 1/sqrt(D).
         causal: False, True (= "bottom_right", flash-attn's convention: query i sees keys
             j <= i + Nk - Nq), "bottom_right" or "top_left" (j <= i).
+        window_size: (left, right), -1 unbounded (flash-attn's sliding window): query i sits at key
+            position p = i + offset, offset as the causal alignment (Nk - Nq, bottom-right, without
+            a causal mask, as flash-attn), and sees keys p - left .. p + right; blocks outside the
+            window are skipped.
+        softcap: > 0 caps each scaled score s at softcap * tanh(s / softcap) (Gemma 2).
+        alibi_slopes: float32 (H,) or (B, H): adds -slope * |p - j| to the scaled score (BLOOM, MPT).
+            The three variants run v3.3's variants kernel: fp16/bf16 on Hopper at head dims 64,
+            128, 192, 256, forward only (an input that requires grad raises).
         version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.
         return_lse: also return the float32 log-sum-exp of each row, (B, H, Nq); -inf for a row
             that sees no key (its output is 0).
@@ -68,10 +88,47 @@ def flash_attn_func(
     ``tileattn.backward_head_dims``; elsewhere an input that requires grad raises.
     """
     mode = _causal_mode(causal, default_true="bottom_right")
+    if window_size != (-1, -1) or softcap or alibi_slopes is not None:
+        variants = _variants_call(
+            q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, return_lse
+        )
+        if variants is not None:
+            return variants if return_lse else variants[0]
     out, lse = _call(
         q, k, v, softmax_scale, mode, "bnhd", version, precision, "softmax_scale", return_lse, False, deterministic
     )
     return (out, lse) if return_lse else out
+
+
+def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, with_lse):
+    """flash_attn_func with a window, softcap or ALiBi: (O, lse) from v3.3's variants kernel
+    (serving.attention_variants, through the custom op tileattn::fwd_variants under
+    torch.compile), or None when the arguments amount to none of them (a window as wide as the
+    sequences, softcap 0): then the plain path runs."""
+    from . import serving
+
+    _check_rank(q=q, k=k, v=v)
+    if version not in (None, serving._VARLEN) or precision is not None:
+        raise ValueError(
+            f"window_size, softcap and alibi_slopes run on {serving._VARLEN} (version=None or {serving._VARLEN!r}, "
+            f"precision=None); got version={version!r}, precision={precision!r}"
+        )
+    (B, H, Nq, D), Nk = _bhnd(q, "bnhd")[0], k.shape[1]
+    window, softcap, slopes, _ = serving._variants(window_size, softcap, alibi_slopes, mode is not None, B, H,
+                                                    Nq + Nk, q.device)  # fmt: skip
+    if window[0] == -1 and (mode is not None or window[1] == -1) and not softcap and slopes is None:
+        return None  # (under a causal mask, right = 0 is the mask itself)
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        raise RuntimeError(
+            "tileattn has no backward pass for window_size, softcap or alibi_slopes yet: the output would silently "
+            "carry no gradient.  Call it under `with torch.no_grad():` for inference, or train with the plain causal "
+            "mask (or torch's SDPA with an explicit mask)."
+        )
+    _validate(q, k, v, None, None, "bnhd")
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else _scale(softmax_scale, "softmax_scale")
+    if torch.compiler.is_compiling():
+        return torch.ops.tileattn.fwd_variants(q, k, v, slopes, scale, _CAUSAL_CODE[mode], *window, softcap)
+    return serving.attention_variants(q, k, v, scale, mode, window, softcap, slopes, with_lse)
 
 
 def scaled_dot_product_attention(
@@ -500,7 +557,7 @@ def entry_kernel(name: str, dtype: str, head_dim: int, causal: bool, device_inde
     from .versions import KERNEL_ENTRIES
 
     entry = KERNEL_ENTRIES[name]
-    arch = _nvrtc.arch_string(_nvrtc.device_arch(device_index))
+    arch = _nvrtc.arch_string(_nvrtc.device_arch(device_index), arch_specific=entry.arch_specific)
     expr = entry.name_expression(dtype, head_dim, causal)
     return load_kernel(
         f"{name} at head dim {head_dim}",
@@ -508,7 +565,7 @@ def entry_kernel(name: str, dtype: str, head_dim: int, causal: bool, device_inde
         expr,
         arch,
         device_index,
-        False,
+        entry.tensor_maps,
         _params.ENTRY_ARGS[entry.fields],
         [],
     )

@@ -321,7 +321,8 @@ def save(result: dict, out: Path) -> Path | None:
     if result.get("suite") in _NO_CHART:
         return None
     chart = out.with_suffix(".png")
-    {"bwd": bwd_chart, "decode": decode_chart, "varlen": varlen_chart}.get(result.get("suite"), _chart)(result, chart)
+    charts = {"bwd": bwd_chart, "decode": decode_chart, "varlen": varlen_chart, "variants": variants_chart}
+    charts.get(result.get("suite"), _chart)(result, chart)
     return chart
 
 
@@ -960,6 +961,160 @@ def varlen_chart(result: dict, path: Path) -> None:
     _save_figure(fig, path)
 
 
+# ---- score variants (issue 12: sliding window, softcap, ALiBi) --------------------------------
+
+# bf16, B=2, H=16, N=8192, causal (bottom-right); each variant beside plain causal of the same
+# kernel family and FlexAttention's score_mod / mask_mod of the same variant.  TFLOP/s count each
+# row's visible (query, key) pairs: 4 D x pairs per head, so a window's skipped blocks are not
+# counted as work ("the same work").
+VARIANT_SHAPE = dict(B=2, H=16, N=8192)
+VARIANT_SPECS = {
+    "causal": dict(),
+    "softcap 50": dict(softcap=50.0),
+    "ALiBi": dict(alibi=True),
+    "window 4096": dict(window=(4096, 0)),
+    "all three": dict(softcap=50.0, alibi=True, window=(4096, 0)),
+}
+VARIANT_FLEX_D = (128,)  # FlexAttention compiles per variant and shape: one head dim
+
+
+def _visible_pairs(N: int, left: int) -> int:
+    """Causal (query, key) pairs of an N x N head, within ``left`` keys back when left >= 0."""
+    if left < 0:
+        return N * (N + 1) // 2
+    return sum(min(i + 1, left + 1) for i in range(N))
+
+
+def _flex_variant(q, k, v, spec: dict, slopes):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    left = spec.get("window", (-1, 0))[0]
+    softcap, alibi = spec.get("softcap", 0.0), spec.get("alibi", False)
+
+    def score_mod(score, b, h, i, j):
+        if softcap:
+            score = softcap * torch.tanh(score / softcap)
+        if alibi:
+            score = score - slopes[h] * (i - j).abs()
+        return score
+
+    mask = (lambda b, h, i, j: (j <= i) & (i - j <= left)) if left >= 0 else (lambda b, h, i, j: j <= i)
+    block_mask = create_block_mask(mask, None, None, q.shape[2], k.shape[2])
+    torch._dynamo.reset()
+    flex = torch.compile(flex_attention, dynamic=False)
+    mod = score_mod if softcap or alibi else None
+    return lambda: flex(q, k, v, score_mod=mod, block_mask=block_mask)
+
+
+def variants_suite(progress=None) -> list[dict]:
+    """flash_attn_func with each score variant beside its own plain causal call and FlexAttention
+    with the same variant, plus cuDNN's plain causal; rel_err: O against float64 on two heads."""
+    from .api import flash_attn_func
+    from .reference import attention_serving
+
+    B, H, N = VARIANT_SHAPE["B"], VARIANT_SHAPE["H"], VARIANT_SHAPE["N"]
+    rows = []
+    for D in (64, 128):
+        gen = torch.Generator(device="cuda").manual_seed(D)
+        q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+        slopes = torch.tensor([2.0 ** (-8 * (h + 1) / H) for h in range(H)], device="cuda")  # BLOOM's slopes
+        for variant, spec in VARIANT_SPECS.items():
+            kw = dict(softcap=spec.get("softcap", 0.0), window_size=spec.get("window", (-1, -1)),
+                      alibi_slopes=slopes if spec.get("alibi") else None)  # fmt: skip
+            pairs = _visible_pairs(N, spec.get("window", (-1, 0))[0])
+            flops = 4 * B * H * D * pairs
+            # name -> a builder of the timed call (FlexAttention compiles in its builder)
+            builders = {"tileattn": lambda kw=kw: lambda: flash_attn_func(q, k, v, causal=True, **kw)}
+            if D in VARIANT_FLEX_D:
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, D) views
+                builders["flex_attention"] = lambda spec=spec, qt=qt, kt=kt, vt=vt: _flex_variant(
+                    qt, kt, vt, spec, slopes
+                )
+                if not spec:
+                    builders["sdpa_cudnn"] = lambda qt=qt, kt=kt, vt=vt: _peer_fn("sdpa_cudnn", qt, kt, vt, True)
+            for name, build in builders.items():
+                base = dict(impl=name, variant=variant, B=B, H=H, N=N, D=D, dtype="bfloat16", causal=True)
+                try:
+                    fn = build()
+                    out = fn()
+                    err = None
+                    if name == "tileattn":  # the first 1024 queries see only the first 1024 keys
+                        heads = lambda t: t[:1, :1024, :2].transpose(1, 2).double().cpu().numpy()
+                        alibi = slopes[:2].cpu().numpy() if spec.get("alibi") else None
+                        ref, _ = attention_serving(
+                            heads(q), heads(k), heads(v), D**-0.5, causal=True, window=kw["window_size"],
+                            softcap=kw["softcap"], alibi_slopes=alibi,
+                        )  # fmt: skip
+                        ref = torch.from_numpy(ref)
+                        got = out[:1, :1024, :2].transpose(1, 2).double().cpu()
+                        err = ((got - ref).norm() / ref.norm()).item()
+                    ms = _time(fn)
+                    rows.append(dict(**base, ms=ms, tflops=flops / ms / 1e9, rel_err=err))
+                except Exception as e:
+                    rows.append(dict(**base, ms=None, tflops=None, error=f"{type(e).__name__}: {e}"[:200]))
+                if progress:
+                    progress()
+    for r in rows:
+        if r["impl"] != "tileattn" or not r.get("ms"):
+            continue
+        for p in rows:
+            if p["D"] != r["D"] or not p.get("tflops"):
+                continue
+            if p["impl"] == "tileattn" and p["variant"] == "causal":
+                r["vs_causal"] = r["tflops"] / p["tflops"]  # same work rate: TFLOP/s over TFLOP/s
+            if p["impl"] == "flex_attention" and p["variant"] == r["variant"]:
+                r["vs_flex_attention"] = p["ms"] / r["ms"]
+            if p["impl"] == "sdpa_cudnn":
+                r["vs_sdpa_cudnn"] = r["tflops"] / p["tflops"]
+    return rows
+
+
+def variants_steps() -> int:
+    return 2 * len(VARIANT_SPECS) + len(VARIANT_FLEX_D) * (len(VARIANT_SPECS) + 1)
+
+
+def variants_table(result: dict) -> str:
+    lines = [
+        "| impl | variant | D | ms | TFLOP/s (visible pairs) | vs plain causal (TFLOP/s) | vs Flex (same variant) | "
+        "vs cuDNN causal (TFLOP/s) | rel. err |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        head = f"| {r['impl']} | {r['variant']} | {r['D']}"
+        if r.get("ms") is None:
+            lines.append(f"{head} | {r.get('error', '')} | | | | | |")
+            continue
+        ratio = lambda key: f"{r[key]:.2f}x" if r.get(key) else ""
+        err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
+        lines.append(
+            f"{head} | {r['ms']:.3f} | {r['tflops']:.0f} | {ratio('vs_causal')} | {ratio('vs_flex_attention')} | "
+            f"{ratio('vs_sdpa_cudnn')} | {err} |"
+        )
+    shape = VARIANT_SHAPE
+    lines.append(
+        f"\nbf16, B={shape['B']}, H={shape['H']}, N={shape['N']}, causal (bottom-right); softcap 50, ALiBi with "
+        "BLOOM's slopes 2^(-8(h+1)/H), window 4096 keys back."
+    )
+    return "\n".join(lines)
+
+
+def variants_chart(result: dict, path: Path) -> None:
+    """TFLOP/s (visible pairs) of each variant per head dim, tileattn beside FlexAttention."""
+    plt = _pyplot()
+
+    rows = [r for r in result["rows"] if r.get("tflops") and r["impl"] in ("tileattn", "flex_attention")]
+    groups = list(dict.fromkeys((r["D"], r["variant"]) for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    tflops = {(r["D"], r["variant"], r["impl"]): r["tflops"] for r in rows}
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    _grouped_bars(ax, groups, impls, lambda g, name: tflops.get((*g, name), 0), labels=True)
+    ax.set_xticklabels([f"D={d}\n{v}" for d, v in groups], fontsize=7)
+    ax.set_ylabel("TFLOP/s (visible pairs)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"Score variants, bf16 causal N=8192, {result['gpu']} ({result['commit']})", fontsize=9)
+    _save_figure(fig, path)
+
+
 # ---- the main job: the whole ladder in about two minutes ----------------------------------------
 
 # (rungs, peers, case): the K/V-outer v1 rungs take seconds per call at N=8192, so they run at
@@ -1022,6 +1177,8 @@ def result_table(result: dict) -> str:
         return decode_table(result)
     if suite == "varlen":
         return varlen_table(result)
+    if suite == "variants":
+        return variants_table(result)
     if suite == "bwd":
         return bwd_table(result) + "\n\n" + "\n".join(f"- {line}" for line in bwd_summary(result["rows"]).splitlines())
     table = markdown_table(result)

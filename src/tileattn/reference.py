@@ -201,17 +201,20 @@ def attention_backward_tiled(q, k, v, O, lse, dO, softmax_scale=None, causal=Non
 # bottom-right aligned: query i of Nq and key j of Nk are at distance i + Nk - Nq - j.
 
 
-def attention_serving(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
-    """float64 (O, lse) of (B, H, Nq, D) q and (B, H_kv, Nk, D) k, v with:
-      window (left, right): query i sees keys i + Nk - Nq - left .. i + Nk - Nq + right inclusive,
-          -1 for no bound on that side; causal=True is right = 0 (bottom-right, as in flash-attn);
+def attention_serving(
+    q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None, offset=None
+):
+    """float64 (O, lse) of (B, H, Nq, D) q and (B, H_kv, Nk, D) k, v, query i at key position
+    p = i + offset (default Nk - Nq: bottom-right, as flash-attn; 0: top-left), with:
+      window (left, right): query i sees keys p - left .. p + right inclusive, -1 for no bound on
+          that side; causal=True is right = 0;
       softcap > 0: scores s (already scaled) become softcap * tanh(s / softcap) (Gemma 2);
-      alibi_slopes (H,) or (B, H): scores get -slope * |i + Nk - Nq - j| (BLOOM, MPT).
+      alibi_slopes (H,) or (B, H): scores get -slope * |p - j| (BLOOM, MPT).
     A row that sees no key outputs 0 with lse -inf."""
-    return _softmax_times_v(*_serving_scores(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes))
+    return _softmax_times_v(*_serving_scores(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes, offset))
 
 
-def _serving_scores(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes):
+def _serving_scores(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes, offset=None):
     """attention_serving's scores (-inf where a key is not visible) and v expanded to q's heads."""
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     k, v = _expand_kv(q, k, v)
@@ -221,7 +224,8 @@ def _serving_scores(q, k, v, softmax_scale, causal, window, softcap, alibi_slope
     S = np.einsum("bhid,bhjd->bhij", q, k) * scale
     if softcap > 0:
         S = softcap * np.tanh(S / softcap)
-    dist = np.arange(Nq)[:, None] + Nk - Nq - np.arange(Nk)[None, :]  # i + Nk - Nq - j
+    offset = Nk - Nq if offset is None else offset
+    dist = np.arange(Nq)[:, None] + offset - np.arange(Nk)[None, :]  # p - j
     if alibi_slopes is not None:
         slopes = np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64), (B, H))
         S = S - slopes[:, :, None, None] * np.abs(dist)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import torch
 
-from . import api
+from . import _params, api
 from .versions import DEC_COMBINE, DEC_COMBINE_ROWS, DEC_VERSIONS
 
 _MAX_SPLITS = 128
@@ -95,6 +96,35 @@ def _window(window_size) -> tuple[int, int]:
     if left < -1 or right < -1:
         raise ValueError(f"window_size entries must be >= -1 (-1: unbounded), got {window_size!r}")
     return left, right
+
+
+def _variants(window_size, softcap, alibi_slopes, causal: bool, B: int, H: int, n_max: int, device):
+    """Checked score variants, as the kernels take them: (left, right) with right = 0 under a causal
+    mask and -1 for a bound at or past ``n_max`` (no bound; it keeps the kernels' arithmetic inside
+    int32), softcap as a float (0: off), the ALiBi slopes (float32 (H,) or (B, H) on ``device``, last
+    dim contiguous) and their batch stride (0 for (H,))."""
+    left, right = _window(window_size)
+    if causal:
+        right = 0
+    left, right = (-1 if w >= n_max else w for w in (left, right))
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float >= 0 (0: off), got {type(softcap).__name__}")
+    softcap = float(softcap)
+    if not softcap >= 0.0 or math.isinf(softcap):
+        raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap!r}")
+    alibi_sb = 0
+    if alibi_slopes is not None:
+        if (
+            not isinstance(alibi_slopes, torch.Tensor)
+            or alibi_slopes.dtype != torch.float32
+            or alibi_slopes.device != device
+            or alibi_slopes.shape not in ((H,), (B, H))
+        ):
+            _fail("alibi_slopes", f"a float32 tensor of shape ({H},) or ({B}, {H}) on {device}", alibi_slopes)
+        if alibi_slopes.stride(-1) != 1:
+            alibi_slopes = alibi_slopes.contiguous()
+        alibi_sb = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    return (left, right), softcap, alibi_slopes, alibi_sb
 
 
 def flash_attn_with_kvcache(
@@ -197,26 +227,9 @@ def flash_attn_with_kvcache(
     _check_index_tensor("cache_seqlens", cache_seqlens, (B,), q.device)
     if cache_seqlens is None and (paged or k is not None):
         raise ValueError("cache_seqlens is needed with a paged cache or with k/v to append (keys in use per sequence)")
-    left, right = _window(window_size)
-    if causal:
-        right = 0
-    # A window as wide as the cache is no window (and keeps the kernels' bounds inside int32).
-    left, right = (-1 if w >= Nk + Nq else w for w in (left, right))
-    softcap = float(softcap)
-    if not softcap >= 0.0 or math.isinf(softcap):
-        raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap!r}")
-    alibi_sb = 0
-    if alibi_slopes is not None:
-        if (
-            not isinstance(alibi_slopes, torch.Tensor)
-            or alibi_slopes.dtype != torch.float32
-            or alibi_slopes.device != q.device
-            or alibi_slopes.shape not in ((H,), (B, H))
-        ):
-            _fail("alibi_slopes", f"a float32 tensor of shape ({H},) or ({B}, {H}) on {q.device}", alibi_slopes)
-        if alibi_slopes.stride(-1) != 1:
-            alibi_slopes = alibi_slopes.contiguous()
-        alibi_sb = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    (left, right), softcap, alibi_slopes, alibi_sb = _variants(
+        window_size, softcap, alibi_slopes, bool(causal), B, H, Nk + Nq, q.device
+    )
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
@@ -316,31 +329,91 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
     return (out, lse) if return_lse else out
 
 
-# ---- variable-length batches -------------------------------------------------------------------
+# ---- v3.3 with every forward field: variable-length batches and the score variants ------------
 
 _VARLEN = "v3.3"  # the rung that reads cu_seqlens (csrc/common.cuh); Hopper only for now
+_VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
 
 
 @functools.cache
-def _varlen_kernel(dtype: str, D: int, causal: bool, device_index: int):
-    """v3.3 loaded with every forward field packed per call (the room fields included)."""
-    from . import _nvrtc, _params
-    from .versions import VERSIONS
+def _packed_kernel(dtype: str, D: int, causal: bool, variants: bool, device_index: int):
+    """v3.3 (or its variants kernel) loaded with every forward field packed per call (the room
+    fields included), and its (Br, Bc)."""
+    from . import _nvrtc
+    from .versions import KERNEL_ENTRIES, VERSIONS
 
-    entry = VERSIONS[_VARLEN]
     cc = _nvrtc.device_arch(device_index)
-    arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
+    if variants:
+        return api.entry_kernel(_VARIANTS, dtype, D, causal, device_index), KERNEL_ENTRIES[_VARIANTS].tiles[D]
+    entry = VERSIONS[_VARLEN]
     kern = api.load_kernel(
-        f"{_VARLEN} (variable-length) at head dim {D}",
+        f"{_VARLEN} (all fields) at head dim {D}",
         entry.file,
         entry.name_expression(dtype, D, causal, cc[0] * 10 + cc[1]),
-        arch,
+        _nvrtc.arch_string(cc, arch_specific=entry.arch_specific),
         device_index,
         True,
         _params.FWD_FIELDS,
         [],
     )
     return kern, entry.tile(D, cc[0] * 10 + cc[1])
+
+
+def _check_packed_path(what: str, dtype, D: int, device) -> None:
+    """The packed path runs where v3.3 does: fp16/bf16 on Hopper at its head dims."""
+    from . import _nvrtc
+    from .versions import VERSIONS
+
+    entry = VERSIONS[_VARLEN]
+    cc = _nvrtc.device_arch(device.index)
+    if (
+        dtype not in (torch.float16, torch.bfloat16)
+        or not entry.runs_on(cc[0] * 10 + cc[1])
+        or D not in entry.head_dims
+    ):
+        raise NotImplementedError(
+            f"{what} run on Hopper (sm_90) in float16/bfloat16 at head dims {entry.head_dims} for now (the v3.3 "
+            f"rung); got {dtype} at head dim {D} on sm_{cc[0]}{cc[1]}"
+        )
+
+
+def _launch_packed(
+    q, k, v, out, lse, *, causal, variants, dims, strides, grid, scale, causal_offset,
+    cu_seqlens=(None, None), bottom_right=False, window=(-1, -1), softcap=0.0, alibi=(None, 0),
+):  # fmt: skip
+    """One v3.3 call with every forward field; out and lse are written.  dims = (B, H, Nq, H_kv, Nk,
+    D) as the copy engine sees q, k, v: with cu_seqlens, B = 1 and Nq, Nk the packed totals.
+    strides: (sb, sh, sn) of q, k, v and out.  grid = (sequences, longest query length): the grid
+    is (Q blocks, sequences x H)."""
+    dtype = api._DTYPES[q.dtype]
+    B, H, Nq, H_kv, Nk, D = dims
+    kern, (Br, Bc) = _packed_kernel(dtype, D, causal, variants, q.device.index)
+    qs, ks, vs, _ = strides
+    layouts = [((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs)]
+    maps = api._tensor_maps(q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc)
+    ptr = lambda t: 0 if t is None else t.data_ptr()
+    stream = api._current_stream(q.device.index)
+    BH, Tr = grid[0] * H, -(-grid[1] // Br)
+    for off in range(0, BH, api._GRID_Y_MAX):
+        args = [
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0,
+            Nq, Nk, H, H // H_kv, *(x for s in strides for x in s), scale, causal_offset, off,
+            ptr(cu_seqlens[0]), ptr(cu_seqlens[1]), 0, 0, 0, 0, *window, softcap, int(bottom_right),
+            ptr(alibi[0]), alibi[1],
+        ]  # fmt: skip
+        kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args, maps)
+
+
+def _prepare_scale_and_rows(q, k, v, scale, rows_of):
+    """The kernels fold a scale >= 0 into the exponent (softmax.cuh): a negative one negates q
+    (exact).  Rows must start on 16-byte boundaries (TMA): a view that breaks that is copied.
+    rows_of(t): t's strides as the copy engine sees them."""
+    if scale < 0:
+        q, scale = -q, -scale
+    q, k, v = (
+        t if api._rows_aligned(t, rows_of(t)) else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v)
+    )
+    return q, k, v, scale
 
 
 def flash_attn_varlen_func(
@@ -373,20 +446,21 @@ def flash_attn_varlen_func(
             offsets).
         causal: True (bottom-right per sequence, flash-attn's convention), "top_left" or
             "bottom_right".
+        window_size: (left, right), -1 unbounded: query i of a sequence sits at key position
+            p = i + offset (the causal alignment; bottom-right, Nk_b - Nq_b, without a causal
+            mask, as flash-attn) and sees keys p - left .. p + right; blocks outside are skipped.
+        softcap: > 0 caps each scaled score s at softcap * tanh(s / softcap) (tanh on the SFU,
+            relative error about 2^-11).
+        alibi_slopes: float32 (H,) or (B, H): adds -slope * |p - j| to the scaled score.
         return_lse: also return the float32 log-sum-exp, (H, total_q); -inf for a row with no key.
 
-    Runs on Hopper (sm_90) at head dims 64, 128, 192 and 256 (the v3.3 rung); dropout, a window,
-    softcap and ALiBi raise NotImplementedError here (flash_attn_with_kvcache has the last three).
-    Not differentiable yet: an input that requires grad while grad mode is on raises.
-    Rows of q past cu_seqlens_q[-1] have unspecified output; the offsets' values are not checked
-    (that would need a sync)."""
+    Runs on Hopper (sm_90) at head dims 64, 128, 192 and 256 (the v3.3 rung; with a window,
+    softcap or ALiBi its variants kernel).  Dropout raises NotImplementedError.  Not
+    differentiable yet: an input that requires grad while grad mode is on raises.  Rows of q past
+    cu_seqlens_q[-1] have unspecified output; the offsets' values are not checked (that would
+    need a sync)."""
     if dropout_p:
         raise NotImplementedError(f"dropout_p must be 0.0 (tileattn has no dropout), got {dropout_p!r}")
-    if tuple(_window(window_size)) != (-1, -1) or softcap or alibi_slopes is not None:
-        raise NotImplementedError(
-            "window_size, softcap and alibi_slopes are not in the variable-length path yet "
-            "(flash_attn_with_kvcache takes them)"
-        )
     mode = api._causal_mode(causal, default_true="bottom_right")
     tensors = (("q", q), ("k", k), ("v", v))
     for name, t in tensors:
@@ -419,19 +493,15 @@ def flash_attn_varlen_func(
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"{name} must be an int >= 0, got {n!r}")
+    B = cu_seqlens_q.shape[0] - 1
+    window, softcap, alibi_slopes, alibi_sb = _variants(
+        window_size, softcap, alibi_slopes, mode is not None, B, H, max_seqlen_q + max_seqlen_k, q.device
+    )
+    variants = window != (-1, -1) or softcap > 0 or alibi_slopes is not None
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
     if q.device.type != "cuda":
         raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
-    from . import _nvrtc
-    from .versions import VERSIONS
-
-    cc = _nvrtc.device_arch(q.device.index)
-    if not VERSIONS[_VARLEN].runs_on(cc[0] * 10 + cc[1]) or D not in VERSIONS[_VARLEN].head_dims:
-        raise NotImplementedError(
-            f"variable-length batches run on Hopper (sm_90) at head dims {VERSIONS[_VARLEN].head_dims} for now; "
-            f"got sm_{cc[0]}{cc[1]}, head dim {D}"
-        )
-    B = cu_seqlens_q.shape[0] - 1
+    _check_packed_path("variable-length batches", q.dtype, D, q.device)
     out = torch.empty((total_q, H, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if B == 0 or total_q == 0 or max_seqlen_q == 0:
@@ -441,28 +511,72 @@ def flash_attn_varlen_func(
         if lse is not None:
             lse.fill_(-math.inf)
         return (out, lse) if return_lse else out
-    if scale < 0:  # the kernels fold a scale >= 0 into the exponent (softmax.cuh): negate q instead
-        q, scale = -q, -scale
-    q, k, v = (
-        t if api._rows_aligned(t, (0, *t.stride()[:2])) else t.clone(memory_format=torch.contiguous_format)
-        for t in (q, k, v)
-    )
-
-    dtype = api._DTYPES[q.dtype]
-    kern, (Br, Bc) = _varlen_kernel(dtype, D, mode is not None, q.device.index)
-    layouts = [
-        ((1, heads, total, D), (total * t.stride(0), t.stride(1), t.stride(0)))
-        for t, heads, total in ((q, H, total_q), (k, H_kv, total_k), (v, H_kv, total_k))
-    ]
-    maps = api._tensor_maps(q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc)
+    q, k, v, scale = _prepare_scale_and_rows(q, k, v, scale, lambda t: (0, *t.stride()[:2]))
+    # One "batch" of total rows to the copy engine: (sb, sh, sn) = (0, stride(1), stride(0)).
     strides = [(0, t.stride(1), t.stride(0)) for t in (q, k, v, out)]
-    stream = api._current_stream(q.device.index)
-    BH, Tr = B * H, -(-max_seqlen_q // Br)
-    for off in range(0, BH, api._GRID_Y_MAX):
-        args = [
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0,
-            total_q, total_k, H, H // H_kv, *(x for s in strides for x in s), scale, 0, off,
-            cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), 0, 0, 0, 0, -1, -1, 0.0, int(mode == "bottom_right"),
-        ]  # fmt: skip
-        kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args, maps)
+    _launch_packed(
+        q, k, v, out, lse, causal=mode is not None, variants=variants,
+        dims=(1, H, total_q, H_kv, total_k, D), strides=strides, grid=(B, max_seqlen_q), scale=scale,
+        causal_offset=0, cu_seqlens=(cu_seqlens_q, cu_seqlens_k),
+        bottom_right=mode == "bottom_right" or (mode is None and variants), window=window, softcap=softcap,
+        alibi=(alibi_slopes, alibi_sb),
+    )  # fmt: skip
     return (out, lse) if return_lse else out
+
+
+def attention_variants(
+    q, k, v, softmax_scale, mode, window_size, softcap, alibi_slopes, return_lse, out=None, lse=None
+):
+    """flash_attn_func with a window, softcap or ALiBi: (B, Nq, H, D) q, (B, Nk, H_kv, D) k, v,
+    already checked by api._validate (dtype, shapes, devices, strides).  Returns (O, lse or
+    None); out / lse: buffers to write (the tests hand in NaN-poisoned ones)."""
+    B, Nq, H, D = q.shape
+    Nk, H_kv = k.shape[1], k.shape[2]
+    window, softcap, alibi_slopes, alibi_sb = _variants(
+        window_size, softcap, alibi_slopes, mode is not None, B, H, Nq + Nk, q.device
+    )
+    _check_packed_path("a window, softcap and ALiBi", q.dtype, D, q.device)
+    if out is None:
+        out = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
+    if lse is None and return_lse:
+        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    if B * H * Nq == 0 or Nk == 0:
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return out, lse
+    bhn = lambda t: (t.stride(0), t.stride(2), t.stride(1))  # (B, N, H, D) strides as (sb, sh, sn)
+    q, k, v, softmax_scale = _prepare_scale_and_rows(q, k, v, softmax_scale, bhn)
+    # Positions: query i at key position i + offset, the causal alignment's (bottom-right without
+    # a causal mask, as flash-attn).
+    offset = 0 if mode == "top_left" else Nk - Nq
+    _launch_packed(
+        q, k, v, out, lse, causal=mode is not None, variants=True, dims=(B, H, Nq, H_kv, Nk, D),
+        strides=[bhn(t) for t in (q, k, v, out)], grid=(B, Nq), scale=softmax_scale, causal_offset=offset,
+        window=window, softcap=softcap, alibi=(alibi_slopes, alibi_sb),
+    )  # fmt: skip
+    return out, lse
+
+
+@torch.library.custom_op("tileattn::fwd_variants", mutates_args=(), device_types="cuda")
+def _fwd_variants_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    alibi_slopes: torch.Tensor | None,
+    softmax_scale: float,
+    causal: int,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tileattn::fwd_variants: attention_variants for torch.compile (flash-attn's layout; causal as
+    tileattn::fwd codes it) -> (O, lse (B, H, Nq))."""
+    mode = api._CAUSAL_OF_CODE[causal]
+    return attention_variants(q, k, v, softmax_scale, mode, (window_left, window_right), softcap, alibi_slopes, True)
+
+
+@_fwd_variants_op.register_fake
+def _(q, k, v, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap):
+    B, Nq, H, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, H, Nq), dtype=torch.float32)

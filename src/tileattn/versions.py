@@ -317,6 +317,12 @@ class KernelEntry:
     min_arch: int = 80  # compute capability major*10 + minor
     spill_bytes: dict[int, int] = dataclasses.field(default_factory=dict)  # documented budgets, by head dim
     causal_variants: tuple[bool, ...] = (False, True)  # (False,): a kernel that ignores CAUSAL
+    max_arch: int | None = None  # as Version: wgmma kernels run on sm_90 only
+    arch_specific: bool = False  # compiled for sm_XYa (wgmma, setmaxnreg)
+    tensor_maps: bool = False  # takes a TmaMaps parameter after its fields
+
+    def runs_on(self, arch: int) -> bool:
+        return self.min_arch <= arch and (self.max_arch is None or arch <= self.max_arch)
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -431,5 +437,23 @@ DEC_COMBINE = KernelEntry(
 )
 DEC_ENTRIES = (*DEC_VERSIONS, DEC_COMBINE)
 
+# The score variants (sliding window, softcap, ALiBi) of flash_attn_func and flash_attn_varlen_func:
+# v3.3's body compiled with VARIANTS (csrc/v3_3_wgmma.cu), every forward field packed per call.
+V3_3_VARIANTS = KernelEntry(
+    name="v3.3_variants",
+    file=_V3_3.file,
+    kernel="v3_3_variants_fwd",
+    tiles=_V3_3.tiles,
+    dtypes=_V3_3.dtypes,
+    fields="fwd",
+    summary="v3.3 with a sliding window (blocks outside skipped), softcap (tanh on the SFU) and ALiBi",
+    min_arch=90,
+    max_arch=90,
+    arch_specific=True,
+    tensor_maps=True,
+)
+
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
-KERNEL_ENTRIES: dict[str, KernelEntry] = {e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES)}
+KERNEL_ENTRIES: dict[str, KernelEntry] = {
+    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, V3_3_VARIANTS)
+}

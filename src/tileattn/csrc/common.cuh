@@ -45,7 +45,10 @@ struct alignas(64) TmaMaps {
 // are packed (total, H, D) with batch strides 0, sequence b owns rows cu_seqlens_q[b] ..
 // cu_seqlens_q[b + 1] - 1 of q and o (of k, v: cu_seqlens_k), Nq and Nk are the packed totals,
 // lse is (H, total_q), and the causal offset is per sequence: Nk_b - Nq_b when bottom_right, else
-// causal_offset.
+// causal_offset.  The score variants (v3.3's variants kernel): query row i sits at key position
+// i + offset (the causal offset, or the host's Nk - Nq without a causal mask, as flash-attn); it
+// sees keys j in [pos - window_left, pos + window_right] (-1: unbounded); softcap > 0 replaces
+// each scaled score s by softcap tanh(s / softcap); alibi_slopes adds -slope |pos - j|.
 #define TILEATTN_FWD_FIELDS(X, SEP)                                                        \
   X(const T* __restrict__, q) SEP X(const T* __restrict__, k) SEP X(const T* __restrict__, v) SEP \
   X(T* __restrict__, o) SEP X(float* __restrict__, lse) SEP X(float* __restrict__, workspace) SEP \
@@ -63,7 +66,9 @@ struct alignas(64) TmaMaps {
   X(const long long, page_table_stride) SEP X(const int, page_size) SEP                    \
   X(const int, window_left) SEP X(const int, window_right) SEP /* -1: unbounded */         \
   X(const float, softcap) SEP                    /* tanh soft-capping of scores, 0: off */   \
-  X(const int, bottom_right)                     /* variable-length: causal offset Nk_b - Nq_b */
+  X(const int, bottom_right) SEP                 /* variable-length: causal offset Nk_b - Nq_b */ \
+  X(const float* __restrict__, alibi_slopes) SEP /* [B][H] at alibi_sb, [H] (alibi_sb 0); null: off */ \
+  X(const long long, alibi_sb)
 
 #define TILEATTN_COMMA_ ,
 #define TILEATTN_SEMI_ ;

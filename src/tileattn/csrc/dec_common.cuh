@@ -104,13 +104,6 @@ __device__ __forceinline__ int2 dec_row_keys(int pos, int kv_begin, int kv_end, 
   return make_int2(lo, hi);
 }
 
-// The scale the folded exponent uses (folded_scale_log2 clamps it at 1e-30 log2e): the variants
-// divide by this one, so a scale of 0 (or below 1e-30) still gives finite, exact-in-the-limit
-// scores (softcap s tanh(S s / c) / s -> S, ALiBi slope |p - j| / s times s).
-__device__ __forceinline__ float dec_scale(float softmax_scale) {
-  return folded_scale_log2(softmax_scale) * (1.0f / TILEATTN_LOG2E);
-}
-
 // One raw score S = q.k of a row at key position pos against key j, turned into the raw-score
 // domain the folded exponent expects (softmax.cuh: the kernels compute 2^(S scale log2e - m)):
 // with softcap, S becomes softcap tanh(S scale / softcap) / scale; with ALiBi, minus
@@ -140,7 +133,7 @@ __device__ __forceinline__ DecRows dec_rows(const DecBlock& blk, int g, int Nq, 
     r.keys[h] = dec_row_keys<CAUSAL>(r.pos[h], blk.kv_begin, blk.kv_end, window_left, window_right);
     const int head = blk.hk * h_per_kv + qr / Nq;
     r.slope[h] = alibi_slopes && g + 8 * h < blk.rows ? alibi_slopes[blk.b * alibi_sb + head] / softmax_scale : 0.0f;
-    // (softmax_scale here is dec_scale(): the scale the folded exponent really uses.)
+    // (softmax_scale here is folded_scale(): the scale the folded exponent really uses.)
   }
   return r;
 }

@@ -144,7 +144,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
     }
   };
   const DecRows rows = dec_rows<CAUSAL>(blk, lane / 4, Nq, h_per_kv, window_left, window_right, alibi_slopes,
-                                        alibi_sb, dec_scale(softmax_scale));
+                                        alibi_sb, folded_scale(softmax_scale));
   const bool variants = softcap > 0.0f || alibi_slopes;
 
   float acc[DT][4];
@@ -161,7 +161,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
     dec_tile<T, HEAD_DIM, KEYS>(
         acc, m_i, l_i, q_frag, [=](int np, int ks) { return K_addr + (16 * np + k_r) * PITCH + (2 * ks + k_c) * 16; },
         [=](int kk, int dp) { return V_addr + (16 * kk + v_r) * PITCH + (2 * dp + v_c) * 16; }, rows,
-        kv_begin + n * Bc + key0, variants, dec_scale(softmax_scale), softcap, scale_log2);
+        kv_begin + n * Bc + key0, variants, folded_scale(softmax_scale), softcap, scale_log2);
     __syncwarp();  // the warp's reads of stage s are done ...
     if (lane == 0) mbar_arrive(empty(s));  // ... so the producer may refill it
   }

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
     }
   };
   const DecRows rows = dec_rows<CAUSAL>(blk, lane / 4, Nq, h_per_kv, window_left, window_right, alibi_slopes,
-                                        alibi_sb, dec_scale(softmax_scale));
+                                        alibi_sb, folded_scale(softmax_scale));
   const bool variants = softcap > 0.0f || alibi_slopes;
 
   float acc[DT][4];
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
     dec_tile<T, HEAD_DIM, Bc>(
         acc, m_i, l_i, q_frag, [=](int np, int ks) { return KVTile::ldsm_addr(K_addr, k_r, k_c, 16 * np, ks); },
         [=](int kk, int dp) { return KVTile::ldsm_addr(V_addr, v_r, v_c, 16 * kk, dp); }, rows,
-        kv_begin + (warp + DEC_WARPS * n) * Bc, variants, dec_scale(softmax_scale), softcap, scale_log2);
+        kv_begin + (warp + DEC_WARPS * n) * Bc, variants, folded_scale(softmax_scale), softcap, scale_log2);
     __syncwarp();  // every lane is done with this stage before tile n + 2 lands in it
   }
   cp_async_wait<0>();

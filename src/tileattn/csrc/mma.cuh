@@ -314,6 +314,53 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
   }
 }
 
+// The score variants of one block (v3.3's variants kernel; csrc/common.cuh has their meaning),
+// set up once per block of query rows: everything in the raw-score domain the folded exponent
+// expects (2^(S s log2e - m) with s = folded_scale), so softcap c gives S -> (c / s) tanh(S s / c)
+// and ALiBi subtracts (slope / s) |pos - j|.  Window bounds are per row: keys lo .. hi inclusive.
+struct ScoreVariants {
+  float cap_s, inv_cap_s;  // c / s and s / c; softcap false: unused
+  float slope_s;           // ALiBi slope / s; alibi false: unused
+  int left, right;         // the window, -1 unbounded (right is -1 under a causal mask: it rules)
+  bool softcap, alibi;
+  int first_pos, last_pos;  // the positions of the block's first and last query rows
+  int pos[2];               // this thread's rows' positions
+};
+
+// Apply the variants to one K/V block's fragment S (keys kv_start .. kv_start + Bc - 1, this
+// thread's rows pos[0], pos[1]), before fragment_online_softmax masks causality and Nk.  The
+// window's mask runs only on the blocks that cross an edge (the others are inside for every
+// row, or skipped: the kernel's loop covers only blocks some row sees).  Per score, ALiBi is an
+// FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL, the
+// SFU's tanh and an FMUL.
+template <int NS>
+__device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
+  if (var.softcap) {
+#pragma unroll
+    for (int i = 0; i < NS; ++i) S[i] = var.cap_s * tanh_approx(S[i] * var.inv_cap_s);
+  }
+  if (var.alibi) {
+    // pos - key = (pos - kv_start - 2t) - (8 (i / 4) + (i & 1)): a per-row float minus a constant.
+    const float d0[2] = {static_cast<float>(var.pos[0] - kv_start - 2 * t),
+                         static_cast<float>(var.pos[1] - kv_start - 2 * t)};
+#pragma unroll
+    for (int i = 0; i < NS; ++i)
+      S[i] = fmaf(-var.slope_s, fabsf(d0[(i % 4) / 2] - static_cast<float>((i / 4) * 8 + (i & 1))), S[i]);
+  }
+  const bool left_edge = var.left >= 0 && kv_start < var.last_pos - var.left;
+  const bool right_edge = var.right >= 0 && kv_start + Bc - 1 > var.first_pos + var.right;
+  if (left_edge || right_edge) {
+    const int lo[2] = {var.left >= 0 ? var.pos[0] - var.left : kv_start, var.left >= 0 ? var.pos[1] - var.left : kv_start};
+    const int hi[2] = {var.right >= 0 ? var.pos[0] + var.right : kv_start + Bc,
+                       var.right >= 0 ? var.pos[1] + var.right : kv_start + Bc};
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int r = (i % 4) / 2, key = kv_start + (i / 4) * 8 + 2 * t + (i & 1);
+      if (key < lo[r] || key > hi[r]) S[i] = TILEATTN_NEG_INF;
+    }
+  }
+}
+
 // Two adjacent output values in the output dtype.
 __device__ __forceinline__ void store_pair(float* dst, float a, float b) { *reinterpret_cast<float2*>(dst) = make_float2(a, b); }
 template <typename T>

@@ -47,6 +47,23 @@ __device__ __forceinline__ float folded_scale_log2(float softmax_scale) {
   return fmaxf(softmax_scale * TILEATTN_LOG2E, 1e-30f);
 }
 
+// The scale the folded exponent uses (folded_scale_log2 clamps it at 1e-30 log2e): the score
+// variants divide by this one, so a scale of 0 (or below 1e-30) still gives finite,
+// exact-in-the-limit scores (softcap s tanh(S s / c) / s -> S, ALiBi slope |p - j| / s times s).
+__device__ __forceinline__ float folded_scale(float softmax_scale) {
+  return folded_scale_log2(softmax_scale) * (1.0f / TILEATTN_LOG2E);
+}
+
+// tanh on the SFU (MUFU.TANH, sm_75+), one instruction, max relative error about 2^-11 (PTX ISA,
+// tanh.approx.f32); tanhf is a longer, exact software sequence.  The soft-capping of
+// wgmma's scores uses it (as FlashAttention's softcap does): each score already costs one SFU
+// exp2, and a second one keeps the SFU at the tensor core's pace at D = 128.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // One row's step of the online softmax, in the log2 domain: m_blk is this K/V block's row max of
 // the scaled scores.  m_i becomes the running max, l_i is rebased to it, m_base is what this
 // block's scores subtract (safe_max: 0 while the row has seen only -inf), and the return value

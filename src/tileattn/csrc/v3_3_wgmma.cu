@@ -25,6 +25,9 @@
 // Variable-length batches (flash_attn_varlen_func): the same kernel with cu_seqlens (common.cuh);
 // grid (Q blocks of the longest sequence, sequences x heads), blocks past a sequence's end exit,
 // and the copy engine reads each sequence's rows of the packed tensors from its offset.
+// Score variants (sliding window, softcap, ALiBi): v3_3_variants_fwd, the same body compiled with
+// VARIANTS, so that the plain kernel's code is untouched (its SASS is identical).  The K/V loop
+// covers only the blocks inside the window of some row of the Q block (skipped, not masked).
 #include "common.cuh"
 #include "mma.cuh"  // pack2, mbarriers, tma_load_4d
 #include "wgmma.cuh"
@@ -38,8 +41,8 @@ constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2).
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS>
+__device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "v3.3 is an fp16/bf16 rung");
   static_assert(Br == 128, "two consumer warpgroups of 64 query rows");
@@ -72,20 +75,28 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
   }
   const int q_start = q_block<CAUSAL>() * Br;
   if (q_start >= seq_q) return;  // a Q block past a short sequence (the grid covers the longest)
-  const int kv_limit = CAUSAL ? min(seq_k, max(0, q_start + Br + offset)) : seq_k;
-  const int Tc = (kv_limit + Bc - 1) / Bc;
+  // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
+  // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0.
+  int kv_lo = 0, kv_hi = CAUSAL ? min(seq_k, max(0, q_start + Br + offset)) : seq_k;
+  if (VARIANTS) {
+    if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, q_start + Br + offset + window_right));
+    if (window_left >= 0) kv_lo = min(kv_hi, max(0, q_start + offset - window_left));
+  }
+  const int j_lo = kv_lo / Bc;
+  const int Tc = (kv_hi + Bc - 1) / Bc - j_lo;
   const int tma_b = cu_seqlens_q ? 0 : b_;  // packed tensors are one "batch" to the copy engine
 
   if (threadIdx.x < V3_3_WG) {
     // ---------------- producer: one thread issues every copy ----------------
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
-    tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q, bars.q, Br, q0 + q_start, h_, tma_b);  // maps: q, k, v
-    for (int j = 0; j < Tc; ++j) {
-      bars.wait_k_empty(j);
-      tma_tile_load<HEAD_DIM>(&tmaps, 1, s_k(j % STAGES), bars.k_full(j), Bc, k0 + j * Bc, hk_, tma_b);
-      bars.wait_v_empty(j);
-      tma_tile_load<HEAD_DIM>(&tmaps, 2, s_v(j % STAGES), bars.v_full(j), Bc, k0 + j * Bc, hk_, tma_b);
+    tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, q0 + q_start, h_, tma_b);  // maps: q, k, v
+    for (int n = 0; n < Tc; ++n) {
+      const int row = k0 + (j_lo + n) * Bc;
+      bars.wait_k_empty(n);
+      tma_tile_load<HEAD_DIM>(tmaps, 1, s_k(n % STAGES), bars.k_full(n), Bc, row, hk_, tma_b);
+      bars.wait_v_empty(n);
+      tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(n % STAGES), bars.v_full(n), Bc, row, hk_, tma_b);
     }
     return;
   }
@@ -113,9 +124,9 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
   const unsigned long long dq = wgmma_desc_sw128(s_q + cwg * 64 * 128);
   mbar_wait(bars.q, 0);  // even with no K/V block: no copy may outlive the CTA
 
-  // S = Q K_j^T into S (asynchronous: issued, committed, not waited for).
-  auto issue_s = [&](float (&S)[NS], int j) {
-    const unsigned long long dk = wgmma_desc_sw128(s_k(j % STAGES));
+  // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the blocks.
+  auto issue_s = [&](float (&S)[NS], int n) {
+    const unsigned long long dk = wgmma_desc_sw128(s_k(n % STAGES));
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
@@ -125,19 +136,35 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
   // acc += P V_j (asynchronous), V read N-major: k16 step ks starts 16 key rows (2048 bytes)
   // further; the next 64 columns of d are the next panel (the leading byte offset).
   unsigned p[Bc / 16][4];
-  auto issue_pv = [&](int j) {
-    const unsigned long long dv = wgmma_desc_sw128(s_v(j % STAGES), Bc * 128);
+  auto issue_pv = [&](int n) {
+    const unsigned long long dv = wgmma_desc_sw128(s_v(n % STAGES), Bc * 128);
     fence_operands(acc);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Bc / 16; ++ks) Wgmma16<T>::rs_bt(acc, p[ks], dv + ((ks * 16 * 128) >> 4), 1);
     wgmma_commit();
   };
-  // Online softmax of block j's scores, in place (mask, new row max, S = exp2(S * scale - m)).
+  ScoreVariants var{};
+  if (VARIANTS) {
+    const float s = folded_scale(softmax_scale);
+    var.softcap = softcap > 0.0f;
+    var.cap_s = softcap / s;
+    var.inv_cap_s = s / softcap;
+    var.alibi = alibi_slopes != nullptr;
+    var.slope_s = var.alibi ? alibi_slopes[b_ * alibi_sb + h_] / s : 0.0f;
+    var.left = window_left;
+    var.right = CAUSAL ? -1 : window_right;
+    var.first_pos = q_start + offset;
+    var.last_pos = q_start + Br - 1 + offset;
+    var.pos[0] = row_a + offset;
+    var.pos[1] = row_a + 8 + offset;
+  }
+  // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
   float scale_old[2];
-  auto softmax = [&](float (&S)[NS], int j) {
-    fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, j * Bc, Bc, q_start, row_a, t, seq_k,
-                                    offset);
+  auto softmax = [&](float (&S)[NS], int n) {
+    if (VARIANTS) fragment_variants(S, var, (j_lo + n) * Bc, Bc, t);
+    fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
+                                    seq_k, offset);
   };
   // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
   // the even tile are a0 / a1, of the odd tile a2 / a3), and O rebased to the new row max.
@@ -188,7 +215,7 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
       // but 0 x NaN is NaN, so each consumer warpgroup zeroes those rows of every 64-column
       // panel (row r: bytes [r 128, r 128 + 128) of its panel) before its P V reads them.  Only
       // the last tile can reach past the keys; the dense path's copy engine zero-fills instead.
-      const int first = seq_k - (Tc - 1) * Bc;  // rows first .. Bc - 1
+      const int first = seq_k - (j_lo + Tc - 1) * Bc;  // rows first .. Bc - 1
       if (first < Bc) {
         unsigned char* v_tile = smem + (s_v((Tc - 1) % STAGES) - s_q);
         for (int i = threadIdx.x % V3_3_WG; i < (HEAD_DIM / 64) * (Bc - first) * 8; i += V3_3_WG) {
@@ -211,7 +238,20 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
 #endif
 }
 
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false>(TILEATTN_FWD_ARGS, &tmaps);
+}
+
+// The same rung with the score variants read from the room fields (window, softcap, ALiBi).
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(V3_3_WG * 3, 1)
+    v3_3_variants_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, true>(TILEATTN_FWD_ARGS, &tmaps);
+}
+
 // Q, 2 stages of K and V, 9 mbarriers (KVBarriers<2>).
 TILEATTN_SMEM_BYTES(v3_3_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 9 * 8);
+TILEATTN_SMEM_BYTES(v3_3_variants_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 9 * 8);
 
 }  // namespace tileattn

@@ -1,0 +1,209 @@
+"""The score variants of flash_attn_func and flash_attn_varlen_func (a sliding window, softcap,
+ALiBi; v3.3's variants kernel, csrc/v3_3_wgmma.cu): every instantiation compiles without spills
+to the instructions it exists for, and bad input raises naming the argument (CPU); outputs and
+lse against float64 with each variant and all of them crossed with both causal alignments and
+none, Nq != Nk, GQA, N=1, strided inputs, NaN-poisoned outputs, packed sequences and B*H past
+gridDim.y (GPU)."""
+
+import numpy as np
+import pytest
+import torch
+
+from tileattn import _nvrtc, _params, flash_attn_func, flash_attn_varlen_func, reference, serving
+from tileattn.testing import assert_serving_output
+from tileattn.versions import V3_3_VARIANTS, VERSIONS
+
+
+@pytest.mark.parametrize("dtype,D,causal", V3_3_VARIANTS.instantiations())
+def test_variants_kernel_compiles_without_spills(dtype, D, causal):
+    cubin = _nvrtc.compile_kernel(V3_3_VARIANTS.file, V3_3_VARIANTS.name_expression(dtype, D, causal), "sm_90a")
+    res = cubin.resources
+    assert res["stack_bytes"] == res["spill_stores"] == res["spill_loads"] == 0, res
+    _params.packer(cubin.data, cubin.lowered_name, True, _params.FWD_FIELDS, [])
+    sass = _nvrtc.sass(cubin)
+    # wgmma (HGMMA) as in v3.3, and softcap's tanh on the SFU (one MUFU.TANH a score).
+    assert "HGMMA.64x" in sass and "MUFU.TANH" in sass and "MUFU.EX2" in sass
+
+
+def test_plain_v33_has_no_variant_code():
+    """The variants are a separate instantiation: the plain kernel carries no tanh."""
+    cubin = _nvrtc.compile_kernel("v3_3_wgmma.cu", VERSIONS["v3.3"].name_expression("bfloat16", 128, True), "sm_90a")
+    assert "MUFU.TANH" not in _nvrtc.sass(cubin)
+
+
+def test_reference_top_left_window_is_causal_mask():
+    """attention_serving's offset: top-left causal equals the naive reference's top_left."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, n, 16)) for n in (5, 9, 9))
+    o, lse = reference.attention_serving(q, k, v, causal=True, offset=0)
+    o_ref, lse_ref = reference.attention_naive(q, k, v, None, "top_left")
+    np.testing.assert_allclose(o, o_ref, atol=1e-12)
+    np.testing.assert_allclose(lse, lse_ref, atol=1e-12)
+
+
+def _cpu(B=2, N=8, H=4, H_kv=2, D=64):
+    return [torch.zeros(B, N, h, D, dtype=torch.float16) for h in (H, H_kv, H_kv)]
+
+
+BAD_INPUT = [
+    (dict(window_size=(-2, 0)), ValueError, "window_size entries must be >= -1"),
+    (dict(window_size=4), TypeError, "window_size must be a pair of ints"),
+    (dict(softcap=-1.0), ValueError, "softcap must be finite and >= 0"),
+    (dict(softcap=float("inf")), ValueError, "softcap must be finite and >= 0"),
+    (dict(softcap="big"), TypeError, "softcap must be a float"),
+    (dict(alibi_slopes=torch.zeros(3)), ValueError, r"alibi_slopes must be a float32 tensor of shape \(4,\)"),
+    (dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be a float32"),
+    (dict(window_size=(8, 0), version="v2.3"), ValueError, "window_size, softcap and alibi_slopes run on v3.3"),
+    (dict(softcap=1.0), ValueError, "q must be a CUDA tensor"),
+]
+
+
+@pytest.mark.parametrize("change,error,match", BAD_INPUT)
+def test_variants_bad_input_names_the_argument(change, error, match):
+    with pytest.raises(error, match=match):
+        flash_attn_func(*_cpu(), **change)
+
+
+def test_variants_refuse_inputs_that_require_grad():
+    q, k, v = _cpu()
+    q.requires_grad_()
+    with pytest.raises(RuntimeError, match="no backward pass for window_size, softcap or alibi_slopes"):
+        flash_attn_func(q, k, v, window_size=(4, 0))
+
+
+def test_a_window_wider_than_the_sequences_is_no_variant():
+    """Arguments that amount to no variant take the plain path (here: its CUDA check)."""
+    q, k, v = _cpu()
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        flash_attn_func(q, k, v, causal=True, window_size=(100, 100))
+
+
+# ---- GPU -------------------------------------------------------------------------------------
+
+_VARIANTS = {
+    "window": dict(window=(61, 29)),
+    "window_left": dict(window=(130, -1)),
+    "softcap": dict(softcap=1.5),
+    "alibi": dict(alibi="H"),
+    "alibi_bh": dict(alibi="BH"),
+    "all": dict(window=(200, 7), softcap=3.0, alibi="BH"),
+}
+
+
+def _needs_hopper():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the score variants run on Hopper (v3.3) for now")
+
+
+def _slopes(kind, B, H, gen):
+    if kind is None:
+        return None
+    shape = (H,) if kind == "H" else (B, H)
+    return torch.rand(shape, device="cuda", generator=gen) * 0.3
+
+
+def _as_np(t):
+    return t.double().cpu().numpy()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+def test_variants_match_float64(dtype, D, causal, variant):
+    _needs_hopper()
+    spec = _VARIANTS[variant]
+    gen = torch.Generator(device="cuda").manual_seed(D + len(variant))
+    B, Nq, Nk, H, H_kv = 2, 300, 457, 4, 2  # Nq != Nk, neither a multiple of a tile; GQA
+    q = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    slopes = _slopes(spec.get("alibi"), B, H, gen)
+    window, softcap = spec.get("window", (-1, -1)), spec.get("softcap", 0.0)
+    out = torch.full((B, Nq, H, D), float("nan"), device="cuda", dtype=dtype)  # poisoned
+    lse = torch.full((B, H, Nq), float("nan"), device="cuda")
+    mode = causal or None
+    checked = serving._variants(window, softcap, slopes, mode is not None, B, H, Nq + Nk, q.device)
+    serving.attention_variants(q, k, v, D**-0.5, mode, checked[0], softcap, slopes, True, out=out, lse=lse)
+    heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
+    o_ref, lse_ref = reference.attention_serving(
+        heads(q), heads(k), heads(v), D**-0.5, causal=mode is not None, window=window, softcap=softcap,
+        alibi_slopes=None if slopes is None else slopes.cpu().numpy(), offset=0 if causal == "top_left" else None,
+    )  # fmt: skip
+    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
+    assert_serving_output(out, lse, o_ref, torch.from_numpy(lse_ref), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Nq,Nk", [(1, 1), (1, 700), (129, 1), (700, 700)])
+def test_variants_public_call_awkward(Nq, Nk):
+    """flash_attn_func itself: N=1, strided views of one qkv buffer, a negative scale."""
+    _needs_hopper()
+    gen = torch.Generator(device="cuda").manual_seed(Nq + Nk)
+    B, H, D = 3, 4, 64
+    buf = torch.randn(B, max(Nq, Nk), 3, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v = buf[:, :Nq, 0], buf[:, :Nk, 1], buf[:, :Nk, 2]
+    slopes = _slopes("H", B, H, gen)
+    out, lse = flash_attn_func(q, k, v, softmax_scale=-0.1, causal=True, window_size=(37, 0), softcap=2.0,
+                               alibi_slopes=slopes, return_lse=True)  # fmt: skip
+    heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
+    o_ref, lse_ref = reference.attention_serving(heads(q), heads(k), heads(v), -0.1, causal=True, window=(37, 0),
+                                                 softcap=2.0, alibi_slopes=slopes.cpu().numpy())  # fmt: skip
+    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
+    assert_serving_output(out, lse, o_ref, torch.from_numpy(lse_ref), torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_variants_past_grid_y():
+    """B*H = 65,600 with a window: two launches."""
+    _needs_hopper()
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    B, H, N, D = 4100, 16, 3, 64
+    q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=True, window_size=(1, 0))
+    S = torch.einsum("bihd,bjhd->bhij", q.float(), k.float()) * D**-0.5
+    i, j = torch.arange(N, device="cuda")[:, None], torch.arange(N, device="cuda")[None, :]
+    S = S.masked_fill((j > i) | (j < i - 1), float("-inf"))
+    ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(S, dim=-1), v.float())
+    torch.testing.assert_close(out.float(), ref, rtol=2e-3, atol=2e-3)
+
+
+def _cu(lens):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+def test_varlen_variants_match_float64(D, causal, variant):
+    _needs_hopper()
+    spec = _VARIANTS[variant]
+    dtype = torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    lens_q = [0, 1, 17, 128, 129, 300, 5]
+    lens_k = [3, 1, 40, 128, 100, 333, 0]  # Nq != Nk both ways, a sequence with no key
+    H, H_kv = 4, 2
+    q = torch.randn(sum(lens_q), H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(sum(lens_k), H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    slopes = _slopes(spec.get("alibi"), len(lens_q), H, gen)
+    window, softcap = spec.get("window", (-1, -1)), spec.get("softcap", 0.0)
+    out, lse = flash_attn_varlen_func(
+        q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k), causal=causal, window_size=window,
+        softcap=softcap, alibi_slopes=slopes, return_lse=True,
+    )  # fmt: skip
+    O = np.zeros(q.shape)
+    lse_ref = np.full((H, q.shape[0]), -np.inf)
+    cq, ck = np.cumsum([0, *lens_q]), np.cumsum([0, *lens_k])
+    for b in range(len(lens_q)):
+        if lens_q[b] == 0:
+            continue
+        part = lambda t, c: _as_np(t[c[b] : c[b + 1]]).transpose(1, 0, 2)[None]
+        o, l = reference.attention_serving(
+            part(q, cq), part(k, ck), part(v, ck), D**-0.5, causal=bool(causal), window=window, softcap=softcap,
+            alibi_slopes=None if slopes is None else (slopes if slopes.dim() == 1 else slopes[b : b + 1]).cpu().numpy(),
+            offset=0 if causal == "top_left" else None,
+        )  # fmt: skip
+        O[cq[b] : cq[b + 1]] = o[0].transpose(1, 0, 2)
+        lse_ref[:, cq[b] : cq[b + 1]] = l[0]
+    assert_serving_output(out, lse, torch.from_numpy(O), torch.from_numpy(lse_ref), dtype)
