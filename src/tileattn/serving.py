@@ -332,26 +332,19 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
 # ---- v3.3 with every forward field: variable-length batches and the score variants ------------
 
 _VARLEN = "v3.3"  # the rung that reads cu_seqlens (csrc/common.cuh); Hopper only for now
-
-
-def _variants_kind(window, softcap: float, alibi_slopes) -> str | None:
-    """Which of v3.3's variants kernels (versions.V3_3_VARIANTS) a call needs: None for no variant."""
-    on = [kind for kind, is_on in (("window", window != (-1, -1)), ("softcap", softcap > 0),
-                                   ("alibi", alibi_slopes is not None)) if is_on]  # fmt: skip
-    return None if not on else on[0] if len(on) == 1 else "variants"
+_VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
 
 
 @functools.cache
-def _packed_kernel(dtype: str, D: int, causal: bool, variants: str | None, device_index: int):
-    """v3.3 (or the variants kernel of that kind) loaded with every forward field packed per call
-    (the room fields included), and its (Br, Bc)."""
+def _packed_kernel(dtype: str, D: int, causal: bool, variants: bool, device_index: int):
+    """v3.3 (or its variants kernel) loaded with every forward field packed per call (the room
+    fields included), and its (Br, Bc)."""
     from . import _nvrtc
-    from .versions import V3_3_VARIANTS, VERSIONS
+    from .versions import KERNEL_ENTRIES, VERSIONS
 
     cc = _nvrtc.device_arch(device_index)
     if variants:
-        entry = V3_3_VARIANTS[variants]
-        return api.entry_kernel(entry.name, dtype, D, causal, device_index), entry.tiles[D]
+        return api.entry_kernel(_VARIANTS, dtype, D, causal, device_index), KERNEL_ENTRIES[_VARIANTS].tiles[D]
     entry = VERSIONS[_VARLEN]
     kern = api.load_kernel(
         f"{_VARLEN} (all fields) at head dim {D}",
@@ -504,7 +497,7 @@ def flash_attn_varlen_func(
     window, softcap, alibi_slopes, alibi_sb = _variants(
         window_size, softcap, alibi_slopes, mode is not None, B, H, max_seqlen_q + max_seqlen_k, q.device
     )
-    variants = _variants_kind(window, softcap, alibi_slopes)
+    variants = window != (-1, -1) or softcap > 0 or alibi_slopes is not None
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
     if q.device.type != "cuda":
         raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
@@ -525,7 +518,7 @@ def flash_attn_varlen_func(
         q, k, v, out, lse, causal=mode is not None, variants=variants,
         dims=(1, H, total_q, H_kv, total_k, D), strides=strides, grid=(B, max_seqlen_q), scale=scale,
         causal_offset=0, cu_seqlens=(cu_seqlens_q, cu_seqlens_k),
-        bottom_right=mode == "bottom_right" or (mode is None and variants is not None), window=window, softcap=softcap,
+        bottom_right=mode == "bottom_right" or (mode is None and variants), window=window, softcap=softcap,
         alibi=(alibi_slopes, alibi_sb),
     )  # fmt: skip
     return (out, lse) if return_lse else out
@@ -558,8 +551,7 @@ def attention_variants(
     # a causal mask, as flash-attn).
     offset = 0 if mode == "top_left" else Nk - Nq
     _launch_packed(
-        q, k, v, out, lse, causal=mode is not None, dims=(B, H, Nq, H_kv, Nk, D),
-        variants=_variants_kind(window, softcap, alibi_slopes) or "variants",  # (none on: the tests' probe)
+        q, k, v, out, lse, causal=mode is not None, variants=True, dims=(B, H, Nq, H_kv, Nk, D),
         strides=[bhn(t) for t in (q, k, v, out)], grid=(B, Nq), scale=softmax_scale, causal_offset=offset,
         window=window, softcap=softcap, alibi=(alibi_slopes, alibi_sb),
     )  # fmt: skip

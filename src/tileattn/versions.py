@@ -437,35 +437,23 @@ DEC_COMBINE = KernelEntry(
 )
 DEC_ENTRIES = (*DEC_VERSIONS, DEC_COMBINE)
 
-
 # The score variants (sliding window, softcap, ALiBi) of flash_attn_func and flash_attn_varlen_func:
-# v3.3's body compiled with the kinds each kernel carries (csrc/v3_3_wgmma.cu), every forward
-# field packed per call.  A call with one variant runs that variant's kernel (no test of whether
-# it is on, nothing of the others); a combination runs v3.3_variants, which has all three.
-def _v3_3_variant(kind: str, summary: str) -> KernelEntry:
-    return KernelEntry(
-        name=f"v3.3_{kind}",
-        file=_V3_3.file,
-        kernel=f"v3_3_{kind}_fwd",
-        tiles=_V3_3.tiles,
-        dtypes=_V3_3.dtypes,
-        fields="fwd",
-        summary=summary,
-        min_arch=90,
-        max_arch=90,
-        arch_specific=True,
-        tensor_maps=True,
-    )
-
-
-V3_3_VARIANTS: dict[str, KernelEntry] = {
-    "softcap": _v3_3_variant("softcap", "v3.3 with softcap (tanh on the SFU)"),
-    "alibi": _v3_3_variant("alibi", "v3.3 with ALiBi (an FADD and an FFMA per score)"),
-    "window": _v3_3_variant("window", "v3.3 with a sliding window: blocks outside skipped, edge blocks masked"),
-    "variants": _v3_3_variant("variants", "v3.3 with any combination of window, softcap and ALiBi"),
-}
+# v3.3's body compiled with VARIANTS (csrc/v3_3_wgmma.cu), every forward field packed per call.
+V3_3_VARIANTS = KernelEntry(
+    name="v3.3_variants",
+    file=_V3_3.file,
+    kernel="v3_3_variants_fwd",
+    tiles=_V3_3.tiles,
+    dtypes=_V3_3.dtypes,
+    fields="fwd",
+    summary="v3.3 with a sliding window (blocks outside skipped), softcap (tanh on the SFU) and ALiBi",
+    min_arch=90,
+    max_arch=90,
+    arch_specific=True,
+    tensor_maps=True,
+)
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
-    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, *V3_3_VARIANTS.values())
+    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, V3_3_VARIANTS)
 }

@@ -314,13 +314,10 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
   }
 }
 
-// The score variants of one block (v3.3's variants kernels; csrc/common.cuh has their meaning),
+// The score variants of one block (v3.3's variants kernel; csrc/common.cuh has their meaning),
 // set up once per block of query rows: everything in the raw-score domain the folded exponent
 // expects (2^(S s log2e - m) with s = folded_scale), so softcap c gives S -> (c / s) tanh(S s / c)
 // and ALiBi subtracts (slope / s) |pos - j|.  Window bounds are per row: keys lo .. hi inclusive.
-// A kernel compiles the variants of its KINDS (bits below): one kind, with no test of whether it
-// is on; several (the kernel for combinations), each behind a block-uniform test.
-constexpr int VAR_SOFTCAP = 1, VAR_ALIBI = 2, VAR_WINDOW = 4;
 struct ScoreVariants {
   float cap_s, inv_cap_s;  // c / s and s / c; softcap false: unused
   float slope_s;           // ALiBi slope / s; alibi false: unused
@@ -336,14 +333,13 @@ struct ScoreVariants {
 // row, or skipped: the kernel's loop covers only blocks some row sees).  Per score, ALiBi is an
 // FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL, the
 // SFU's tanh and an FMUL.
-template <int KINDS, int NS>
+template <int NS>
 __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
-  constexpr bool ONE_KIND = (KINDS & (KINDS - 1)) == 0;
-  if ((KINDS & VAR_SOFTCAP) && (ONE_KIND || var.softcap)) {
+  if (var.softcap) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) S[i] = var.cap_s * tanh_approx(S[i] * var.inv_cap_s);
   }
-  if ((KINDS & VAR_ALIBI) && (ONE_KIND || var.alibi)) {
+  if (var.alibi) {
     // pos - key = (pos - kv_start - 2t) - (8 (i / 4) + (i & 1)): a per-row float minus a constant.
     const float d0[2] = {static_cast<float>(var.pos[0] - kv_start - 2 * t),
                          static_cast<float>(var.pos[1] - kv_start - 2 * t)};
@@ -351,7 +347,6 @@ __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVar
     for (int i = 0; i < NS; ++i)
       S[i] = fmaf(-var.slope_s, fabsf(d0[(i % 4) / 2] - static_cast<float>((i / 4) * 8 + (i & 1))), S[i]);
   }
-  if (!(KINDS & VAR_WINDOW)) return;
   const bool left_edge = var.left >= 0 && kv_start < var.last_pos - var.left;
   const bool right_edge = var.right >= 0 && kv_start + Bc - 1 > var.first_pos + var.right;
   if (left_edge || right_edge) {

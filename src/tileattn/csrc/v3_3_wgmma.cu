@@ -25,11 +25,9 @@
 // Variable-length batches (flash_attn_varlen_func): the same kernel with cu_seqlens (common.cuh);
 // grid (Q blocks of the longest sequence, sequences x heads), blocks past a sequence's end exit,
 // and the copy engine reads each sequence's rows of the packed tensors from its offset.
-// Score variants (sliding window, softcap, ALiBi): the same body compiled with VARIANTS, a mask of
-// mma.cuh's VAR_* kinds, so that the plain kernel's code is untouched (its SASS is identical):
-// v3_3_softcap_fwd, v3_3_alibi_fwd and v3_3_window_fwd carry one kind each with no test of whether
-// it is on, v3_3_variants_fwd all three for combinations.  The K/V loop covers only the blocks
-// inside the window of some row of the Q block (skipped, not masked).
+// Score variants (sliding window, softcap, ALiBi): v3_3_variants_fwd, the same body compiled with
+// VARIANTS, so that the plain kernel's code is untouched (its SASS is identical).  The K/V loop
+// covers only the blocks inside the window of some row of the Q block (skipped, not masked).
 #include "common.cuh"
 #include "mma.cuh"  // pack2, mbarriers, tma_load_4d
 #include "wgmma.cuh"
@@ -43,7 +41,7 @@ constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2).
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, int VARIANTS>
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS>
 __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "v3.3 is an fp16/bf16 rung");
@@ -80,7 +78,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
   // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0.
   int kv_lo = 0, kv_hi = CAUSAL ? min(seq_k, max(0, q_start + Br + offset)) : seq_k;
-  if (VARIANTS & VAR_WINDOW) {
+  if (VARIANTS) {
     if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, q_start + Br + offset + window_right));
     if (window_left >= 0) kv_lo = min(kv_hi, max(0, q_start + offset - window_left));
   }
@@ -164,7 +162,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
   float scale_old[2];
   auto softmax = [&](float (&S)[NS], int n) {
-    if (VARIANTS) fragment_variants<VARIANTS>(S, var, (j_lo + n) * Bc, Bc, t);
+    if (VARIANTS) fragment_variants(S, var, (j_lo + n) * Bc, Bc, t);
     fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
                                     seq_k, offset);
   };
@@ -240,20 +238,20 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 #endif
 }
 
-// The kernels: the plain rung and its variants (VAR_* kinds), each with its shared memory (Q, 2
-// stages of K and V, 9 mbarriers: KVBarriers<2>).
-#define TILEATTN_V3_3_KERNEL(name, kinds)                                                             \
-  template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>                                  \
-  __global__ void __launch_bounds__(V3_3_WG * 3, 1) name(TILEATTN_FWD_PARAMS(T),                    \
-                                                         const __grid_constant__ TmaMaps tmaps) {   \
-    v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, kinds>(TILEATTN_FWD_ARGS, &tmaps);                       \
-  }                                                                                                 \
-  TILEATTN_SMEM_BYTES(name, (Br + 4 * Bc) * HEAD_DIM * 2 + 9 * 8)
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false>(TILEATTN_FWD_ARGS, &tmaps);
+}
 
-TILEATTN_V3_3_KERNEL(v3_3_fwd, 0);
-TILEATTN_V3_3_KERNEL(v3_3_softcap_fwd, VAR_SOFTCAP);
-TILEATTN_V3_3_KERNEL(v3_3_alibi_fwd, VAR_ALIBI);
-TILEATTN_V3_3_KERNEL(v3_3_window_fwd, VAR_WINDOW);
-TILEATTN_V3_3_KERNEL(v3_3_variants_fwd, VAR_SOFTCAP | VAR_ALIBI | VAR_WINDOW);
+// The same rung with the score variants read from the room fields (window, softcap, ALiBi).
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(V3_3_WG * 3, 1)
+    v3_3_variants_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, true>(TILEATTN_FWD_ARGS, &tmaps);
+}
+
+// Q, 2 stages of K and V, 9 mbarriers (KVBarriers<2>).
+TILEATTN_SMEM_BYTES(v3_3_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 9 * 8);
+TILEATTN_SMEM_BYTES(v3_3_variants_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 9 * 8);
 
 }  // namespace tileattn
