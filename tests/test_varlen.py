@@ -7,8 +7,23 @@ import numpy as np
 import pytest
 import torch
 
-from tileattn import flash_attn_varlen_func, reference
+from tileattn import _nvrtc, _params, flash_attn_varlen_func, reference
 from tileattn.testing import assert_serving_output
+from tileattn.versions import V3_1_VARLEN
+
+
+@pytest.mark.parametrize("dtype,D,causal", V3_1_VARLEN.instantiations())
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_mma_varlen_kernel_compiles_within_budget(dtype, D, causal, arch):
+    """v3.1's variable-length kernel (the path off Hopper): spill budget, parameter block, and the
+    instructions it exists for (mma.sync, ldmatrix.trans, cp.async)."""
+    cubin = _nvrtc.compile_kernel(V3_1_VARLEN.file, V3_1_VARLEN.name_expression(dtype, D, causal), arch)
+    res = cubin.resources
+    budget = V3_1_VARLEN.spill_bytes.get(D, 0)
+    assert res["stack_bytes"] <= budget and res["spill_stores"] <= budget and res["spill_loads"] <= budget, res
+    _params.packer(cubin.data, cubin.lowered_name, False, _params.FWD_FIELDS, [])
+    sass = _nvrtc.sass(cubin)
+    assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "LDGSTS" in sass
 
 
 def _cpu(total=10, H=4, H_kv=2, D=64):
@@ -37,6 +52,7 @@ BAD_INPUT = [
     (dict(max_seqlen_q=-1), ValueError, "max_seqlen_q must be an int >= 0"),
     (dict(causal="diagonal"), ValueError, "causal must be a bool or one of"),
     (dict(), ValueError, "must be CUDA tensors"),
+    (dict(version="v2"), ValueError, r"version must be one of \(None, 'v3.3', 'v3.1'\)"),
 ]
 
 
@@ -67,12 +83,13 @@ def _cu(lens):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("version,D", [("v3.3", 64), ("v3.3", 128), ("v3.3", 256), ("v3.1", 64), ("v3.1", 96),
+                                       ("v3.1", 128), ("v3.1", 256)])  # fmt: skip
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("H,H_kv", [(8, 8), (8, 2)])
-def test_varlen_matches_float64(dtype, D, causal, H, H_kv):
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("variable-length batches run on Hopper for now")
+def test_varlen_matches_float64(dtype, version, D, causal, H, H_kv):
+    if version == "v3.3" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("v3.3 runs on Hopper")
     gen = torch.Generator(device="cuda").manual_seed(D)
     lens_q = [0, 1, 17, 128, 129, 300, 1000, 5]
     lens_k = [3, 1, 40, 128, 100, 300, 1100, 0]  # Nq != Nk both ways, a sequence with no key
@@ -81,7 +98,7 @@ def test_varlen_matches_float64(dtype, D, causal, H, H_kv):
     k, v = (torch.cat([_packed(lens_k, H_kv, D, dtype, gen), torch.full((37, H_kv, D), float("nan"), device="cuda",
                                                                         dtype=dtype)]) for _ in range(2))  # fmt: skip
     out, lse = flash_attn_varlen_func(
-        q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k), causal=causal, return_lse=True
+        q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k), causal=causal, return_lse=True, version=version
     )
     if causal == "top_left":
         o_ref, lse_ref = _top_left(q, k, v, lens_q, lens_k, D**-0.5)
@@ -114,16 +131,17 @@ def _top_left(q, k, v, lens_q, lens_k, scale):
 
 
 @pytest.mark.gpu
-def test_varlen_awkward():
+@pytest.mark.parametrize("version", ["v3.3", "v3.1"])
+def test_varlen_awkward(version):
     """A negative scale, and B*H = 65,600 (the heads of 4,100 one-token sequences) in two launches."""
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("variable-length batches run on Hopper for now")
+    if version == "v3.3" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("v3.3 runs on Hopper")
     gen = torch.Generator(device="cuda").manual_seed(5)
     B, H, D = 4100, 16, 64
     q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(2 * B, 4, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     cu_q = torch.arange(B + 1, device="cuda", dtype=torch.int32)
-    out = flash_attn_varlen_func(q, k, v, cu_q, 2 * cu_q, 1, 2, softmax_scale=-0.2, causal=True)
+    out = flash_attn_varlen_func(q, k, v, cu_q, 2 * cu_q, 1, 2, softmax_scale=-0.2, causal=True, version=version)
     kk, vv = (t.view(B, 2, 4, D).repeat_interleave(4, dim=2).float() for t in (k, v))  # (B, 2, H, D)
     P = torch.softmax(torch.einsum("bhd,bjhd->bhj", q.float(), kk) * -0.2, dim=-1)
     torch.testing.assert_close(out.float(), torch.einsum("bhj,bjhd->bhd", P, vv), rtol=2e-2, atol=2e-2)

@@ -331,20 +331,22 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
 
 # ---- v3.3 with every forward field: variable-length batches and the score variants ------------
 
-_VARLEN = "v3.3"  # the rung that reads cu_seqlens (csrc/common.cuh); Hopper only for now
+_VARLEN = "v3.3"  # the rung that reads cu_seqlens (csrc/common.cuh), on Hopper
 _VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
+_VARLEN_MMA = "v3.1_varlen"  # variable-length batches on the mma.sync path, sm_80+ (versions.py)
+_PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version=
 
 
 @functools.cache
-def _packed_kernel(dtype: str, D: int, causal: bool, variants: bool, device_index: int):
-    """v3.3 (or its variants kernel) loaded with every forward field packed per call (the room
-    fields included), and its (Br, Bc)."""
+def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: int):
+    """One of the kernels that take every forward field packed per call (the room fields
+    included): v3.3, its variants kernel or v3.1's variable-length one, loaded; with its (Br, Bc)."""
     from . import _nvrtc
     from .versions import KERNEL_ENTRIES, VERSIONS
 
+    if kernel != _VARLEN:
+        return api.entry_kernel(kernel, dtype, D, causal, device_index), KERNEL_ENTRIES[kernel].tiles[D]
     cc = _nvrtc.device_arch(device_index)
-    if variants:
-        return api.entry_kernel(_VARIANTS, dtype, D, causal, device_index), KERNEL_ENTRIES[_VARIANTS].tiles[D]
     entry = VERSIONS[_VARLEN]
     kern = api.load_kernel(
         f"{_VARLEN} (all fields) at head dim {D}",
@@ -359,38 +361,45 @@ def _packed_kernel(dtype: str, D: int, causal: bool, variants: bool, device_inde
     return kern, entry.tile(D, cc[0] * 10 + cc[1])
 
 
-def _check_packed_path(what: str, dtype, D: int, device) -> None:
-    """The packed path runs where v3.3 does: fp16/bf16 on Hopper at its head dims."""
+def _packed_path(what: str, dtype, D: int, device, variants: bool, version=None) -> str:
+    """The kernel a packed call runs: v3.3 (or its variants kernel) on Hopper at its head dims,
+    else v3.1's variable-length kernel (sm_80+, no variants); ``version`` ("v3.3" or "v3.1")
+    forces one.  Raises NotImplementedError naming what runs where."""
     from . import _nvrtc
-    from .versions import VERSIONS
+    from .versions import KERNEL_ENTRIES, VERSIONS
 
-    entry = VERSIONS[_VARLEN]
+    v33, mma = VERSIONS[_VARLEN], KERNEL_ENTRIES[_VARLEN_MMA]
     cc = _nvrtc.device_arch(device.index)
-    if (
-        dtype not in (torch.float16, torch.bfloat16)
-        or not entry.runs_on(cc[0] * 10 + cc[1])
-        or D not in entry.head_dims
-    ):
-        raise NotImplementedError(
-            f"{what} run on Hopper (sm_90) in float16/bfloat16 at head dims {entry.head_dims} for now (the v3.3 "
-            f"rung); got {dtype} at head dim {D} on sm_{cc[0]}{cc[1]}"
-        )
+    arch = cc[0] * 10 + cc[1]
+    if dtype in (torch.float16, torch.bfloat16):
+        if version in (None, "v3.3") and v33.runs_on(arch) and D in v33.head_dims:
+            return _VARIANTS if variants else _VARLEN
+        if version in (None, "v3.1") and not variants and mma.runs_on(arch) and D in mma.head_dims:
+            return _VARLEN_MMA
+    raise NotImplementedError(
+        f"{what} run in float16/bfloat16 on Hopper (sm_90; v3.3) at head dims {v33.head_dims}"
+        + ("" if variants else f", and on sm_80+ (v3.1) at head dims {mma.head_dims}")
+        + f"; got {dtype} at head dim {D} on sm_{arch}"
+        + (f" with version={version!r}" if version else "")
+    )
 
 
 def _launch_packed(
-    q, k, v, out, lse, *, causal, variants, dims, strides, grid, scale, causal_offset,
+    q, k, v, out, lse, *, kernel, causal, dims, strides, grid, scale, causal_offset,
     cu_seqlens=(None, None), bottom_right=False, window=(-1, -1), softcap=0.0, alibi=(None, 0),
 ):  # fmt: skip
-    """One v3.3 call with every forward field; out and lse are written.  dims = (B, H, Nq, H_kv, Nk,
-    D) as the copy engine sees q, k, v: with cu_seqlens, B = 1 and Nq, Nk the packed totals.
-    strides: (sb, sh, sn) of q, k, v and out.  grid = (sequences, longest query length): the grid
-    is (Q blocks, sequences x H)."""
+    """One call of ``kernel`` (_packed_path) with every forward field; out and lse are written.
+    dims = (B, H, Nq, H_kv, Nk, D) as the kernel sees q, k, v: with cu_seqlens, B = 1 and Nq, Nk
+    the packed totals.  strides: (sb, sh, sn) of q, k, v and out.  grid = (sequences, longest
+    query length): the grid is (Q blocks, sequences x H)."""
     dtype = api._DTYPES[q.dtype]
     B, H, Nq, H_kv, Nk, D = dims
-    kern, (Br, Bc) = _packed_kernel(dtype, D, causal, variants, q.device.index)
+    kern, (Br, Bc) = _packed_kernel(dtype, D, causal, kernel, q.device.index)
     qs, ks, vs, _ = strides
-    layouts = [((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs)]
-    maps = api._tensor_maps(q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc)
+    maps = None
+    if kernel != _VARLEN_MMA:  # the v3.3 kernels load through the copy engine
+        layouts = [((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs)]
+        maps = api._tensor_maps(q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc)
     ptr = lambda t: 0 if t is None else t.data_ptr()
     stream = api._current_stream(q.device.index)
     BH, Tr = grid[0] * H, -(-grid[1] // Br)
@@ -432,6 +441,8 @@ def flash_attn_varlen_func(
     alibi_slopes=None,
     deterministic: bool = False,
     return_lse: bool = False,
+    *,
+    version=None,
 ):
     """Attention over a batch of sequences of different lengths packed into one tensor,
     flash-attn's ``flash_attn_varlen_func``.
@@ -454,13 +465,19 @@ def flash_attn_varlen_func(
         alibi_slopes: float32 (H,) or (B, H): adds -slope * |p - j| to the scaled score.
         return_lse: also return the float32 log-sum-exp, (H, total_q); -inf for a row with no key.
 
-    Runs on Hopper (sm_90) at head dims 64, 128, 192 and 256 (the v3.3 rung; with a window,
-    softcap or ALiBi its variants kernel).  Dropout raises NotImplementedError.  Not
+        version: None (the fastest that fits), "v3.3" or "v3.1" (the mma.sync path).
+
+    Runs on Hopper (sm_90) at head dims 64, 128, 192 and 256 on the v3.3 rung (with a window,
+    softcap or ALiBi, its variants kernel), and on sm_80+ (Hopper's other head dims included) at
+    head dims 32, 64, 80, 96, 128, 160, 192, 256 on v3.1's (no window, softcap or ALiBi there:
+    NotImplementedError).  Dropout raises NotImplementedError.  Not
     differentiable yet: an input that requires grad while grad mode is on raises.  Rows of q past
     cu_seqlens_q[-1] have unspecified output; the offsets' values are not checked (that would
     need a sync)."""
     if dropout_p:
         raise NotImplementedError(f"dropout_p must be 0.0 (tileattn has no dropout), got {dropout_p!r}")
+    if version not in _PACKED_VERSIONS:
+        raise ValueError(f"version must be one of {_PACKED_VERSIONS}, got {version!r}")
     mode = api._causal_mode(causal, default_true="bottom_right")
     tensors = (("q", q), ("k", k), ("v", v))
     for name, t in tensors:
@@ -501,7 +518,8 @@ def flash_attn_varlen_func(
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
     if q.device.type != "cuda":
         raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
-    _check_packed_path("variable-length batches", q.dtype, D, q.device)
+    what = "variable-length batches" + (" with a window, softcap or ALiBi" if variants else "")
+    kernel = _packed_path(what, q.dtype, D, q.device, variants, version)
     out = torch.empty((total_q, H, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     if B == 0 or total_q == 0 or max_seqlen_q == 0:
@@ -512,10 +530,10 @@ def flash_attn_varlen_func(
             lse.fill_(-math.inf)
         return (out, lse) if return_lse else out
     q, k, v, scale = _prepare_scale_and_rows(q, k, v, scale, lambda t: (0, *t.stride()[:2]))
-    # One "batch" of total rows to the copy engine: (sb, sh, sn) = (0, stride(1), stride(0)).
+    # One "batch" of total rows to the kernel: (sb, sh, sn) = (0, stride(1), stride(0)).
     strides = [(0, t.stride(1), t.stride(0)) for t in (q, k, v, out)]
     _launch_packed(
-        q, k, v, out, lse, causal=mode is not None, variants=variants,
+        q, k, v, out, lse, kernel=kernel, causal=mode is not None,
         dims=(1, H, total_q, H_kv, total_k, D), strides=strides, grid=(B, max_seqlen_q), scale=scale,
         causal_offset=0, cu_seqlens=(cu_seqlens_q, cu_seqlens_k),
         bottom_right=mode == "bottom_right" or (mode is None and variants), window=window, softcap=softcap,
@@ -535,7 +553,7 @@ def attention_variants(
     window, softcap, alibi_slopes, alibi_sb = _variants(
         window_size, softcap, alibi_slopes, mode is not None, B, H, Nq + Nk, q.device
     )
-    _check_packed_path("a window, softcap and ALiBi", q.dtype, D, q.device)
+    kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True)
     if out is None:
         out = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
     if lse is None and return_lse:
@@ -551,7 +569,7 @@ def attention_variants(
     # a causal mask, as flash-attn).
     offset = 0 if mode == "top_left" else Nk - Nq
     _launch_packed(
-        q, k, v, out, lse, causal=mode is not None, variants=True, dims=(B, H, Nq, H_kv, Nk, D),
+        q, k, v, out, lse, kernel=kernel, causal=mode is not None, dims=(B, H, Nq, H_kv, Nk, D),
         strides=[bhn(t) for t in (q, k, v, out)], grid=(B, Nq), scale=softmax_scale, causal_offset=offset,
         window=window, softcap=softcap, alibi=(alibi_slopes, alibi_sb),
     )  # fmt: skip

@@ -453,7 +453,23 @@ V3_3_VARIANTS = KernelEntry(
     tensor_maps=True,
 )
 
+# Variable-length batches on the mma.sync path (flash_attn_varlen_func off Hopper, and on Hopper at
+# the head dims v3.3 has not): v3.1's body run per sequence (csrc/fa2_mma.cuh), at v3.1's default
+# (spill-free) tiles, for the common head dims.
+V3_1_VARLEN = KernelEntry(
+    name="v3.1_varlen",
+    file="v3_1_mma.cu",
+    kernel="v3_1_varlen_fwd",
+    tiles={D: _v3_1_tile(D) for D in (32, 64, 80, 96, 128, 160, 192, 256)},
+    dtypes=("float16", "bfloat16"),
+    fields="fwd",
+    summary="v3.1 over packed variable-length sequences: each block's sequence as a batch of one",
+    # D=192 causal on sm_90 (NVRTC 13.0): the per-sequence lengths and offset beside v3.1's 255
+    # registers spill 8 bytes; Hopper runs v3.3 at D=192, so this is sm_90's fallback only.
+    spill_bytes={192: 8},
+)
+
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
-    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, V3_3_VARIANTS)
+    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, V3_3_VARIANTS, V3_1_VARLEN)
 }

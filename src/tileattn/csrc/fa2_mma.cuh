@@ -333,4 +333,26 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
   }
 }
 
+// Variable-length batches on the cp.async rungs (flash_attn_varlen_func off Hopper, and at the
+// head dims v3.3 has not): grid (Q blocks of the longest sequence, sequences x heads), q, k, v, o
+// packed (total, H, D) with batch strides 0 and cu_seqlens_q / cu_seqlens_k (common.cuh).  Each
+// block runs the dense body on its sequence alone, as a batch of one: the pointers start at the
+// sequence's first rows, Nq and Nk are its lengths (so cp.async zero-fills K/V rows past its
+// keys: nothing of the next sequence is read), the causal offset is its own when bottom_right,
+// and bh_offset moves the block's (b, h) to (0, h).  lse is (H, total_q): the body's row h Nq'
+// (Nq' = seq_q) lands on h total_q + q0 through a base of lse + h (total_q - seq_q) + q0.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, int MT, bool Q_IN_REGS>
+__device__ __forceinline__ void fa2_mma_varlen_body(TILEATTN_FWD_PARAMS(T)) {
+  const int bh = blockIdx.y + bh_offset, b = bh / H, h = bh % H;
+  const int q0 = cu_seqlens_q[b], k0 = cu_seqlens_k[b];
+  const int seq_q = cu_seqlens_q[b + 1] - q0, seq_k = cu_seqlens_k[b + 1] - k0;
+  if (q_block<CAUSAL>() * Br >= seq_q) return;  // a Q block past a short sequence
+  float* lse_seq = lse ? lse + (long long)h * (Nq - seq_q) + q0 : nullptr;
+  fa2_mma_body<T, HEAD_DIM, Br, Bc, CAUSAL, MT, Q_IN_REGS, /*TMA=*/false>(
+      q + q0 * q_sn, k + k0 * k_sn, v + k0 * v_sn, o + q0 * o_sn, lse_seq, workspace, seq_q, seq_k, H, h_per_kv,
+      0, q_sh, q_sn, 0, k_sh, k_sn, 0, v_sh, v_sn, 0, o_sh, o_sn, softmax_scale,
+      bottom_right ? seq_k - seq_q : causal_offset, bh_offset - b * H, nullptr, nullptr, seqused_k, page_table,
+      page_table_stride, page_size, window_left, window_right, softcap, 0, alibi_slopes, alibi_sb);
+}
+
 }  // namespace tileattn

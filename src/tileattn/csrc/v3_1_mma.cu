@@ -95,4 +95,14 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br), v3_1_min_blocks(v3
 
 TILEATTN_SMEM_BYTES(v3_1_fwd, fa2_mma_smem_bytes(HEAD_DIM, Br, Bc, /*TMA=*/false));
 
+// Variable-length batches (fa2_mma.cuh: each block's sequence as a batch of one).
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br), v3_1_min_blocks(v3_1_threads(HEAD_DIM, Br)))
+    v3_1_varlen_fwd(TILEATTN_FWD_PARAMS(T)) {
+  fa2_mma_varlen_body<T, HEAD_DIM, Br, Bc, CAUSAL, v3_1_mt(HEAD_DIM), v3_1_q_in_regs(HEAD_DIM, Bc)>(
+      TILEATTN_FWD_ARGS);
+}
+
+TILEATTN_SMEM_BYTES(v3_1_varlen_fwd, fa2_mma_smem_bytes(HEAD_DIM, Br, Bc, /*TMA=*/false));
+
 }  // namespace tileattn
