@@ -230,7 +230,7 @@ def cmd_bench(args) -> int:
                     "story": bench.story_steps,
                     "bwd": lambda: bench.bwd_steps(bwd_cases),
                     "decode": bench.decode_steps,
-                    "varlen": lambda: 2 * (1 + len(bench.VARLEN_PEERS)),
+                    "varlen": lambda: 2 * (2 + len(bench.VARLEN_PEERS)),
                     "variants": bench.variants_steps,
                 }.get(suite_name, lambda: None)(),
                 desc=f"bench {suite_name}",

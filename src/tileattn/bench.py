@@ -891,7 +891,13 @@ def varlen_suite(progress=None) -> list[dict]:
         gen = torch.Generator(device="cuda").manual_seed(D)
         q, k, v = (torch.randn(sum(lens), H, D, device="cuda", dtype=dt, generator=gen) for _ in range(3))
         flops = sum(2 * H * D * n * n for n in lens)
-        impls = {"tileattn": lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)}
+        # tileattn: v3.3 on Hopper; tileattn (v3.1): the mma.sync path other GPUs run.
+        impls = {
+            "tileattn": lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True),
+            "tileattn (v3.1)": lambda: flash_attn_varlen_func(
+                q, k, v, cu, cu, max(lens), max(lens), causal=True, version="v3.1"
+            ),
+        }
         for name in VARLEN_PEERS:
             try:
                 impls[name] = _varlen_peer(name, q, k, v, cu, max(lens), lens)
@@ -902,7 +908,7 @@ def varlen_suite(progress=None) -> list[dict]:
             try:
                 out = fn()
                 err = None
-                if name == "tileattn":
+                if name.startswith("tileattn"):
                     two = cu[2].item()
                     as_np = lambda t: t[:two].double().cpu().numpy()
                     ref, _ = attention_varlen(as_np(q), as_np(k), as_np(v), cu[:3].tolist(), cu[:3].tolist(),
@@ -916,7 +922,7 @@ def varlen_suite(progress=None) -> list[dict]:
             if progress:
                 progress()
     for r in rows:
-        if r["impl"] == "tileattn" and r.get("ms"):
+        if r["impl"].startswith("tileattn") and r.get("ms"):
             for p in rows:
                 if p["impl"] in VARLEN_PEERS and p["D"] == r["D"] and p.get("ms"):
                     r[f"vs_{p['impl']}"] = p["ms"] / r["ms"]
