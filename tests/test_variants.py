@@ -71,6 +71,18 @@ def test_variants_refuse_inputs_that_require_grad():
         flash_attn_func(q, k, v, window_size=(4, 0))
 
 
+def test_which_arguments_are_variants():
+    """A causal mask's right = 0 is no window (the plain kernels run); anything else is."""
+    cases = [  # window_size, softcap, slopes, causal -> a variant?
+        ((-1, -1), 0.0, None, False, False), ((-1, -1), 0.0, None, True, False), ((-1, 0), 0.0, None, True, False),
+        ((-1, 0), 0.0, None, False, True), ((8, 0), 0.0, None, True, True), ((-1, -1), 1.0, None, True, True),
+        ((-1, -1), 0.0, torch.zeros(4), False, True), ((500, 500), 0.0, None, False, False),
+    ]  # fmt: skip
+    for window_size, softcap, slopes, causal, expected in cases:
+        window, cap, slopes, _ = serving._variants(window_size, softcap, slopes, causal, 2, 4, 100, torch.device("cpu"))
+        assert serving.any_variant(window, cap, slopes, causal) == expected, (window_size, softcap, causal)
+
+
 def test_a_window_wider_than_the_sequences_is_no_variant():
     """Arguments that amount to no variant take the plain path (here: its CUDA check)."""
     q, k, v = _cpu()

@@ -116,8 +116,8 @@ def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size
     (B, H, Nq, D), Nk = _bhnd(q, "bnhd")[0], k.shape[1]
     window, softcap, slopes, _ = serving._variants(window_size, softcap, alibi_slopes, mode is not None, B, H,
                                                     Nq + Nk, q.device)  # fmt: skip
-    if window[0] == -1 and (mode is not None or window[1] == -1) and not softcap and slopes is None:
-        return None  # (under a causal mask, right = 0 is the mask itself)
+    if not serving.any_variant(window, softcap, slopes, mode is not None):
+        return None
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         raise RuntimeError(
             "tileattn has no backward pass for window_size, softcap or alibi_slopes yet: the output would silently "

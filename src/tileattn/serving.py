@@ -127,6 +127,12 @@ def _variants(window_size, softcap, alibi_slopes, causal: bool, B: int, H: int, 
     return (left, right), softcap, alibi_slopes, alibi_sb
 
 
+def any_variant(window, softcap: float, alibi_slopes, causal: bool) -> bool:
+    """Whether _variants' output asks for any score variant (under a causal mask, right = 0 is
+    the mask itself, not a window)."""
+    return window[0] != -1 or (not causal and window[1] != -1) or softcap > 0 or alibi_slopes is not None
+
+
 def flash_attn_with_kvcache(
     q,
     k_cache,
@@ -514,7 +520,7 @@ def flash_attn_varlen_func(
     window, softcap, alibi_slopes, alibi_sb = _variants(
         window_size, softcap, alibi_slopes, mode is not None, B, H, max_seqlen_q + max_seqlen_k, q.device
     )
-    variants = window != (-1, -1) or softcap > 0 or alibi_slopes is not None
+    variants = any_variant(window, softcap, alibi_slopes, mode is not None)
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
     if q.device.type != "cuda":
         raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
