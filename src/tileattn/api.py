@@ -17,7 +17,8 @@ Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous head dim; causal masks
 or bottom-right; GQA/MQA; the log-sum-exp of each row.  Gradients (backward.py, registered as the
 custom op's autograd formula) for FP32 (bwd_v1) at head dims 32, 64, 128, fp16 and bf16 (bwd_v2)
 at multiples of 16 up to 128 and of 32 up to 256.
-Not yet: dropout, arbitrary masks, variable-length batches, KV cache.
+flash_attn_func's window_size, softcap and alibi_slopes run v3.3's variants kernel (serving.py).
+Variable-length batches and KV caches: serving.py.  Not yet: dropout, arbitrary masks.
 """
 
 from __future__ import annotations

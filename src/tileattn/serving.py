@@ -2,10 +2,14 @@
 
 ``flash_attn_with_kvcache``: flash-attn's signature.  Attention of a few query tokens per
 sequence over a KV cache, contiguous or paged with any page size, after appending the new keys
-and values in place, by split-KV decoding (csrc/dec_common.cuh; dec_v2 on Hopper, dec_v1 on
+and values in place, by split-KV decoding (csrc/dec_common.cuh; dec_v3 on Hopper, dec_v1 on
 sm_80+; reference.attention_split_kv is their loop nest).  Layouts as flash-attn: q (B, Nq, H,
 D); a contiguous cache (B, Nk, H_kv, D), or a paged one (num_pages, page_size, H_kv, D) with
 block_table (B, max_pages) int32.
+
+``flash_attn_varlen_func``: packed sequences (v3.3 on Hopper, v3.1's varlen kernel on sm_80+), and
+the score variants (sliding window, softcap, ALiBi) of it and of ``api.flash_attn_func``
+(attention_variants): the kernels that take every forward field, launched by _launch_packed.
 
 Checked on the host without a device sync: every tensor's dtype, device, rank and shape,
 window_size, softcap and the ALiBi slopes' shape.  Not checked (it would need a sync): the values
