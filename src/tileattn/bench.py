@@ -805,22 +805,31 @@ def decode_steps(cases=DECODE_CASES) -> int:
     return sum(impls + (2 + (Nk in _FLEX_DECODE_NK) if page_size is None else 0) for _, _, _, Nk, page_size in cases)
 
 
-def decode_table(result: dict) -> str:
-    lines = [
-        "| impl | B | H / H_kv | Nk | page size | ms | TB/s of K, V | vs cuDNN | vs FA2 | vs Flex "
-        "| paged vs contiguous | rel. err |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    ratio = lambda r, key: f"{r[key]:.2f}x" if r.get(key) else ""
-    for r in result["rows"]:
-        head = f"| {r['impl']} | {r['B']} | {r['H']} / {r['H_kv']} | {r['Nk']} | {r['page_size'] or 'contiguous'}"
+def _result_rows(columns: list[str], rows: list[dict], leading, rate: tuple[str, str], ratios: list[str]) -> str:
+    """A markdown table of a special suite's rows: the leading cells (leading(r), a list), ms, the
+    rate (key, format), each ratio key as N.NNx and rel. err; a failed row shows its error."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        head = "| " + " | ".join(str(c) for c in leading(r))
         if r.get("ms") is None:
-            lines.append(f"{head} | {r.get('error', '')} | | | | | | |")
+            lines.append(f"{head} | {r.get('error', '')} |" + " |" * (len(columns) - len(leading(r)) - 1))
             continue
-        err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
-        cols = [ratio(r, k) for k in ("vs_sdpa_cudnn", "vs_sdpa_flash", "vs_flex_attention", "vs_contiguous")]
-        lines.append(f"{head} | {r['ms']:.3f} | {r['tb_per_s']:.2f} | {' | '.join(cols)} | {err} |")
+        cells = [f"{r['ms']:.3f}", format(r[rate[0]], rate[1])]
+        cells += [f"{r[k]:.2f}x" if r.get(k) else "" for k in ratios]
+        cells.append(f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else "")
+        lines.append(f"{head} | {' | '.join(cells)} |")
     return "\n".join(lines)
+
+
+def decode_table(result: dict) -> str:
+    return _result_rows(
+        ["impl", "B", "H / H_kv", "Nk", "page size", "ms", "TB/s of K, V", "vs cuDNN", "vs FA2", "vs Flex",
+         "paged vs contiguous", "rel. err"],
+        result["rows"],
+        lambda r: [r["impl"], r["B"], f"{r['H']} / {r['H_kv']}", r["Nk"], r["page_size"] or "contiguous"],
+        ("tb_per_s", ".2f"),
+        ["vs_sdpa_cudnn", "vs_sdpa_flash", "vs_flex_attention", "vs_contiguous"],
+    )  # fmt: skip
 
 
 def decode_chart(result: dict, path: Path) -> None:
@@ -930,24 +939,15 @@ def varlen_suite(progress=None) -> list[dict]:
 
 
 def varlen_table(result: dict) -> str:
-    lines = [
-        "| impl | documents (tokens) | H | D | ms | TFLOP/s | vs varlen_attn | vs Flex document mask | rel. err |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result["rows"]:
-        head = f"| {r['impl']} | {r['docs']} ({r.get('tokens', '')}) | {r['H']} | {r['D']}"
-        if r.get("ms") is None:
-            lines.append(f"{head} | {r.get('error', '')} | | | | |")
-            continue
-        ratio = lambda key: f"{r[key]:.2f}x" if r.get(key) else ""
-        err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
-        lines.append(
-            f"{head} | {r['ms']:.3f} | {r['tflops']:.0f} | {ratio('vs_varlen_attn')} | "
-            f"{ratio('vs_flex_document_mask')} | {err} |"
-        )
-    lens = _document_lengths()
-    lines.append(f"\nDocument lengths: {', '.join(map(str, lens))} (causal within each).")
-    return "\n".join(lines)
+    table = _result_rows(
+        ["impl", "documents (tokens)", "H", "D", "ms", "TFLOP/s", "vs varlen_attn", "vs Flex document mask",
+         "rel. err"],
+        result["rows"],
+        lambda r: [r["impl"], f"{r['docs']} ({r.get('tokens', '')})", r["H"], r["D"]],
+        ("tflops", ".0f"),
+        ["vs_varlen_attn", "vs_flex_document_mask"],
+    )  # fmt: skip
+    return table + f"\n\nDocument lengths: {', '.join(map(str, _document_lengths()))} (causal within each)."
 
 
 def varlen_chart(result: dict, path: Path) -> None:
@@ -1080,28 +1080,19 @@ def variants_steps() -> int:
 
 
 def variants_table(result: dict) -> str:
-    lines = [
-        "| impl | variant | D | ms | TFLOP/s (visible pairs) | vs plain causal (TFLOP/s) | vs Flex (same variant) | "
-        "vs cuDNN causal (TFLOP/s) | rel. err |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result["rows"]:
-        head = f"| {r['impl']} | {r['variant']} | {r['D']}"
-        if r.get("ms") is None:
-            lines.append(f"{head} | {r.get('error', '')} | | | | | |")
-            continue
-        ratio = lambda key: f"{r[key]:.2f}x" if r.get(key) else ""
-        err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
-        lines.append(
-            f"{head} | {r['ms']:.3f} | {r['tflops']:.0f} | {ratio('vs_causal')} | {ratio('vs_flex_attention')} | "
-            f"{ratio('vs_sdpa_cudnn')} | {err} |"
-        )
+    table = _result_rows(
+        ["impl", "variant", "D", "ms", "TFLOP/s (visible pairs)", "vs plain causal (TFLOP/s)", "vs Flex (same variant)",
+         "vs cuDNN causal (TFLOP/s)", "rel. err"],
+        result["rows"],
+        lambda r: [r["impl"], r["variant"], r["D"]],
+        ("tflops", ".0f"),
+        ["vs_causal", "vs_flex_attention", "vs_sdpa_cudnn"],
+    )  # fmt: skip
     shape = VARIANT_SHAPE
-    lines.append(
-        f"\nbf16, B={shape['B']}, H={shape['H']}, N={shape['N']}, causal (bottom-right); softcap 50, ALiBi with "
+    return table + (
+        f"\n\nbf16, B={shape['B']}, H={shape['H']}, N={shape['N']}, causal (bottom-right); softcap 50, ALiBi with "
         "BLOOM's slopes 2^(-8(h+1)/H), window 4096 keys back."
     )
-    return "\n".join(lines)
 
 
 def variants_chart(result: dict, path: Path) -> None:
