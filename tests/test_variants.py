@@ -219,3 +219,34 @@ def test_varlen_variants_match_float64(D, causal, variant):
         O[cq[b] : cq[b + 1]] = o[0].transpose(1, 0, 2)
         lse_ref[:, cq[b] : cq[b + 1]] = l[0]
     assert_serving_output(out, lse, torch.from_numpy(O), torch.from_numpy(lse_ref), dtype)
+
+
+def test_fwd_variants_op_fake_shapes():
+    """tileattn::fwd_variants' fake implementation (what torch.compile traces) gives O in q's
+    shape and lse (B, H, Nq), with no device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 10, 4, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 12, 2, 64, dtype=torch.bfloat16, device="cuda")
+        o, lse = torch.ops.tileattn.fwd_variants(q, k, k, None, 0.125, 2, 5, -1, 0.0)
+    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (2, 4, 10) and lse.dtype == torch.float32
+
+
+@pytest.mark.gpu
+def test_variants_under_torch_compile_fullgraph():
+    """flash_attn_func with a window, softcap and ALiBi inside torch.compile(fullgraph=True): the
+    custom op, no graph break, eager's output."""
+    _needs_hopper()
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    slopes = _slopes("H", 2, 4, gen)
+
+    def f(q, k, v):
+        return flash_attn_func(q, k, v, causal=True, window_size=(50, 0), softcap=2.0, alibi_slopes=slopes) * 2
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = f(q, k, v)
+        compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
