@@ -12,6 +12,7 @@ from tileattn.reference import (
     attention_split_kv,
     attention_tiled,
     attention_varlen,
+    kv_block_range,
     paged_kv,
 )
 
@@ -37,6 +38,62 @@ def test_tiled_matches_naive(Nq, Nk, D, Br, Bc, causal, group, seed):
     np.testing.assert_array_equal(np.isinf(lse_t), np.isinf(lse))
     finite = np.isfinite(lse)
     np.testing.assert_allclose(lse_t[finite], lse[finite], rtol=1e-10, atol=1e-12)  # an lse can be ~0
+
+
+_WINDOW = st.tuples(st.integers(-1, 160), st.integers(-1, 160))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    Nq=st.integers(1, 150),
+    Nk=st.integers(1, 150),
+    Br=st.sampled_from([16, 64, 128]),
+    Bc=st.sampled_from([16, 64, 128]),
+    causal=st.sampled_from([None, "top_left", "bottom_right"]),
+    window=_WINDOW,
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_tiled_window_matches_serving_reference(Nq, Nk, Br, Bc, causal, window, seed):
+    """v3.3's variants loop nest (only kv_block_range's blocks, the window's edge masks) equals the
+    float64 definition of a sliding window in both causal alignments and none."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((1, 2, n, 16)) for n in (Nq, Nk, Nk))
+    O, lse = attention_serving(q, k, v, causal=causal is not None, window=window,
+                               offset=0 if causal == "top_left" else None)  # fmt: skip
+    O_t, lse_t = attention_tiled(q, k, v, causal=causal, Br=Br, Bc=Bc, dtype=np.float64, window=window)
+    np.testing.assert_allclose(O_t, O, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(np.isinf(lse_t), np.isinf(lse))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    q_start=st.integers(0, 300),
+    Br=st.sampled_from([64, 128]),
+    Bc=st.sampled_from([64, 128]),
+    Nk=st.integers(1, 400),
+    offset=st.integers(-200, 200),
+    causal=st.booleans(),
+    window=_WINDOW,
+)
+def test_kv_block_range_visits_exactly_the_blocks_some_row_sees(q_start, Br, Bc, Nk, offset, causal, window):
+    """Skipped, not masked: the blocks visited are the blocks holding a key that some row of the Q
+    block sees, no more and no fewer (at most one, wholly masked, when no row sees a key)."""
+    left, right = window
+    rows = np.arange(q_start, q_start + Br)[:, None] + offset  # positions
+    keys = np.arange(Nk)[None, :]
+    visible = np.ones((Br, Nk), bool)
+    if causal:
+        visible &= keys <= rows
+    elif right >= 0:
+        visible &= keys <= rows + right
+    if left >= 0:
+        visible &= keys >= rows - left
+    seen = np.flatnonzero(visible.any(axis=0))
+    j_lo, j_hi = kv_block_range(q_start, Br, Bc, Nk, offset, causal, window)
+    if len(seen) == 0:
+        assert j_hi - j_lo <= 1
+    else:
+        assert (j_lo, j_hi) == (seen[0] // Bc, seen[-1] // Bc + 1)
 
 
 def test_rows_without_keys_are_zero_with_minus_inf_lse():

@@ -68,8 +68,23 @@ def _softmax_times_v(S, v):
     return O, lse
 
 
-def attention_tiled(q, k, v, softmax_scale=None, causal=None, Br=128, Bc=32, dtype=np.float32):
-    """The FA2 forward loop nest of the v2 rung, block by block, in ``dtype``.
+def kv_block_range(q_start: int, Br: int, Bc: int, Nk: int, offset: int, causal: bool, window=(-1, -1)):
+    """The K/V blocks [j_lo, j_hi) of Bc keys that the Q block of rows q_start .. q_start + Br - 1
+    visits, as v3.3 computes them: query row i sits at key position i + offset; a causal mask
+    stops at the last row's position, a window (left, right) (-1: unbounded; right ignored under
+    a causal mask) bounds the keys from both sides, so blocks no row sees are skipped."""
+    left, right = window
+    kv_hi = min(Nk, max(0, q_start + Br + offset)) if causal else Nk
+    if not causal and right >= 0:
+        kv_hi = min(kv_hi, max(0, q_start + Br + offset + right))
+    kv_lo = min(kv_hi, max(0, q_start + offset - left)) if left >= 0 else 0
+    return kv_lo // Bc, -(-kv_hi // Bc)
+
+
+def attention_tiled(q, k, v, softmax_scale=None, causal=None, Br=128, Bc=32, dtype=np.float32, window=(-1, -1)):
+    """The FA2 forward loop nest of the v2 rung, block by block, in ``dtype``; with a sliding
+    ``window`` (left, right), v3.3's variants kernel's: only the K/V blocks of kv_block_range,
+    positions aligned as the causal mask (bottom-right, Nk - Nq, without one).
 
     Returns (O, lse) with the shapes of ``attention_naive``.
     """
@@ -79,6 +94,8 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=None, Br=128, Bc=32, dty
     Nk = k.shape[2]
     scale = dtype(1.0 / np.sqrt(D) if softmax_scale is None else softmax_scale)
     offset = causal_offset(Nq, Nk, causal)
+    pos = Nk - Nq if offset is None else offset  # query row i sits at key position i + pos
+    left, right = window
     O = np.zeros((B, H, Nq, D), dtype)
     lse = np.full((B, H, Nq), -np.inf, dtype)
     Tr = -(-Nq // Br)
@@ -89,14 +106,18 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=None, Br=128, Bc=32, dty
         m_i = np.full((B, H, len(rows), 1), -np.inf, dtype)
         l_i = np.zeros((B, H, len(rows), 1), dtype)
         acc = np.zeros((B, H, len(rows), D), dtype)  # unnormalised O~
-        # Causal, block level: K/V blocks past the last row's diagonal are never visited.
-        kv_limit = Nk if offset is None else min(Nk, max(0, q_start + Br + offset))
-        for kv_start in range(0, kv_limit, Bc):
+        # Causal (and window), block level: K/V blocks no row of the block sees are never visited.
+        j_lo, j_hi = kv_block_range(q_start, Br, Bc, Nk, pos, offset is not None, window)
+        for kv_start in range(j_lo * Bc, min(j_hi * Bc, Nk), Bc):
             cols = np.arange(kv_start, min(kv_start + Bc, Nk))
             S = (Qi @ np.swapaxes(k[:, :, cols], -1, -2)) * scale
             # Element mask only on the block straddling the diagonal.
             if offset is not None and kv_start + Bc - 1 > q_start + offset:
                 S = np.where(cols[None, :] <= rows[:, None] + offset, S, -np.inf)
+            if left >= 0:  # the window's edges (the kernel masks only the blocks crossing them)
+                S = np.where(cols[None, :] >= rows[:, None] + pos - left, S, -np.inf)
+            if right >= 0 and offset is None:
+                S = np.where(cols[None, :] <= rows[:, None] + pos + right, S, -np.inf)
             m_tilde = S.max(axis=-1, keepdims=True)
             # P = exp(S - m~); a fully masked row has m~ = -inf and exp(-inf - -inf) would be NaN,
             # so the kernels subtract 0 instead (safe_max) and get P = 0.
