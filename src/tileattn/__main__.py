@@ -181,6 +181,8 @@ def cmd_compile(args) -> int:
 
 
 _SPECIAL_SUITES = ("story", "overhead", "hf", "bwd", "decode", "varlen", "variants")
+# Suites that name others: serving runs the three of issue 12 (each writes its own results file).
+_SUITE_GROUPS = {"serving": ("decode", "varlen", "variants")}
 
 
 def _narrow(cases, args) -> list:
@@ -222,7 +224,8 @@ def cmd_bench(args) -> int:
 
     total_rc = 0
     bwd_cases = _narrow(bench.BWD_CASES, args)
-    for suite_name in args.suite:
+    suites = [name for group in args.suite for name in _SUITE_GROUPS.get(group, (group,))]
+    for suite_name in dict.fromkeys(suites):
         out = Path(args.out_dir) / f"{suite_name}.json"
         if suite_name in _SPECIAL_SUITES:
             with tqdm(
@@ -382,12 +385,14 @@ def main(argv=None) -> int:
         "--suite",
         nargs="+",
         default=["story"],
-        choices=[*_SPECIAL_SUITES, *_suites()],
+        choices=[*_SPECIAL_SUITES, *_SUITE_GROUPS, *_suites()],
         help="story (default): the ladder v1 -> fastest rung, FP32 and bf16, beside PyTorch, ~2 min; "
         "ladder_fp32: the seed's table; fp32: fast FP32 rungs; mma: fp16/bf16 tensor cores; "
         "overhead: host time per call; hf: end-to-end prefill in transformers; bwd: the backward pass "
         "beside cuDNN, FA2, efficient and FlexAttention, with peak memory; decode: split-KV decoding over "
-        "contiguous and paged KV caches beside SDPA flash and cuDNN (issue 12, being built)",
+        "contiguous and paged KV caches beside SDPA flash and cuDNN; varlen: packed documents beside "
+        "varlen_attn and FlexAttention; variants: window, softcap, ALiBi beside plain causal and "
+        "FlexAttention; serving: decode, varlen and variants",
     )
     b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help="override the suite's rungs")
     b.add_argument("--seqlen", type=int, nargs="*", help="keep only these lengths of the suite")
