@@ -55,6 +55,9 @@ BAD_INPUT = [
     (dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be a float32"),
     (dict(window_size=(8, 0), version="v2.3"), ValueError, "window_size, softcap and alibi_slopes run on v3.3"),
     (dict(softcap=1.0), ValueError, "q must be a CUDA tensor"),
+    (dict(window_size=(2.7, 0)), TypeError, "window_size must be a pair of ints"),
+    (dict(window_size=(True, 0)), TypeError, "window_size must be a pair of ints"),
+    (dict(window_size=np.array([4, 0])), ValueError, "q must be a CUDA tensor"),  # (an array of ints is fine)
 ]
 
 
@@ -81,6 +84,28 @@ def test_which_arguments_are_variants():
     for window_size, softcap, slopes, causal, expected in cases:
         window, cap, slopes, _ = serving._variants(window_size, softcap, slopes, causal, 2, 4, 100, torch.device("cpu"))
         assert serving.any_variant(window, cap, slopes, causal) == expected, (window_size, softcap, causal)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [dict(window_size=(-1, 0), causal=True, version="v3.1"), dict(window_size=[-1, -1], version="v3.1"),
+     dict(window_size=(100, 100), version="v3"), dict(softcap=0.0, version="v3.1")],
+)  # fmt: skip
+def test_arguments_that_are_no_variant_take_the_plain_path(change):
+    """No variant, whatever the version: the plain path and its checks run (here: CUDA's)."""
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        flash_attn_func(*_cpu(), **change)
+
+
+def test_kernel_softcap_drops_a_cap_that_cannot_bind():
+    """The kernels divide softcap by the folded scale (>= 1e-30 / log2 e): where that overflows
+    float32 the cap is off (exact), else it is passed as given."""
+    assert serving._kernel_softcap(50.0, 0.125) == 50.0
+    assert serving._kernel_softcap(30.0, -0.1) == 30.0  # (a negative scale goes onto q)
+    assert serving._kernel_softcap(1e9, 0.0) == 0.0  # scale 0: 1e9 / 6.9e-31 overflows
+    assert serving._kernel_softcap(2e8, 0.0) == 2e8
+    assert serving._kernel_softcap(1e39, 0.125) == 0.0  # no float32 at all
+    assert serving._kernel_softcap(0.0, 0.125) == 0.0
 
 
 def test_a_window_wider_than_the_sequences_is_no_variant():
@@ -147,6 +172,31 @@ def test_variants_match_float64(dtype, D, causal, variant):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("scale", [0.0, -0.07])
+def test_variants_more_queries_than_keys_and_scale_zero(causal, scale):
+    """Nq > Nk (a negative bottom-right offset: early rows see no key), and a scale of 0 (every
+    score 0 before ALiBi; softcap then leaves it 0) or negative, with all three variants."""
+    _needs_hopper()
+    gen = torch.Generator(device="cuda").manual_seed(int(scale * 100) + len(str(causal)))
+    B, Nq, Nk, H, H_kv, D = 2, 457, 300, 4, 1, 128
+    q = torch.randn(B, Nq, H, D, device="cuda", dtype=torch.float16, generator=gen)
+    k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=torch.float16, generator=gen) for _ in range(2))
+    slopes = _slopes("BH", B, H, gen)
+    window, softcap = (90, 40), 1e9 if scale == 0.0 else 2.0  # (1e9 at scale 0: a cap that cannot bind)
+    mode = causal or None
+    out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
+                               alibi_slopes=slopes, return_lse=True)  # fmt: skip
+    heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
+    o_ref, lse_ref = reference.attention_serving(
+        heads(q), heads(k), heads(v), scale, causal=mode is not None, window=window, softcap=softcap,
+        alibi_slopes=slopes.cpu().numpy(), offset=0 if causal == "top_left" else None,
+    )  # fmt: skip
+    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
+    assert_serving_output(out, lse, o_ref, torch.from_numpy(lse_ref), torch.float16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("Nq,Nk", [(1, 1), (1, 700), (129, 1), (700, 700)])
 def test_variants_public_call_awkward(Nq, Nk):
     """flash_attn_func itself: N=1, strided views of one qkv buffer, a negative scale."""
@@ -167,17 +217,21 @@ def test_variants_public_call_awkward(Nq, Nk):
 
 @pytest.mark.gpu
 def test_variants_past_grid_y():
-    """B*H = 65,600 with a window: two launches."""
+    """B*H = 65,600 with a window and (B, H) ALiBi slopes: two launches; the second's batches
+    must find their own slopes and lse rows."""
     _needs_hopper()
     gen = torch.Generator(device="cuda").manual_seed(3)
     B, H, N, D = 4100, 16, 3, 64
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
-    out = flash_attn_func(q, k, v, causal=True, window_size=(1, 0))
+    slopes = _slopes("BH", B, H, gen)
+    out, lse = flash_attn_func(q, k, v, causal=True, window_size=(1, 0), alibi_slopes=slopes, return_lse=True)
     S = torch.einsum("bihd,bjhd->bhij", q.float(), k.float()) * D**-0.5
     i, j = torch.arange(N, device="cuda")[:, None], torch.arange(N, device="cuda")[None, :]
+    S = S - slopes[:, :, None, None] * (i - j).abs()
     S = S.masked_fill((j > i) | (j < i - 1), float("-inf"))
     ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(S, dim=-1), v.float())
     torch.testing.assert_close(out.float(), ref, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(lse, torch.logsumexp(S, dim=-1), rtol=1e-4, atol=1e-4)
 
 
 def _cu(lens):
@@ -185,7 +239,7 @@ def _cu(lens):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("variant", list(_VARIANTS))
 def test_varlen_variants_match_float64(D, causal, variant):
@@ -197,7 +251,10 @@ def test_varlen_variants_match_float64(D, causal, variant):
     lens_k = [3, 1, 40, 128, 100, 333, 0]  # Nq != Nk both ways, a sequence with no key
     H, H_kv = 4, 2
     q = torch.randn(sum(lens_q), H, D, device="cuda", dtype=dtype, generator=gen)
-    k, v = (torch.randn(sum(lens_k), H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    # k, v with 37 rows of NaN past the last sequence (a preallocated buffer's unused tail)
+    nan_tail = torch.full((37, H_kv, D), float("nan"), device="cuda", dtype=dtype)
+    k, v = (torch.cat([torch.randn(sum(lens_k), H_kv, D, device="cuda", dtype=dtype, generator=gen), nan_tail])
+            for _ in range(2))  # fmt: skip
     slopes = _slopes(spec.get("alibi"), len(lens_q), H, gen)
     window, softcap = spec.get("window", (-1, -1)), spec.get("softcap", 0.0)
     out, lse = flash_attn_varlen_func(

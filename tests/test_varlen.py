@@ -133,7 +133,8 @@ def _top_left(q, k, v, lens_q, lens_k, scale):
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", ["v3.3", "v3.1"])
 def test_varlen_awkward(version):
-    """A negative scale, and B*H = 65,600 (the heads of 4,100 one-token sequences) in two launches."""
+    """A negative scale, and B*H = 65,600 (the heads of 4,100 one-token sequences) in two launches:
+    the second launch's sequences find their own rows of O and of lse (H, total_q)."""
     if version == "v3.3" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("v3.3 runs on Hopper")
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -141,7 +142,11 @@ def test_varlen_awkward(version):
     q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(2 * B, 4, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     cu_q = torch.arange(B + 1, device="cuda", dtype=torch.int32)
-    out = flash_attn_varlen_func(q, k, v, cu_q, 2 * cu_q, 1, 2, softmax_scale=-0.2, causal=True, version=version)
+    out, lse = flash_attn_varlen_func(
+        q, k, v, cu_q, 2 * cu_q, 1, 2, softmax_scale=-0.2, causal=True, version=version, return_lse=True
+    )
     kk, vv = (t.view(B, 2, 4, D).repeat_interleave(4, dim=2).float() for t in (k, v))  # (B, 2, H, D)
-    P = torch.softmax(torch.einsum("bhd,bjhd->bhj", q.float(), kk) * -0.2, dim=-1)
-    torch.testing.assert_close(out.float(), torch.einsum("bhj,bjhd->bhd", P, vv), rtol=2e-2, atol=2e-2)
+    S = torch.einsum("bhd,bjhd->bhj", q.float(), kk) * -0.2
+    torch.testing.assert_close(out.float(), torch.einsum("bhj,bjhd->bhd", torch.softmax(S, dim=-1), vv),
+                               rtol=2e-2, atol=2e-2)  # fmt: skip
+    torch.testing.assert_close(lse, torch.logsumexp(S, dim=-1).T, rtol=1e-3, atol=1e-3)  # (H, total_q)

@@ -54,11 +54,12 @@ def cmd_info(args) -> int:
             print(f"           on sm_{arch}+: " + ", ".join(f"D={d}: Br={br} Bc={bc}" for d, (br, bc) in over.items()))
     from .versions import KERNEL_ENTRIES
 
-    print("outside the ladder (backward, decode):")
+    print("outside the ladder (backward, decode, varlen, variants):")
     for e in KERNEL_ENTRIES.values():
         if e.summary:
             dims = ", ".join(map(str, e.head_dims))
-            print(f"  {e.name:8s} {'/'.join(e.dtypes):16s} sm_{e.min_arch}+  D={dims}\n           {e.summary}")
+            archs = f"sm_{e.min_arch}" + ("+" if e.max_arch is None else "")
+            print(f"  {e.name:8s} {'/'.join(e.dtypes):16s} {archs}  D={dims}\n           {e.summary}")
     return 0
 
 

@@ -48,8 +48,8 @@ FWD_ARGS: list[tuple[str, str]] = [
     ("bh_offset", "i"),
 ]
 # The room to grow (variable-length batches, paged KV, sliding window, softcap, ALiBi), with the
-# value that means "off"; v3.3 reads cu_seqlens and bottom_right, and its variants kernel the window,
-# softcap and ALiBi fields.
+# value that means "off"; v3.3 and v3.1's varlen kernel read cu_seqlens and bottom_right, v3.3's
+# variants kernel the window, softcap and ALiBi fields.
 FWD_ROOM: list[tuple[str, str, object]] = [
     ("cu_seqlens_q", "Q", 0),
     ("cu_seqlens_k", "Q", 0),

@@ -89,7 +89,7 @@ def flash_attn_func(
     ``tileattn.backward_head_dims``; elsewhere an input that requires grad raises.
     """
     mode = _causal_mode(causal, default_true="bottom_right")
-    if window_size != (-1, -1) or softcap or alibi_slopes is not None:
+    if not (type(window_size) is tuple and window_size == (-1, -1)) or softcap or alibi_slopes is not None:
         variants = _variants_call(
             q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, return_lse
         )
@@ -109,16 +109,16 @@ def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size
     from . import serving
 
     _check_rank(q=q, k=k, v=v)
-    if version not in (None, serving._VARLEN) or precision is not None:
-        raise ValueError(
-            f"window_size, softcap and alibi_slopes run on {serving._VARLEN} (version=None or {serving._VARLEN!r}, "
-            f"precision=None); got version={version!r}, precision={precision!r}"
-        )
     (B, H, Nq, D), Nk = _bhnd(q, "bnhd")[0], k.shape[1]
     window, softcap, slopes, _ = serving._variants(window_size, softcap, alibi_slopes, mode is not None, B, H,
                                                     Nq + Nk, q.device)  # fmt: skip
     if not serving.any_variant(window, softcap, slopes, mode is not None):
         return None
+    if version not in (None, serving._VARLEN) or precision is not None:
+        raise ValueError(
+            f"window_size, softcap and alibi_slopes run on {serving._VARLEN} (version=None or {serving._VARLEN!r}, "
+            f"precision=None); got version={version!r}, precision={precision!r}"
+        )
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         raise RuntimeError(
             "tileattn has no backward pass for window_size, softcap or alibi_slopes yet: the output would silently "

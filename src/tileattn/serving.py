@@ -21,7 +21,9 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import operator
 
+import numpy as np
 import torch
 
 from . import _params, api
@@ -94,7 +96,9 @@ def _check_index_tensor(name: str, t, shape: tuple, device) -> None:
 
 def _window(window_size) -> tuple[int, int]:
     try:
-        left, right = (int(w) for w in window_size)
+        if any(isinstance(w, (bool, np.bool_)) for w in window_size):
+            raise TypeError
+        left, right = (operator.index(w) for w in window_size)  # ints (numpy's too), not floats
     except (TypeError, ValueError):
         raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}") from None
     if left < -1 or right < -1:
@@ -129,6 +133,22 @@ def _variants(window_size, softcap, alibi_slopes, causal: bool, B: int, H: int, 
             alibi_slopes = alibi_slopes.contiguous()
         alibi_sb = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
     return (left, right), softcap, alibi_slopes, alibi_sb
+
+
+_LOG2E = 1.4426950408889634
+
+
+def _kernel_softcap(softcap: float, scale: float) -> float:
+    """softcap as the kernels take it.  They divide it by the scale their folded exponent uses
+    (softmax.cuh folded_scale: |scale| clamped at 1e-30 / log2 e); where that overflows float32
+    (softcap above ~2.4e8 at scale 0, or no float32 at all) the cap cannot bind: each score S
+    meets tanh at S s / c < 2^-126 S, where tanh(x) = x in float32, so softcap off is exact."""
+    if softcap <= 0.0:
+        return 0.0
+    f32 = np.float32
+    s = f32(max(f32(abs(scale)) * f32(_LOG2E), f32(1e-30))) / f32(_LOG2E)
+    with np.errstate(over="ignore"):
+        return softcap if np.isfinite(f32(softcap) / s) else 0.0
 
 
 def any_variant(window, softcap: float, alibi_slopes, causal: bool) -> bool:
@@ -243,6 +263,7 @@ def flash_attn_with_kvcache(
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
+    softcap = _kernel_softcap(softcap, scale)
     if q.device.type != "cuda":
         raise ValueError(f"q, k_cache and v_cache must be CUDA tensors, got {q.device}")
     entry = _decode_entry(dtype, D, q.device.index, version)
@@ -521,11 +542,13 @@ def flash_attn_varlen_func(
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"{name} must be an int >= 0, got {n!r}")
     B = cu_seqlens_q.shape[0] - 1
+    # (the totals bound every sequence's positions without a sync; max_seqlen_* are the caller's word)
     window, softcap, alibi_slopes, alibi_sb = _variants(
-        window_size, softcap, alibi_slopes, mode is not None, B, H, max_seqlen_q + max_seqlen_k, q.device
+        window_size, softcap, alibi_slopes, mode is not None, B, H, total_q + total_k, q.device
     )
-    variants = any_variant(window, softcap, alibi_slopes, mode is not None)
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
+    softcap = _kernel_softcap(softcap, scale)
+    variants = any_variant(window, softcap, alibi_slopes, mode is not None)
     if q.device.type != "cuda":
         raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
     what = "variable-length batches" + (" with a window, softcap or ALiBi" if variants else "")
@@ -575,6 +598,7 @@ def attention_variants(
         return out, lse
     bhn = lambda t: (t.stride(0), t.stride(2), t.stride(1))  # (B, N, H, D) strides as (sb, sh, sn)
     q, k, v, softmax_scale = _prepare_scale_and_rows(q, k, v, softmax_scale, bhn)
+    softcap = _kernel_softcap(softcap, softmax_scale)
     # Positions: query i at key position i + offset, the causal alignment's (bottom-right without
     # a causal mask, as flash-attn).
     offset = 0 if mode == "top_left" else Nk - Nq
@@ -600,6 +624,7 @@ def _fwd_variants_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """tileattn::fwd_variants: attention_variants for torch.compile (flash-attn's layout; causal as
     tileattn::fwd codes it) -> (O, lse (B, H, Nq))."""
+    api._validate(q, k, v, None, None, "bnhd")  # (flash_attn_func checked them; a direct call has not)
     mode = api._CAUSAL_OF_CODE[causal]
     return attention_variants(q, k, v, softmax_scale, mode, (window_left, window_right), softcap, alibi_slopes, True)
 

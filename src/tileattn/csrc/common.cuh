@@ -41,7 +41,8 @@ struct alignas(64) TmaMaps {
 // lse may be null: the caller did not ask for the log-sum-exp, and no rung stores it then.
 // The fields after bh_offset are the room the next features grow into (variable-length batches,
 // paged KV caches, sliding windows, softcapping): the host sets them to their "off" values
-// (null / 0 / -1).  Variable-length batches (cu_seqlens_q non-null; v3.3 reads them): q, k, v, o
+// (null / 0 / -1).  Variable-length batches (cu_seqlens_q non-null; v3.3 and v3_1_varlen_fwd
+// read them): q, k, v, o
 // are packed (total, H, D) with batch strides 0, sequence b owns rows cu_seqlens_q[b] ..
 // cu_seqlens_q[b + 1] - 1 of q and o (of k, v: cu_seqlens_k), Nq and Nk are the packed totals,
 // lse is (H, total_q), and the causal offset is per sequence: Nk_b - Nq_b when bottom_right, else

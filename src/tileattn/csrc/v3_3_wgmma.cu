@@ -26,8 +26,9 @@
 // grid (Q blocks of the longest sequence, sequences x heads), blocks past a sequence's end exit,
 // and the copy engine reads each sequence's rows of the packed tensors from its offset.
 // Score variants (sliding window, softcap, ALiBi): v3_3_variants_fwd, the same body compiled with
-// VARIANTS, so that the plain kernel's code is untouched (its SASS is identical).  The K/V loop
-// covers only the blocks inside the window of some row of the Q block (skipped, not masked).
+// VARIANTS, so that the plain kernel's code is untouched (its instructions are the same).  The
+// K/V loop covers only the blocks inside the window of some row of the Q block (skipped, not
+// masked).
 #include "common.cuh"
 #include "mma.cuh"  // pack2, mbarriers, tma_load_4d
 #include "wgmma.cuh"
