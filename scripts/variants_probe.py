@@ -1,6 +1,8 @@
 """Probe: v3.3 plain vs its variants kernel with no variant on, and each variant alone (bf16 causal N=8192)."""
+
 import torch
 from triton.testing import do_bench
+
 from tileattn import flash_attn_func, serving
 
 B, H, N = 2, 16, 8192
@@ -10,7 +12,9 @@ for D in (64, 128):
     t = lambda f: do_bench(f, warmup=25, rep=200, return_mode="median")
     base = t(lambda: flash_attn_func(q, k, v, causal=True))
     rows = {
-        "variants kernel, none on": lambda: serving.attention_variants(q, k, v, D**-0.5, "bottom_right", (-1, 0), 0.0, None, False),
+        "variants kernel, none on": lambda: serving.attention_variants(
+            q, k, v, D**-0.5, "bottom_right", (-1, 0), 0.0, None, False
+        ),
         "window 4096": lambda: flash_attn_func(q, k, v, causal=True, window_size=(4096, 0)),
         "alibi": lambda: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes),
         "softcap": lambda: flash_attn_func(q, k, v, causal=True, softcap=50.0),
