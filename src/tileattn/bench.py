@@ -136,6 +136,21 @@ def _time(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def _timed_row(base: dict, build, rate: str, per_ms: float, error=None) -> dict:
+    """One row of a special suite: build() gives the call (a peer may compile there), run once
+    (error(out): its rel_err, when given), then timed; rate = per_ms / ms (TFLOP/s: flops / 1e9,
+    TB/s: bytes / 1e9).  A call that raises (e.g. a backend rejecting the shape) gives a row with
+    its error instead, and the suite keeps going."""
+    try:
+        fn = build()
+        out = fn()
+        err = error(out) if error else None
+        ms = _time(fn)
+        return dict(**base, ms=ms, **{rate: per_ms / ms}, rel_err=err)
+    except Exception as e:
+        return dict(**base, ms=None, **{rate: None}, error=f"{type(e).__name__}: {e}"[:200])
+
+
 def run(cases: list[Case], versions: list[str], peers: list[str], progress=None, flex_seqlens=()) -> list[dict]:
     rows = []
     for case in cases:
@@ -767,17 +782,14 @@ def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
             for name in DECODE_PEERS:
                 if name != "flex_attention" or Nk in _FLEX_DECODE_NK:
                     impls[name] = _peer_fn(name, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False)
+
+        def error(out):  # against float64 on sequence 0 ((B, H, N, D) views)
+            ref, _ = reference(*(t[:1].transpose(1, 2) for t in (q, k, v)), D**-0.5, None)
+            return ((out[:1].transpose(1, 2).double() - ref).norm() / ref.norm()).item()
+
         for name, fn in impls.items():
-            try:
-                out = fn()
-                err = None
-                if name.startswith("dec_"):  # against float64 on sequence 0 ((B, H, N, D) views)
-                    ref, _ = reference(*(t[:1].transpose(1, 2) for t in (q, k, v)), D**-0.5, None)
-                    err = ((out[:1].transpose(1, 2).double() - ref).norm() / ref.norm()).item()
-                ms = _time(fn)
-                rows.append(dict(impl=name, **base, ms=ms, tb_per_s=gbytes / ms, rel_err=err))
-            except Exception as e:  # e.g. a backend that rejects the shape: record why, keep going
-                rows.append(dict(impl=name, **base, ms=None, tb_per_s=None, error=f"{type(e).__name__}: {e}"[:200]))
+            checked = error if name.startswith("dec_") else None
+            rows.append(_timed_row(dict(impl=name, **base), lambda: fn, "tb_per_s", gbytes, checked))
             if progress:
                 progress()
         q = k = v = kc = vc = None
@@ -912,22 +924,18 @@ def varlen_suite(progress=None) -> list[dict]:
                 impls[name] = _varlen_peer(name, q, k, v, cu, max(lens), lens)
             except Exception as e:  # a peer missing from this torch: record why
                 rows.append(dict(impl=name, docs=len(lens), H=H, D=D, ms=None, error=f"{type(e).__name__}: {e}"[:200]))
+
+        def error(out):  # against float64 on the first two documents
+            two = cu[2].item()
+            as_np = lambda t: t[:two].double().cpu().numpy()
+            ref, _ = attention_varlen(as_np(q), as_np(k), as_np(v), cu[:3].tolist(), cu[:3].tolist(), causal=True)
+            ref = torch.from_numpy(ref)
+            return ((out[:two].double().cpu() - ref).norm() / ref.norm()).item()
+
         for name, fn in impls.items():
             base = dict(impl=name, docs=len(lens), tokens=sum(lens), H=H, D=D, dtype="bfloat16", causal=True)
-            try:
-                out = fn()
-                err = None
-                if name.startswith("tileattn"):
-                    two = cu[2].item()
-                    as_np = lambda t: t[:two].double().cpu().numpy()
-                    ref, _ = attention_varlen(as_np(q), as_np(k), as_np(v), cu[:3].tolist(), cu[:3].tolist(),
-                                              causal=True)  # fmt: skip
-                    ref = torch.from_numpy(ref)
-                    err = ((out[:two].double().cpu() - ref).norm() / ref.norm()).item()
-                ms = _time(fn)
-                rows.append(dict(**base, ms=ms, tflops=flops / ms / 1e9, rel_err=err))
-            except Exception as e:
-                rows.append(dict(**base, ms=None, tflops=None, error=f"{type(e).__name__}: {e}"[:200]))
+            checked = error if name.startswith("tileattn") else None
+            rows.append(_timed_row(base, lambda: fn, "tflops", flops / 1e9, checked))
             if progress:
                 progress()
     for r in rows:
@@ -1029,41 +1037,29 @@ def variants_suite(progress=None) -> list[dict]:
                       alibi_slopes=slopes if spec.get("alibi") else None)  # fmt: skip
             pairs = _visible_pairs(N, spec.get("window", (-1, 0))[0])
             flops = 4 * B * H * D * pairs
-            # name -> a builder of the timed call (FlexAttention compiles in its builder)
-            builders = {"tileattn": lambda kw=kw: lambda: flash_attn_func(q, k, v, causal=True, **kw)}
+            # name -> a builder of the timed call (FlexAttention compiles in its builder), each built
+            # and run within this iteration
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, D) views
+            builders = {"tileattn": lambda: lambda: flash_attn_func(q, k, v, causal=True, **kw)}
             if D in VARIANT_FLEX_D:
-                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, N, D) views
-                builders["flex_attention"] = lambda spec=spec, qt=qt, kt=kt, vt=vt: _flex_variant(
-                    qt, kt, vt, spec, slopes
-                )
+                builders["flex_attention"] = lambda: _flex_variant(qt, kt, vt, spec, slopes)
                 if not spec:
-                    builders["sdpa_cudnn"] = lambda qt=qt, kt=kt, vt=vt: _peer_fn("sdpa_cudnn", qt, kt, vt, True)
+                    builders["sdpa_cudnn"] = lambda: _peer_fn("sdpa_cudnn", qt, kt, vt, True)
+
+            def error(out):  # the last 1024 queries (the window is active there)
+                heads = lambda t, n: t[:1, -n:, :2].transpose(1, 2).double().cpu().numpy()
+                alibi = slopes[:2].cpu().numpy() if spec.get("alibi") else None
+                # (bottom-right: query i of the last 1024 sits at key position N - 1024 + i)
+                ref, _ = attention_serving(
+                    heads(q, 1024), heads(k, N), heads(v, N), D**-0.5, causal=True, window=kw["window_size"],
+                    softcap=kw["softcap"], alibi_slopes=alibi,
+                )  # fmt: skip
+                ref, got = torch.from_numpy(ref), out[:1, -1024:, :2].transpose(1, 2).double().cpu()
+                return ((got - ref).norm() / ref.norm()).item()
+
             for name, build in builders.items():
                 base = dict(impl=name, variant=variant, B=B, H=H, N=N, D=D, dtype="bfloat16", causal=True)
-                try:
-                    fn = build()
-                    out = fn()
-                    err = None
-                    if name == "tileattn":  # the last 1024 queries (the window is active there)
-                        heads = lambda t, n: t[:1, -n:, :2].transpose(1, 2).double().cpu().numpy()
-                        alibi = slopes[:2].cpu().numpy() if spec.get("alibi") else None
-                        ref, _ = attention_serving(
-                            heads(q, 1024),
-                            heads(k, N),
-                            heads(v, N),
-                            D**-0.5,
-                            causal=True,
-                            window=kw["window_size"],
-                            softcap=kw["softcap"],
-                            alibi_slopes=alibi,
-                        )  # fmt: skip (bottom-right: query i of the last 1024 sits at N - 1024 + i)
-                        ref = torch.from_numpy(ref)
-                        got = out[:1, -1024:, :2].transpose(1, 2).double().cpu()
-                        err = ((got - ref).norm() / ref.norm()).item()
-                    ms = _time(fn)
-                    rows.append(dict(**base, ms=ms, tflops=flops / ms / 1e9, rel_err=err))
-                except Exception as e:
-                    rows.append(dict(**base, ms=None, tflops=None, error=f"{type(e).__name__}: {e}"[:200]))
+                rows.append(_timed_row(base, build, "tflops", flops / 1e9, error if name == "tileattn" else None))
                 if progress:
                     progress()
     for r in rows:
