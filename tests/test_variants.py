@@ -82,7 +82,7 @@ def test_which_arguments_are_variants():
         ((-1, -1), 0.0, torch.zeros(4), False, True), ((500, 500), 0.0, None, False, False),
     ]  # fmt: skip
     for window_size, softcap, slopes, causal, expected in cases:
-        window, cap, slopes, _ = serving._variants(window_size, softcap, slopes, causal, 2, 4, 100, torch.device("cpu"))
+        window, cap, slopes = serving._variants(window_size, softcap, slopes, causal, 2, 4, 100, torch.device("cpu"))
         assert serving.any_variant(window, cap, slopes, causal) == expected, (window_size, softcap, causal)
 
 

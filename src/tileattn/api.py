@@ -110,7 +110,7 @@ def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size
 
     _check_rank(q=q, k=k, v=v)
     (B, H, Nq, D), Nk = _bhnd(q, "bnhd")[0], k.shape[1]
-    window, softcap, slopes, _ = serving._variants(window_size, softcap, alibi_slopes, mode is not None, B, H,
+    window, softcap, slopes = serving._variants(window_size, softcap, alibi_slopes, mode is not None, B, H,
                                                     Nq + Nk, q.device)  # fmt: skip
     if not serving.any_variant(window, softcap, slopes, mode is not None):
         return None

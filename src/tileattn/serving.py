@@ -109,8 +109,8 @@ def _window(window_size) -> tuple[int, int]:
 def _variants(window_size, softcap, alibi_slopes, causal: bool, B: int, H: int, n_max: int, device):
     """Checked score variants, as the kernels take them: (left, right) with right = 0 under a causal
     mask and -1 for a bound at or past ``n_max`` (no bound; it keeps the kernels' arithmetic inside
-    int32), softcap as a float (0: off), the ALiBi slopes (float32 (H,) or (B, H) on ``device``, last
-    dim contiguous) and their batch stride (0 for (H,))."""
+    int32), softcap as a float (0: off), and the ALiBi slopes (float32 (H,) or (B, H) on ``device``,
+    last dim contiguous)."""
     left, right = _window(window_size)
     if causal:
         right = 0
@@ -120,7 +120,6 @@ def _variants(window_size, softcap, alibi_slopes, causal: bool, B: int, H: int, 
     softcap = float(softcap)
     if not softcap >= 0.0 or math.isinf(softcap):
         raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap!r}")
-    alibi_sb = 0
     if alibi_slopes is not None:
         if (
             not isinstance(alibi_slopes, torch.Tensor)
@@ -131,8 +130,12 @@ def _variants(window_size, softcap, alibi_slopes, causal: bool, B: int, H: int, 
             _fail("alibi_slopes", f"a float32 tensor of shape ({H},) or ({B}, {H}) on {device}", alibi_slopes)
         if alibi_slopes.stride(-1) != 1:
             alibi_slopes = alibi_slopes.contiguous()
-        alibi_sb = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
-    return (left, right), softcap, alibi_slopes, alibi_sb
+    return (left, right), softcap, alibi_slopes
+
+
+def _alibi_stride(alibi_slopes) -> int:
+    """The kernels' alibi_sb: the batch stride of (B, H) slopes, 0 for (H,) ones or none."""
+    return alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
 
 
 _LOG2E = 1.4426950408889634
@@ -257,13 +260,12 @@ def flash_attn_with_kvcache(
     _check_index_tensor("cache_seqlens", cache_seqlens, (B,), q.device)
     if cache_seqlens is None and (paged or k is not None):
         raise ValueError("cache_seqlens is needed with a paged cache or with k/v to append (keys in use per sequence)")
-    (left, right), softcap, alibi_slopes, alibi_sb = _variants(
+    (left, right), softcap, alibi_slopes = _variants(
         window_size, softcap, alibi_slopes, bool(causal), B, H, Nk + Nq, q.device
     )
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: chosen), got {num_splits!r}")
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
-    softcap = _kernel_softcap(softcap, scale)
     if q.device.type != "cuda":
         raise ValueError(f"q, k_cache and v_cache must be CUDA tensors, got {q.device}")
     entry = _decode_entry(dtype, D, q.device.index, version)
@@ -292,7 +294,7 @@ def flash_attn_with_kvcache(
     if scale < 0:  # the kernels fold a scale >= 0 into the exponent (softmax.cuh): negate q instead
         q, scale = -q, -scale
     return _decode((kern, combine), entry.tiles[D][1], row_blocks, q, k_cache, v_cache, seqlens, block_table,
-                   Nk, page_size, scale, (left, right), softcap, alibi_slopes, alibi_sb, num_splits,
+                   Nk, page_size, scale, (left, right), softcap, alibi_slopes, num_splits,
                    return_lse)  # fmt: skip
 
 
@@ -311,7 +313,7 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size):
 
 
 def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, Nk, page_size, scale, window,
-            softcap, alibi_slopes, alibi_sb, num_splits, return_lse):  # fmt: skip
+            softcap, alibi_slopes, num_splits, return_lse):  # fmt: skip
     """Allocate, choose the splits and launch the decode kernel and the merge (kernels: both,
     loaded; Bc: the decode kernel's keys per tile; row_blocks: its blocks per K/V head)."""
     B, Nq, H, D = q.shape
@@ -327,7 +329,7 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
                     kernels, Bc, row_blocks, q[sl], k_cache if block_table is not None else k_cache[sl],
                     v_cache if block_table is not None else v_cache[sl], None if seqlens is None else seqlens[sl],
                     None if block_table is None else block_table[sl], Nk, page_size, scale, window, softcap,
-                    alibi_slopes if alibi_slopes is None or alibi_sb == 0 else alibi_slopes[sl], alibi_sb,
+                    alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[sl],
                     num_splits, True,
                 )
             )  # fmt: skip
@@ -339,6 +341,7 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
         slots = _device_slots(device_index, kern.smem, kern.threads)
         num_splits = num_splits_heuristic(blocks, -(-Nk // Bc), slots)
     num_splits = min(num_splits, _MAX_SPLITS)
+    softcap = _kernel_softcap(softcap, scale)
     f32 = dict(dtype=torch.float32, device=q.device)
     o_part = torch.empty((num_splits, B, H, Nq, D), **f32)
     lse_part = torch.empty((num_splits, B, H, Nq), **f32)
@@ -350,7 +353,7 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), ptr(lse), o_part.data_ptr(),
             lse_part.data_ptr(), ptr(seqlens), ptr(block_table), ptr(alibi_slopes),
             B, Nq, H, H // H_kv, Nk, num_splits, page_size, *window,
-            0 if block_table is None else block_table.stride(0), alibi_sb,
+            0 if block_table is None else block_table.stride(0), _alibi_stride(alibi_slopes),
             *(q.stride()[:3]), *(k_cache.stride()[:3]), *(v_cache.stride()[:3]), *(out.stride()[:3]),
             scale, softcap,
         ]  # fmt: skip
@@ -417,7 +420,7 @@ def _packed_path(what: str, dtype, D: int, device, variants: bool, version=None)
 
 def _launch_packed(
     q, k, v, out, lse, *, kernel, causal, dims, strides, grid, scale, causal_offset,
-    cu_seqlens=(None, None), bottom_right=False, window=(-1, -1), softcap=0.0, alibi=(None, 0),
+    cu_seqlens=(None, None), bottom_right=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
 ):  # fmt: skip
     """One call of ``kernel`` (_packed_path) with every forward field; out and lse are written.
     dims = (B, H, Nq, H_kv, Nk, D) as the kernel sees q, k, v: with cu_seqlens, B = 1 and Nq, Nk
@@ -426,6 +429,7 @@ def _launch_packed(
     dtype = api._DTYPES[q.dtype]
     B, H, Nq, H_kv, Nk, D = dims
     kern, (Br, Bc) = _packed_kernel(dtype, D, causal, kernel, q.device.index)
+    softcap = _kernel_softcap(softcap, scale)
     qs, ks, vs, _ = strides
     maps = None
     if kernel != _VARLEN_MMA:  # the v3.3 kernels load through the copy engine
@@ -439,7 +443,7 @@ def _launch_packed(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0,
             Nq, Nk, H, H // H_kv, *(x for s in strides for x in s), scale, causal_offset, off,
             ptr(cu_seqlens[0]), ptr(cu_seqlens[1]), 0, 0, 0, 0, *window, softcap, int(bottom_right),
-            ptr(alibi[0]), alibi[1],
+            ptr(alibi_slopes), _alibi_stride(alibi_slopes),
         ]  # fmt: skip
         kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args, maps)
 
@@ -543,11 +547,10 @@ def flash_attn_varlen_func(
             raise ValueError(f"{name} must be an int >= 0, got {n!r}")
     B = cu_seqlens_q.shape[0] - 1
     # (the totals bound every sequence's positions without a sync; max_seqlen_* are the caller's word)
-    window, softcap, alibi_slopes, alibi_sb = _variants(
+    window, softcap, alibi_slopes = _variants(
         window_size, softcap, alibi_slopes, mode is not None, B, H, total_q + total_k, q.device
     )
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
-    softcap = _kernel_softcap(softcap, scale)
     variants = any_variant(window, softcap, alibi_slopes, mode is not None)
     if q.device.type != "cuda":
         raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
@@ -570,22 +573,18 @@ def flash_attn_varlen_func(
         dims=(1, H, total_q, H_kv, total_k, D), strides=strides, grid=(B, max_seqlen_q), scale=scale,
         causal_offset=0, cu_seqlens=(cu_seqlens_q, cu_seqlens_k),
         bottom_right=mode == "bottom_right" or (mode is None and variants), window=window, softcap=softcap,
-        alibi=(alibi_slopes, alibi_sb),
+        alibi_slopes=alibi_slopes,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
 
-def attention_variants(
-    q, k, v, softmax_scale, mode, window_size, softcap, alibi_slopes, return_lse, out=None, lse=None
-):
+def attention_variants(q, k, v, softmax_scale, mode, window, softcap, alibi_slopes, return_lse, out=None, lse=None):
     """flash_attn_func with a window, softcap or ALiBi: (B, Nq, H, D) q, (B, Nk, H_kv, D) k, v,
-    already checked by api._validate (dtype, shapes, devices, strides).  Returns (O, lse or
-    None); out / lse: buffers to write (the tests hand in NaN-poisoned ones)."""
+    already checked by api._validate (dtype, shapes, devices, strides), and the variants by
+    _variants.  Returns (O, lse or None); out / lse: buffers to write (the tests hand in
+    NaN-poisoned ones)."""
     B, Nq, H, D = q.shape
     Nk, H_kv = k.shape[1], k.shape[2]
-    window, softcap, alibi_slopes, alibi_sb = _variants(
-        window_size, softcap, alibi_slopes, mode is not None, B, H, Nq + Nk, q.device
-    )
     kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True)
     if out is None:
         out = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
@@ -598,14 +597,13 @@ def attention_variants(
         return out, lse
     bhn = lambda t: (t.stride(0), t.stride(2), t.stride(1))  # (B, N, H, D) strides as (sb, sh, sn)
     q, k, v, softmax_scale = _prepare_scale_and_rows(q, k, v, softmax_scale, bhn)
-    softcap = _kernel_softcap(softcap, softmax_scale)
     # Positions: query i at key position i + offset, the causal alignment's (bottom-right without
     # a causal mask, as flash-attn).
     offset = 0 if mode == "top_left" else Nk - Nq
     _launch_packed(
         q, k, v, out, lse, kernel=kernel, causal=mode is not None, dims=(B, H, Nq, H_kv, Nk, D),
         strides=[bhn(t) for t in (q, k, v, out)], grid=(B, Nq), scale=softmax_scale, causal_offset=offset,
-        window=window, softcap=softcap, alibi=(alibi_slopes, alibi_sb),
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )  # fmt: skip
     return out, lse
 
@@ -624,9 +622,14 @@ def _fwd_variants_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """tileattn::fwd_variants: attention_variants for torch.compile (flash-attn's layout; causal as
     tileattn::fwd codes it) -> (O, lse (B, H, Nq))."""
-    api._validate(q, k, v, None, None, "bnhd")  # (flash_attn_func checked them; a direct call has not)
+    # (flash_attn_func checked all of it; a direct call has not)
+    api._validate(q, k, v, None, None, "bnhd")
     mode = api._CAUSAL_OF_CODE[causal]
-    return attention_variants(q, k, v, softmax_scale, mode, (window_left, window_right), softcap, alibi_slopes, True)
+    B, Nq, H, _ = q.shape
+    window, softcap, alibi_slopes = _variants(
+        (window_left, window_right), softcap, alibi_slopes, mode is not None, B, H, Nq + k.shape[1], q.device
+    )
+    return attention_variants(q, k, v, softmax_scale, mode, window, softcap, alibi_slopes, True)
 
 
 @_fwd_variants_op.register_fake
