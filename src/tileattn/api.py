@@ -109,15 +109,16 @@ def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size
     from . import serving
 
     _check_rank(q=q, k=k, v=v)
-    (B, H, Nq, D), Nk = _bhnd(q, "bnhd")[0], k.shape[1]
-    window, softcap, slopes = serving._variants(window_size, softcap, alibi_slopes, mode is not None, B, H,
-                                                    Nq + Nk, q.device)  # fmt: skip
+    B, Nq, H, D = q.shape
+    window, softcap, slopes = serving._variants(
+        window_size, softcap, alibi_slopes, mode is not None, B, H, Nq + k.shape[1], q.device
+    )
     if not serving.any_variant(window, softcap, slopes, mode is not None):
         return None
-    if version not in (None, serving._VARLEN) or precision is not None:
+    if version not in (None, "v3.3") or precision is not None:  # (versions.V3_3_VARIANTS: v3.3's body)
         raise ValueError(
-            f"window_size, softcap and alibi_slopes run on {serving._VARLEN} (version=None or {serving._VARLEN!r}, "
-            f"precision=None); got version={version!r}, precision={precision!r}"
+            "window_size, softcap and alibi_slopes run on v3.3 (version=None or 'v3.3', precision=None); "
+            f"got version={version!r}, precision={precision!r}"
         )
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         raise RuntimeError(
@@ -553,8 +554,8 @@ class LaunchableKernel:
 
 @functools.cache
 def entry_kernel(name: str, dtype: str, head_dim: int, causal: bool, device_index: int) -> LaunchableKernel:
-    """A kernel outside the forward ladder (versions.KERNEL_ENTRIES: backward, decode), compiled
-    and loaded for one device."""
+    """A kernel outside the forward ladder (versions.KERNEL_ENTRIES: backward, decode, the packed
+    forward kernels), compiled and loaded for one device."""
     from .versions import KERNEL_ENTRIES
 
     entry = KERNEL_ENTRIES[name]

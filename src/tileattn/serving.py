@@ -26,7 +26,7 @@ import operator
 import numpy as np
 import torch
 
-from . import _params, api
+from . import api
 from .versions import DEC_COMBINE, DEC_COMBINE_ROWS, DEC_VERSIONS
 
 _MAX_SPLITS = 128
@@ -365,34 +365,18 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
 
 # ---- v3.3 with every forward field: variable-length batches and the score variants ------------
 
-_VARLEN = "v3.3"  # the rung that reads cu_seqlens (csrc/common.cuh), on Hopper
+_VARLEN = "v3.3_packed"  # v3.3 reading cu_seqlens (csrc/common.cuh), on Hopper (versions.py)
 _VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
 _VARLEN_MMA = "v3.1_varlen"  # variable-length batches on the mma.sync path, sm_80+ (versions.py)
 _PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version=
 
 
-@functools.cache
 def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: int):
-    """One of the kernels that take every forward field packed per call (the room fields
-    included): v3.3, its variants kernel or v3.1's variable-length one, loaded; with its (Br, Bc)."""
-    from . import _nvrtc
-    from .versions import KERNEL_ENTRIES, VERSIONS
+    """One of the kernels that take every forward field packed per call (_packed_path), loaded;
+    with its (Br, Bc)."""
+    from .versions import KERNEL_ENTRIES
 
-    if kernel != _VARLEN:
-        return api.entry_kernel(kernel, dtype, D, causal, device_index), KERNEL_ENTRIES[kernel].tiles[D]
-    cc = _nvrtc.device_arch(device_index)
-    entry = VERSIONS[_VARLEN]
-    kern = api.load_kernel(
-        f"{_VARLEN} (all fields) at head dim {D}",
-        entry.file,
-        entry.name_expression(dtype, D, causal, cc[0] * 10 + cc[1]),
-        _nvrtc.arch_string(cc, arch_specific=entry.arch_specific),
-        device_index,
-        True,
-        _params.FWD_FIELDS,
-        [],
-    )
-    return kern, entry.tile(D, cc[0] * 10 + cc[1])
+    return api.entry_kernel(kernel, dtype, D, causal, device_index), KERNEL_ENTRIES[kernel].tiles[D]
 
 
 def _packed_path(what: str, dtype, D: int, device, variants: bool, version=None) -> str:
@@ -400,9 +384,9 @@ def _packed_path(what: str, dtype, D: int, device, variants: bool, version=None)
     else v3.1's variable-length kernel (sm_80+, no variants); ``version`` ("v3.3" or "v3.1")
     forces one.  Raises NotImplementedError naming what runs where."""
     from . import _nvrtc
-    from .versions import KERNEL_ENTRIES, VERSIONS
+    from .versions import KERNEL_ENTRIES
 
-    v33, mma = VERSIONS[_VARLEN], KERNEL_ENTRIES[_VARLEN_MMA]
+    v33, mma = KERNEL_ENTRIES[_VARLEN], KERNEL_ENTRIES[_VARLEN_MMA]
     cc = _nvrtc.device_arch(device.index)
     arch = cc[0] * 10 + cc[1]
     if dtype in (torch.float16, torch.bfloat16):

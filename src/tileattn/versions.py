@@ -437,20 +437,32 @@ DEC_COMBINE = KernelEntry(
 )
 DEC_ENTRIES = (*DEC_VERSIONS, DEC_COMBINE)
 
-# The score variants (sliding window, softcap, ALiBi) of flash_attn_func and flash_attn_varlen_func:
-# v3.3's body compiled with VARIANTS (csrc/v3_3_wgmma.cu), every forward field packed per call.
-V3_3_VARIANTS = KernelEntry(
-    name="v3.3_variants",
-    file=_V3_3.file,
-    kernel="v3_3_variants_fwd",
-    tiles=_V3_3.tiles,
-    dtypes=_V3_3.dtypes,
-    fields="fwd",
-    summary="v3.3 with a sliding window (blocks outside skipped), softcap (tanh on the SFU) and ALiBi",
-    min_arch=90,
-    max_arch=90,
-    arch_specific=True,
-    tensor_maps=True,
+
+# v3.3 as the packed paths launch it, every forward field packed per call (csrc/common.cuh's room
+# included): V3_3_PACKED, the rung's own kernel, reads cu_seqlens (flash_attn_varlen_func);
+# V3_3_VARIANTS, its body compiled with VARIANTS (csrc/v3_3_wgmma.cu), also the sliding window,
+# softcap and ALiBi (flash_attn_func and flash_attn_varlen_func).
+def _v3_3_packed(name: str, kernel: str, summary: str) -> KernelEntry:
+    return KernelEntry(
+        name=name,
+        file=_V3_3.file,
+        kernel=kernel,
+        tiles=_V3_3.tiles,
+        dtypes=_V3_3.dtypes,
+        fields="fwd",
+        summary=summary,
+        min_arch=_V3_3.min_arch,
+        max_arch=_V3_3.max_arch,
+        arch_specific=_V3_3.arch_specific,
+        tensor_maps=_V3_3.tensor_maps,
+    )
+
+
+V3_3_PACKED = _v3_3_packed("v3.3_packed", _V3_3.kernel, "v3.3 over packed variable-length sequences (cu_seqlens)")
+V3_3_VARIANTS = _v3_3_packed(
+    "v3.3_variants",
+    "v3_3_variants_fwd",
+    "v3.3 with a sliding window (blocks outside skipped), softcap (tanh on the SFU) and ALiBi",
 )
 
 # Variable-length batches on the mma.sync path (flash_attn_varlen_func off Hopper, and on Hopper at
@@ -471,5 +483,5 @@ V3_1_VARLEN = KernelEntry(
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
-    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, V3_3_VARIANTS, V3_1_VARLEN)
+    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, V3_3_PACKED, V3_3_VARIANTS, V3_1_VARLEN)
 }
