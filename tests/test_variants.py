@@ -261,20 +261,13 @@ def test_varlen_variants_match_float64(D, causal, variant):
         q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k), causal=causal, window_size=window,
         softcap=softcap, alibi_slopes=slopes, return_lse=True,
     )  # fmt: skip
-    O = np.zeros(q.shape)
-    lse_ref = np.full((H, q.shape[0]), -np.inf)
-    cq, ck = np.cumsum([0, *lens_q]), np.cumsum([0, *lens_k])
-    for b in range(len(lens_q)):
-        if lens_q[b] == 0:
-            continue
-        part = lambda t, c: _as_np(t[c[b] : c[b + 1]]).transpose(1, 0, 2)[None]
-        o, l = reference.attention_serving(
-            part(q, cq), part(k, ck), part(v, ck), D**-0.5, causal=bool(causal), window=window, softcap=softcap,
-            alibi_slopes=None if slopes is None else (slopes if slopes.dim() == 1 else slopes[b : b + 1]).cpu().numpy(),
-            offset=0 if causal == "top_left" else None,
-        )  # fmt: skip
-        O[cq[b] : cq[b + 1]] = o[0].transpose(1, 0, 2)
-        lse_ref[:, cq[b] : cq[b + 1]] = l[0]
+    used = sum(lens_k)
+    O, lse_ref = reference.attention_varlen(
+        _as_np(q), _as_np(k[:used]), _as_np(v[:used]), _cu(lens_q).tolist(), _cu(lens_k).tolist(),
+        softmax_scale=D**-0.5, causal=bool(causal), window=window, softcap=softcap,
+        offset=0 if causal == "top_left" else None,
+        alibi_slopes=None if slopes is None else slopes.cpu().numpy(),
+    )  # fmt: skip
     assert_serving_output(out, lse, torch.from_numpy(O), torch.from_numpy(lse_ref), dtype)
 
 

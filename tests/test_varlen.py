@@ -100,34 +100,14 @@ def test_varlen_matches_float64(dtype, version, D, causal, H, H_kv):
     out, lse = flash_attn_varlen_func(
         q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k), causal=causal, return_lse=True, version=version
     )
-    if causal == "top_left":
-        o_ref, lse_ref = _top_left(q, k, v, lens_q, lens_k, D**-0.5)
-    else:
-        as_np = lambda t: t.double().cpu().numpy()
-        used = sum(lens_k)
-        o_ref, lse_ref = reference.attention_varlen(
-            as_np(q), as_np(k[:used]), as_np(v[:used]), _cu(lens_q).tolist(), _cu(lens_k).tolist(),
-            softmax_scale=D**-0.5, causal=causal == "bottom_right",
-        )  # fmt: skip
+    as_np = lambda t: t.double().cpu().numpy()
+    used = sum(lens_k)
+    o_ref, lse_ref = reference.attention_varlen(
+        as_np(q), as_np(k[:used]), as_np(v[:used]), _cu(lens_q).tolist(), _cu(lens_k).tolist(),
+        softmax_scale=D**-0.5, causal=causal is not False, offset=0 if causal == "top_left" else None,
+    )  # fmt: skip
     o_ref, lse_ref = torch.from_numpy(np.asarray(o_ref)), torch.from_numpy(np.asarray(lse_ref))
     assert_serving_output(out, lse, o_ref, lse_ref, dtype)
-
-
-def _top_left(q, k, v, lens_q, lens_k, scale):
-    """float64 top-left causal per sequence (reference.attention_naive; its causal takes the mode)."""
-    O = np.zeros(q.shape)
-    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
-    cq, ck = np.cumsum([0, *lens_q]), np.cumsum([0, *lens_k])
-    for b in range(len(lens_q)):
-        if lens_q[b] == 0 or lens_k[b] == 0:
-            continue
-        heads = lambda t, s, e: t[s:e].double().cpu().numpy().transpose(1, 0, 2)[None]
-        o, l = reference.attention_naive(
-            heads(q, cq[b], cq[b + 1]), heads(k, ck[b], ck[b + 1]), heads(v, ck[b], ck[b + 1]), scale, "top_left"
-        )
-        O[cq[b] : cq[b + 1]] = o[0].transpose(1, 0, 2)
-        lse[:, cq[b] : cq[b + 1]] = l[0]
-    return O, lse
 
 
 @pytest.mark.gpu

@@ -297,16 +297,19 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
     """Packed variable-length batches, flash-attn's varlen layout: q (total_q, H, D), k and v
     (total_k, H_kv, D); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and
     cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k, v, attended to on its own (``attention_serving``'s
-    keyword arguments apply per sequence).  Returns O (total_q, H, D), lse (H, total_q)."""
+    keyword arguments apply per sequence; (B, H) ALiBi slopes give sequence b row b).  Returns
+    O (total_q, H, D), lse (H, total_q)."""
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     O = np.zeros_like(q)
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    slopes = kwargs.pop("alibi_slopes", None)
     for b in range(len(cu_seqlens_q) - 1):
         qs, qe, ks, ke = cu_seqlens_q[b], cu_seqlens_q[b + 1], cu_seqlens_k[b], cu_seqlens_k[b + 1]
         if qe == qs:
             continue
         heads = lambda t: t.transpose(1, 0, 2)[None]  # (n, H, D) -> (1, H, n, D)
-        o, l = attention_serving(heads(q[qs:qe]), heads(k[ks:ke]), heads(v[ks:ke]), **kwargs)
+        slopes_b = slopes if slopes is None or np.ndim(slopes) == 1 else np.asarray(slopes)[b : b + 1]
+        o, l = attention_serving(heads(q[qs:qe]), heads(k[ks:ke]), heads(v[ks:ke]), alibi_slopes=slopes_b, **kwargs)
         O[qs:qe] = o[0].transpose(1, 0, 2)
         lse[:, qs:qe] = l[0]
     return O, lse
