@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tileattn import _nvrtc, _params, flash_attn_func, flash_attn_varlen_func, reference, serving
-from tileattn.testing import assert_serving_output
+from tileattn.testing import assert_serving_output, cu_seqlens
 from tileattn.versions import V3_3_VARIANTS, VERSIONS
 
 
@@ -234,10 +234,6 @@ def test_variants_past_grid_y():
     torch.testing.assert_close(lse, torch.logsumexp(S, dim=-1), rtol=1e-4, atol=1e-4)
 
 
-def _cu(lens):
-    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
@@ -258,12 +254,12 @@ def test_varlen_variants_match_float64(D, causal, variant):
     slopes = _slopes(spec.get("alibi"), len(lens_q), H, gen)
     window, softcap = spec.get("window", (-1, -1)), spec.get("softcap", 0.0)
     out, lse = flash_attn_varlen_func(
-        q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k), causal=causal, window_size=window,
+        q, k, v, cu_seqlens(lens_q), cu_seqlens(lens_k), max(lens_q), max(lens_k), causal=causal, window_size=window,
         softcap=softcap, alibi_slopes=slopes, return_lse=True,
     )  # fmt: skip
     used = sum(lens_k)
     O, lse_ref = reference.attention_varlen(
-        _as_np(q), _as_np(k[:used]), _as_np(v[:used]), _cu(lens_q).tolist(), _cu(lens_k).tolist(),
+        _as_np(q), _as_np(k[:used]), _as_np(v[:used]), cu_seqlens(lens_q).tolist(), cu_seqlens(lens_k).tolist(),
         softmax_scale=D**-0.5, causal=bool(causal), window=window, softcap=softcap,
         offset=0 if causal == "top_left" else None,
         alibi_slopes=None if slopes is None else slopes.cpu().numpy(),

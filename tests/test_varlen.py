@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tileattn import _nvrtc, _params, flash_attn_varlen_func, reference
-from tileattn.testing import assert_serving_output
+from tileattn.testing import assert_serving_output, cu_seqlens
 from tileattn.versions import V3_1_VARLEN
 
 
@@ -77,10 +77,6 @@ def _packed(lens, H, D, dtype, gen, extra_heads=0):
     return buf[:, :H]
 
 
-def _cu(lens):
-    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("version,D", [("v3.3", 64), ("v3.3", 128), ("v3.3", 256), ("v3.1", 64), ("v3.1", 96),
@@ -98,12 +94,21 @@ def test_varlen_matches_float64(dtype, version, D, causal, H, H_kv):
     k, v = (torch.cat([_packed(lens_k, H_kv, D, dtype, gen), torch.full((37, H_kv, D), float("nan"), device="cuda",
                                                                         dtype=dtype)]) for _ in range(2))  # fmt: skip
     out, lse = flash_attn_varlen_func(
-        q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k), causal=causal, return_lse=True, version=version
+        q,
+        k,
+        v,
+        cu_seqlens(lens_q),
+        cu_seqlens(lens_k),
+        max(lens_q),
+        max(lens_k),
+        causal=causal,
+        return_lse=True,
+        version=version,
     )
     as_np = lambda t: t.double().cpu().numpy()
     used = sum(lens_k)
     o_ref, lse_ref = reference.attention_varlen(
-        as_np(q), as_np(k[:used]), as_np(v[:used]), _cu(lens_q).tolist(), _cu(lens_k).tolist(),
+        as_np(q), as_np(k[:used]), as_np(v[:used]), cu_seqlens(lens_q).tolist(), cu_seqlens(lens_k).tolist(),
         softmax_scale=D**-0.5, causal=causal is not False, offset=0 if causal == "top_left" else None,
     )  # fmt: skip
     o_ref, lse_ref = torch.from_numpy(np.asarray(o_ref)), torch.from_numpy(np.asarray(lse_ref))

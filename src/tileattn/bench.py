@@ -904,9 +904,10 @@ def varlen_suite(progress=None) -> list[dict]:
     float64 on the first two documents."""
     from .reference import attention_varlen
     from .serving import flash_attn_varlen_func
+    from .testing import cu_seqlens
 
     lens, H, dt = _document_lengths(), 16, torch.bfloat16
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(lens)
     rows = []
     for D in (64, 128):
         gen = torch.Generator(device="cuda").manual_seed(D)

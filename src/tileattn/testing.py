@@ -51,6 +51,11 @@ def assert_serving_output(out, lse, o_ref, lse_ref, dtype) -> None:
     torch.testing.assert_close(lse.cpu()[finite].double(), lse_ref[finite], rtol=1e-4, atol=1e-4)
 
 
+def cu_seqlens(lens, device="cuda") -> torch.Tensor:
+    """flash_attn_varlen_func's (B + 1,) int32 row offsets of sequences of these lengths."""
+    return torch.tensor([0, *torch.tensor(lens, dtype=torch.long).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
 def torch_error(q, k, v, softmax_scale: float, causal: str | None, ref_o) -> float:
     """PyTorch's own error at the inputs' precision: SDPA's math backend vs float64."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
