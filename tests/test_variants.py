@@ -143,6 +143,18 @@ def _as_np(t):
     return t.double().cpu().numpy()
 
 
+def _assert_matches_float64(out, lse, q, k, v, scale, causal, window, softcap, slopes, dtype):
+    """(O, lse) of flash_attn_func's layout ((B, N, H, D)) against reference.attention_serving in
+    float64, positions aligned as ``causal`` (False, "top_left", "bottom_right")."""
+    heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
+    o_ref, lse_ref = reference.attention_serving(
+        heads(q), heads(k), heads(v), scale, causal=bool(causal), window=window, softcap=softcap,
+        alibi_slopes=None if slopes is None else slopes.cpu().numpy(), offset=0 if causal == "top_left" else None,
+    )  # fmt: skip
+    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
+    assert_serving_output(out, lse, o_ref, torch.from_numpy(lse_ref), dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("D", [64, 128, 256])
@@ -162,13 +174,7 @@ def test_variants_match_float64(dtype, D, causal, variant):
     mode = causal or None
     checked = serving._variants(window, softcap, slopes, mode is not None, B, H, Nq + Nk, q.device)
     serving.attention_variants(q, k, v, D**-0.5, mode, checked[0], softcap, slopes, True, out=out, lse=lse)
-    heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
-    o_ref, lse_ref = reference.attention_serving(
-        heads(q), heads(k), heads(v), D**-0.5, causal=mode is not None, window=window, softcap=softcap,
-        alibi_slopes=None if slopes is None else slopes.cpu().numpy(), offset=0 if causal == "top_left" else None,
-    )  # fmt: skip
-    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
-    assert_serving_output(out, lse, o_ref, torch.from_numpy(lse_ref), dtype)
+    _assert_matches_float64(out, lse, q, k, v, D**-0.5, causal, window, softcap, slopes, dtype)
 
 
 @pytest.mark.gpu
@@ -184,16 +190,9 @@ def test_variants_more_queries_than_keys_and_scale_zero(causal, scale):
     k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=torch.float16, generator=gen) for _ in range(2))
     slopes = _slopes("BH", B, H, gen)
     window, softcap = (90, 40), 1e9 if scale == 0.0 else 2.0  # (1e9 at scale 0: a cap that cannot bind)
-    mode = causal or None
     out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
                                alibi_slopes=slopes, return_lse=True)  # fmt: skip
-    heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
-    o_ref, lse_ref = reference.attention_serving(
-        heads(q), heads(k), heads(v), scale, causal=mode is not None, window=window, softcap=softcap,
-        alibi_slopes=slopes.cpu().numpy(), offset=0 if causal == "top_left" else None,
-    )  # fmt: skip
-    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
-    assert_serving_output(out, lse, o_ref, torch.from_numpy(lse_ref), torch.float16)
+    _assert_matches_float64(out, lse, q, k, v, scale, causal, window, softcap, slopes, torch.float16)
 
 
 @pytest.mark.gpu
@@ -208,11 +207,7 @@ def test_variants_public_call_awkward(Nq, Nk):
     slopes = _slopes("H", B, H, gen)
     out, lse = flash_attn_func(q, k, v, softmax_scale=-0.1, causal=True, window_size=(37, 0), softcap=2.0,
                                alibi_slopes=slopes, return_lse=True)  # fmt: skip
-    heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
-    o_ref, lse_ref = reference.attention_serving(heads(q), heads(k), heads(v), -0.1, causal=True, window=(37, 0),
-                                                 softcap=2.0, alibi_slopes=slopes.cpu().numpy())  # fmt: skip
-    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
-    assert_serving_output(out, lse, o_ref, torch.from_numpy(lse_ref), torch.bfloat16)
+    _assert_matches_float64(out, lse, q, k, v, -0.1, "bottom_right", (37, 0), 2.0, slopes, torch.bfloat16)
 
 
 @pytest.mark.gpu
