@@ -4,7 +4,7 @@
 # run, benchmark.
 # Installs nothing: runs the working tree with the machine's own python3 (torch, triton,
 # cuda.core, nvrtc wheels).  Stages: any of  compile tests check sanitize fuzz bench  (default:
-# all).  SANITIZERS picks the compute-sanitizer tools (default: all four).  Set TILEATTN_COMMIT to the commit under test when the copy has no .git.
+# all; `ncu`, the serving kernels' profile, only when named).  SANITIZERS picks the compute-sanitizer tools (default: all four).  Set TILEATTN_COMMIT to the commit under test when the copy has no .git.
 # Writes at most 8 files under $OUT (default ./out): summary.json, logs.tar.gz, fuzz.json and the
 # benchmark JSON/PNG; prints a short table last.
 set -uo pipefail
@@ -12,10 +12,10 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-LOGS=$(mktemp -d)
+LOGS=$OUT/logs; mkdir -p "$LOGS"  # in $OUT: a call cut short at its time limit still returns its logs
 stages=${*:-compile tests check profile sanitize fuzz bench}
 SANITIZERS=${SANITIZERS:-memcheck racecheck synccheck initcheck}
-SANITIZE_ARGS=${SANITIZE_ARGS:-}  # "--backward": the backward rungs' cases instead of the forward's
+SANITIZE_ARGS=${SANITIZE_ARGS:-}  # "--backward" / "--serving": those cases instead of the forward's
 SUITES=${SUITES:-ladder_fp32}  # which `bench --suite` to run
 BENCH_ARGS=${BENCH_ARGS:-}      # e.g. "--seqlen 8192 --headdim 64 128"
 FUZZ_CASES=${FUZZ_CASES:-10000}
@@ -37,6 +37,7 @@ has compile && stage compile compile.log python3 -m tileattn compile --jobs 16
 has tests && stage tests pytest.log python3 -m pytest -q -m gpu tests/ -p no:cacheprovider
 has check && stage check check.log python3 -m tileattn check
 has profile && stage profile profile.log python3 scripts/profile_overhead.py
+has ncu && stage ncu ncu.log bash scripts/ncu_serving.sh
 if has sanitize; then
   for tool in $SANITIZERS; do
     env_extra=()
@@ -68,9 +69,10 @@ grep -E "^(FAILED|ERROR)" "$LOGS/pytest.log" 2>/dev/null | head -20
 grep -h "FAIL" "$LOGS"/check.log "$LOGS"/sanitize_*.log 2>/dev/null | head -20
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$LOGS"/sanitize_*.log 2>/dev/null
 has profile && cat "$LOGS/profile.log"
+has ncu && cp "$LOGS/ncu.log" "$OUT/ncu.log" && cat "$LOGS/ncu.log"
 has bench && grep -A40 "^| impl\|^| call" "$LOGS/bench.log" | head -80
 echo; printf '%-20s %s\n' stage result
-for k in compile tests check profile sanitize-memcheck sanitize-racecheck sanitize-synccheck sanitize-initcheck fuzz bench; do
+for k in compile tests check profile ncu sanitize-memcheck sanitize-racecheck sanitize-synccheck sanitize-initcheck fuzz bench; do
   [[ -n "${result[$k]:-}" ]] && printf '%-20s %s\n' "$k" "${result[$k]}"
 done
 exit $rc

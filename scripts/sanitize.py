@@ -2,10 +2,13 @@
 
     compute-sanitizer --tool memcheck|racecheck|synccheck|initcheck python scripts/sanitize.py
     compute-sanitizer --tool ... python scripts/sanitize.py --backward
+    compute-sanitizer --tool ... python scripts/sanitize.py --serving
 
 Each case also checks its output against float64 (testing.run_case), so a clean sanitizer run is
 also a correct one.  --backward: the backward rungs instead (the D_i kernel, then each rung, in
-the default and the deterministic mode), gradients checked against float64 autograd.  Kernels
+the default and the deterministic mode), gradients checked against float64 autograd.  --serving:
+a sample of the serving tests (varlen, the variants, the KV cache; awkward lengths, zero-length
+sequences, grids past gridDim.y), each checked against float64 by its test.  Kernels
 should already be in the cache (`python -m tileattn compile`): compiling under the sanitizer works
 but is slow."""
 
@@ -52,6 +55,16 @@ def backward_cases() -> int:
     return failures
 
 
+SERVING_TESTS = ["tests/test_varlen.py", "tests/test_variants.py", "tests/test_serving.py"]
+SERVING_SAMPLE = (
+    "awkward or scale_zero or past_grid_y or (varlen_variants and all) or (test_varlen_matches and 8-2)"
+    " or (decode_matches and 32-8) or (test_variants_match and all)"
+)
+
+if "--serving" in sys.argv:
+    import pytest
+
+    sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "-k", SERVING_SAMPLE, *SERVING_TESTS]))
 if "--backward" in sys.argv:
     failures = backward_cases()
     print(f"sanitize cases: {failures} failed")
