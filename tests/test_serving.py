@@ -12,7 +12,7 @@ import torch
 from tileattn import _nvrtc, _params, flash_attn_with_kvcache, reference
 from tileattn.serving import num_splits_heuristic
 from tileattn.testing import assert_serving_output
-from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_VERSIONS
+from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_V4, DEC_VERSIONS
 
 INSTANCES = [
     (entry, dtype, D, causal, arch)
@@ -35,9 +35,19 @@ def test_decode_kernels_compile_within_budget(entry, dtype, D, causal, arch):
     sass = _nvrtc.sass(cubin)
     if entry is DEC_V1:  # mma.sync, ldmatrix (.trans for V), cp.async row gathers
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "LDGSTS" in sass
-    if entry in (DEC_V2, DEC_V3):  # the same MMAs and mbarrier waits; rows by the bulk-copy engine / cp.async
+    if entry in (DEC_V2, DEC_V3, DEC_V4):  # the same MMAs and mbarrier waits; rows by the bulk-copy engine / cp.async
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "SYNCS" in sass
-        assert ("UBLKCP" in sass) == (entry is DEC_V2) and "LDGSTS" in sass  # (Q by cp.async in both)
+        assert ("UBLKCP" in sass) == (entry is DEC_V2) and "LDGSTS" in sass  # (Q by cp.async in all)
+
+
+def test_warp_tile_decode_is_one_block_per_sm_with_many_stages():
+    """dec_v4: ~200 KB of 16-key stages in one block per H200 SM (at least 4 stages: one per
+    consumer warp, which its parity waits rely on, csrc/dec_pipeline.cuh)."""
+    for D in (64, 128, 256):
+        cubin = _nvrtc.compile_kernel(DEC_V4.file, DEC_V4.name_expression("bfloat16", D, False), "sm_90")
+        smem = _params.smem_bytes(cubin)
+        stage = 2 * 16 * (2 * D + 16)
+        assert smem <= 227 * 1024 and (smem - 16 * (2 * D + 16)) // stage >= 12
 
 
 @pytest.mark.parametrize("entry", [DEC_V2, DEC_V3], ids=lambda e: e.name)

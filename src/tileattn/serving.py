@@ -359,7 +359,8 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
         ]  # fmt: skip
         stream = api._current_stream(device_index)
         kern.launch(stream, num_splits, blocks, args)
-        combine.launch(stream, -(-B * H * Nq // DEC_COMBINE_ROWS), 1, args)
+        if num_splits > 1:  # (one split: the kernel wrote out and lse itself, dec_common.cuh's DecSink)
+            combine.launch(stream, -(-B * H * Nq // DEC_COMBINE_ROWS), 1, args)
     return (out, lse) if return_lse else out
 
 

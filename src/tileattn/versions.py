@@ -424,7 +424,20 @@ DEC_V3 = KernelEntry(
     "arriving on the stage's mbarrier when they land",
     min_arch=90,
 )
-DEC_VERSIONS = (DEC_V1, DEC_V2, DEC_V3)
+DEC_V4 = KernelEntry(
+    name="dec_v4",
+    file="dec_v4_warptiles.cu",
+    kernel="dec_v4",
+    fields="dec",
+    # 16-key stages, each taken whole by one consumer warp; as many as fit in ~200 KB (one block
+    # per SM: 23 at D=128).
+    tiles={64: (16, 16), 128: (16, 16), 256: (16, 16)},
+    dtypes=("float16", "bfloat16"),
+    summary="dec_v3's cp.async producers with small stages, each taken whole by one consumer warp: "
+    "many tiles in flight, each consumer waiting only for its own",
+    min_arch=90,
+)
+DEC_VERSIONS = (DEC_V1, DEC_V2, DEC_V3, DEC_V4)
 DEC_COMBINE_ROWS = 8
 DEC_COMBINE = KernelEntry(
     name="dec_combine",

@@ -215,18 +215,47 @@ __device__ __forceinline__ void dec_tile(float (&acc)[HEAD_DIM / 8][4], float (&
     }
 }
 
+// Where a block's merged rows go.  One split: they are the answer, written to o (the input
+// dtype, strided) and lse, and the host launches no dec_combine.  Several: the split's partial
+// rows in o_part / lse_part, for dec_combine.  Local row r is row qr0 + r of K/V head hk: token
+// qr % Nq of query head hk h_per_kv + qr / Nq.
+template <typename T>
+struct DecSink {
+  const DecBlock& blk;
+  T* o;
+  float *lse, *o_part, *lse_part;
+  int split, num_splits, B, H, h_per_kv, Nq;
+  long long o_sb, o_sn, o_sh;
+  __device__ __forceinline__ long long part_row(int r) const {
+    return blk.part_row(r, num_splits == 1 ? 0 : split, B, H, h_per_kv, Nq);
+  }
+  __device__ __forceinline__ void store_lse(int r, float x) const {
+    if (num_splits > 1) lse_part[part_row(r)] = x;
+    else if (lse) lse[part_row(r)] = x;  // (B, H, Nq): the split-0 index of o_part's rows
+  }
+  template <int HEAD_DIM>
+  __device__ __forceinline__ void store_o(int r, int d, float x) const {
+    if (num_splits > 1) {
+      o_part[part_row(r) * HEAD_DIM + d] = x;
+    } else {
+      const int qr = blk.qr0 + r;
+      o[blk.b * o_sb + (qr % Nq) * o_sn + (blk.hk * h_per_kv + qr / Nq) * o_sh + d] = static_cast<T>(x);
+    }
+  }
+};
+#define TILEATTN_DEC_SINK(blk, split) \
+  DecSink<T> { blk, o, lse, o_part, lse_part, split, num_splits, B, H, h_per_kv, Nq, o_sb, o_sn, o_sh }
+
 // Merge the WARPS warps of a block, each holding (m_i log2-domain, l_i, acc) for the same Br = 16
-// rows over different keys, into the block's partial row (o_part, lse_part).  `area`: shared
-// memory of dec_merge_bytes, free for reuse; sync(): a barrier over the block's WARPS * 32
-// threads (tid = threadIdx.x below that).  Each warp writes m_i, l_i and its unnormalised acc;
-// one thread per row turns them into each warp's weight 2^(m_w - m) / l and the row's lse; then
-// the threads combine the accumulators element by element.  part_row(r): the (split, b, head,
-// token) index of local row r < rows.
+// rows over different keys, into the block's rows (sink: the output, or its split's partial
+// rows).  `area`: shared memory of dec_merge_bytes, free for reuse; sync(): a barrier over the
+// block's WARPS * 32 threads (tid = threadIdx.x below that).  Each warp writes m_i, l_i and its
+// unnormalised acc; one thread per row turns them into each warp's weight 2^(m_w - m) / l and the
+// row's lse; then the threads combine the accumulators element by element.
 __host__ __device__ constexpr int dec_merge_bytes(int D, int Br, int WARPS) { return WARPS * Br * (D + 3) * 4; }
-template <int HEAD_DIM, int Br, int WARPS, typename PartRow, typename Sync>
+template <int HEAD_DIM, int Br, int WARPS, typename T, typename Sync>
 __device__ __forceinline__ void dec_merge_warps(float* area, const float (&acc)[HEAD_DIM / 8][4], const float (&m_i)[2],
-                                                const float (&l_i)[2], int rows, float* o_part, float* lse_part,
-                                                PartRow part_row, Sync sync) {
+                                                const float (&l_i)[2], int rows, const DecSink<T>& sink, Sync sync) {
   constexpr int DT = HEAD_DIM / 8;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   float* m_s = area;                   // [warp][Br]
@@ -262,7 +291,7 @@ __device__ __forceinline__ void dec_merge_warps(float* area, const float (&acc)[
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) w_s[w * Br + r] = f[w] * inv_l;
     constexpr float LN2 = 0.6931471805599453f;
-    if (r < rows) lse_part[part_row(r)] = row_lse(m * LN2, l);
+    if (r < rows) sink.store_lse(r, row_lse(m * LN2, l));
   }
   sync();
   for (int i = tid; i < Br * HEAD_DIM; i += 32 * WARPS) {
@@ -271,11 +300,11 @@ __device__ __forceinline__ void dec_merge_warps(float* area, const float (&acc)[
     float o = 0.0f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) o += w_s[w * Br + r] * acc_s[(w * Br + r) * HEAD_DIM + d];
-    o_part[part_row(r) * HEAD_DIM + d] = o;
+    sink.template store_o<HEAD_DIM>(r, d, o);
   }
 }
 
-// The chunks' merge: one warp per query row (b, h, i), lanes over the head dim.  Weights
+// The chunks' merge (num_splits > 1): one warp per query row (b, h, i), lanes over the head dim.  Weights
 // exp(lse_c - max lse); a chunk that saw no key (lse -inf) weighs 0; a row no chunk saw gets
 // O = 0 and lse -inf.  Br: rows (warps) per block.
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>

@@ -17,16 +17,21 @@ namespace tileattn {
 
 constexpr int DEC_CONSUMERS = 4;  // warps 0..3 compute; the warps after them copy
 
-// Shared memory: the stages' mbarriers (full[STAGES], empty[STAGES]; 64 bytes), Q (Br padded
-// rows), then STAGES x (K, V) of Bc padded rows.  STAGES: as many as fit in ~104 KB (two blocks
-// per SM up to D=128), at least 2; the warps' merge reuses the stage area.
+// Shared memory: the stages' mbarriers (full[STAGES], empty[STAGES]; 16 STAGES bytes rounded up
+// to 64), Q (Br padded rows), then STAGES x (K, V) of Bc padded rows.  Shared tiles (dec_v2,
+// dec_v3): as many stages as fit in ~104 KB (two blocks per SM up to D=128), 2 to 4.  Warp tiles
+// (dec_v4): as many small stages as fit in ~200 KB (one block per SM), 4 to 32.  The warps'
+// merge reuses the stage area.
 __host__ __device__ constexpr int dec_pipe_pitch(int D) { return 2 * D + 16; }
 __host__ __device__ constexpr int dec_pipe_stage_bytes(int D, int Bc) { return 2 * Bc * dec_pipe_pitch(D); }
-__host__ __device__ constexpr int dec_pipe_stages(int D, int Bc) {
-  return clamp_int((D <= 128 ? 104 : 200) * 1024 / dec_pipe_stage_bytes(D, Bc), 2, 4);
+__host__ __device__ constexpr int dec_pipe_stages(int D, int Bc, bool warp_tiles = false) {
+  return warp_tiles ? clamp_int(200 * 1024 / dec_pipe_stage_bytes(D, Bc), 4, 32)
+                    : clamp_int((D <= 128 ? 104 : 200) * 1024 / dec_pipe_stage_bytes(D, Bc), 2, 4);
 }
-__host__ __device__ constexpr int dec_pipe_smem(int D, int Br, int Bc) {
-  return 64 + Br * dec_pipe_pitch(D) + dec_pipe_stages(D, Bc) * dec_pipe_stage_bytes(D, Bc);
+__host__ __device__ constexpr int dec_pipe_bar_bytes(int stages) { return (16 * stages + 63) / 64 * 64; }
+__host__ __device__ constexpr int dec_pipe_smem(int D, int Br, int Bc, bool warp_tiles = false) {
+  return dec_pipe_bar_bytes(dec_pipe_stages(D, Bc, warp_tiles)) + Br * dec_pipe_pitch(D) +
+         dec_pipe_stages(D, Bc, warp_tiles) * dec_pipe_stage_bytes(D, Bc);
 }
 
 // How the producer warps move a tile's rows.  BULK: one cp.async.bulk per row from one lane,
@@ -35,22 +40,32 @@ __host__ __device__ constexpr int dec_pipe_smem(int D, int Br, int Bc) {
 // mbarrier when they land (cp.async.mbarrier.arrive.noinc: 32 x PRODUCERS arrivals).
 enum class DecCopy { BULK, CP_ASYNC };
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, DecCopy COPY, int PRODUCERS>
+// Who consumes a tile.  SHARED (dec_v2, dec_v3): all four consumer warps, Bc / 4 keys each, and
+// the stage is free once all four release it.  WARP (dec_v4): one warp takes the whole tile
+// (tile n: warp n % 4), so a stage waits for one warp only and is small (Bc = 16 keys): many
+// stages are in flight at once, and a consumer waits only for its own tile's copies, never for
+// the slowest of a large tile's.
+enum class DecTiles { SHARED, WARP };
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, DecCopy COPY, int PRODUCERS,
+          DecTiles TILES = DecTiles::SHARED>
 __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
+  constexpr bool WARP_TILES = TILES == DecTiles::WARP;
   static_assert(sizeof(T) == 2, "16-bit (fp16 / bf16) inputs");
   static_assert(Br == 16, "one m16 row tile per block");
-  static_assert(HEAD_DIM % 16 == 0 && Bc % (16 * DEC_CONSUMERS) == 0, "whole k-steps of 16 per warp");
-  constexpr int STAGES = dec_pipe_stages(HEAD_DIM, Bc), PITCH = dec_pipe_pitch(HEAD_DIM);
-  constexpr int KEYS = Bc / DEC_CONSUMERS, DT = HEAD_DIM / 8;
+  static_assert(HEAD_DIM % 16 == 0 && Bc % (16 * (WARP_TILES ? 1 : DEC_CONSUMERS)) == 0, "whole k-steps of 16 per warp");
+  constexpr int STAGES = dec_pipe_stages(HEAD_DIM, Bc, WARP_TILES), PITCH = dec_pipe_pitch(HEAD_DIM);
+  constexpr int KEYS = WARP_TILES ? Bc : Bc / DEC_CONSUMERS, DT = HEAD_DIM / 8;
   static_assert(STAGES * dec_pipe_stage_bytes(HEAD_DIM, Bc) >= dec_merge_bytes(HEAD_DIM, Br, DEC_CONSUMERS),
                 "the merge reuses the stages");
+  static_assert(!WARP_TILES || STAGES >= DEC_CONSUMERS, "a warp's previous tile holds its next tile's stage free");
 
   extern __shared__ __align__(128) unsigned char smem[];
   const auto addr = [](const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); };
   const unsigned bars = addr(smem);
   const auto full = [=](int s) { return bars + 8 * s; };
   const auto empty = [=](int s) { return bars + 8 * (STAGES + s); };
-  unsigned char* Qs = smem + 64;
+  unsigned char* Qs = smem + dec_pipe_bar_bytes(STAGES);
   unsigned char* stages = Qs + Br * PITCH;  // stage s: K rows at stages + s * stage bytes, V rows after them
   const unsigned stages_addr = addr(stages);
   const auto K_at = [=](int s) { return stages_addr + s * dec_pipe_stage_bytes(HEAD_DIM, Bc); };
@@ -72,7 +87,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full(s), COPY == DecCopy::BULK ? 1 : 32 * PRODUCERS);
-      mbar_init(empty(s), DEC_CONSUMERS);
+      mbar_init(empty(s), WARP_TILES ? 1 : DEC_CONSUMERS);
     }
     mbar_fence_init();
   }
@@ -125,7 +140,8 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
     return;
   }
 
-  // Consumers: warp w takes keys w KEYS .. (w + 1) KEYS - 1 of every tile.
+  // Consumers: warp w takes keys w KEYS .. (w + 1) KEYS - 1 of every tile (SHARED), or tiles
+  // w, w + 4, w + 8, ... whole (WARP).
   const LdsmLane ln = ldsm_lane(lane);  // (a named struct: lambdas cannot capture structured bindings)
   const int q_r = ln.a_r, q_c = ln.a_c, k_r = ln.b_r, k_c = ln.b_c, v_r = ln.bt_r, v_c = ln.bt_c;
   const unsigned Q_addr = addr(Qs);
@@ -152,10 +168,15 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   for (int dt = 0; dt < DT; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
   float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF}, l_i[2] = {0.0f, 0.0f};
   const float scale_log2 = folded_scale_log2(softmax_scale);
-  const int key0 = warp * KEYS;
+  const int key0 = WARP_TILES ? 0 : warp * KEYS;
 
-  for (int n = 0; n < tiles; ++n) {
+  for (int n = WARP_TILES ? warp : 0; n < tiles; n += WARP_TILES ? DEC_CONSUMERS : 1) {
     const int s = n % STAGES;
+    // A parity wait is only sound while the barrier is in the awaited phase or the one after it.
+    // SHARED: this warp waited for the stage's previous tile itself.  WARP: another warp took it
+    // (tile n - STAGES) and its copies may still be landing, so that phase is waited for first
+    // (at once when done); the one before it completed before n - STAGES was even issued.
+    if (WARP_TILES && n >= STAGES) mbar_wait(full(s), (n / STAGES + 1) & 1);
     mbar_wait(full(s), (n / STAGES) & 1);
     const unsigned K_addr = K_at(s) + key0 * PITCH, V_addr = K_at(s) + (Bc + key0) * PITCH;
     dec_tile<T, HEAD_DIM, KEYS>(
@@ -166,13 +187,12 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
     if (lane == 0) mbar_arrive(empty(s));  // ... so the producer may refill it
   }
 
-  // Every tile was waited for by every consumer, so every copy has landed: the stages are free.
+  // Every tile was waited for by a consumer, so every copy has landed: the stages are free.
   const auto consumers_sync = [] { named_barrier_sync<32 * DEC_CONSUMERS>(1); };
   consumers_sync();
   const int split = blockIdx.x;
-  dec_merge_warps<HEAD_DIM, Br, DEC_CONSUMERS>(
-      reinterpret_cast<float*>(stages), acc, m_i, l_i, blk.rows, o_part, lse_part,
-      [=](int r) { return blk.part_row(r, split, B, H, h_per_kv, Nq); }, consumers_sync);
+  dec_merge_warps<HEAD_DIM, Br, DEC_CONSUMERS>(reinterpret_cast<float*>(stages), acc, m_i, l_i, blk.rows,
+      TILEATTN_DEC_SINK(blk, split), consumers_sync);
 }
 
 }  // namespace tileattn

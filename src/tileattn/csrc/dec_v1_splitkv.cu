@@ -131,9 +131,8 @@ __global__ void __launch_bounds__(32 * DEC_WARPS) dec_v1(TILEATTN_DEC_PARAMS(T))
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its K/V stages: the merge area reuses them
   const int split = blockIdx.x;
-  dec_merge_warps<HEAD_DIM, Br, DEC_WARPS>(
-      reinterpret_cast<float*>(kv0), acc, m_i, l_i, blk.rows, o_part, lse_part,
-      [=](int r) { return blk.part_row(r, split, B, H, h_per_kv, Nq); }, [] { __syncthreads(); });
+  dec_merge_warps<HEAD_DIM, Br, DEC_WARPS>(reinterpret_cast<float*>(kv0), acc, m_i, l_i, blk.rows,
+      TILEATTN_DEC_SINK(blk, split), [] { __syncthreads(); });
 }
 
 TILEATTN_SMEM_BYTES(dec_v1, dec_v1_smem(HEAD_DIM, Br, Bc));
