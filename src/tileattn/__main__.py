@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from .versions import VERSIONS
+from .versions import KERNEL_ENTRIES, VERSIONS
 
 
 def _has_gpu() -> bool:
@@ -52,8 +52,6 @@ def cmd_info(args) -> int:
         print(f"  {v.name:8s} {v.kind:5s} {'/'.join(v.dtypes):8s} {v.arch_range()}  {tiles}\n           {v.summary}")
         for arch, over in v.arch_tiles.items():
             print(f"           on sm_{arch}+: " + ", ".join(f"D={d}: Br={br} Bc={bc}" for d, (br, bc) in over.items()))
-    from .versions import KERNEL_ENTRIES
-
     print("outside the ladder (backward, decode, varlen, variants):")
     for e in KERNEL_ENTRIES.values():
         if e.summary:
@@ -158,16 +156,15 @@ def cmd_compile(args) -> int:
         for D in v.head_dims
         for causal in (False, True)
     ]
-    if not args.versions:  # and the kernels outside the ladder (backward, its D_i kernel, decode)
-        from .versions import KERNEL_ENTRIES
-
-        plain_arch = arch_for(VERSIONS["v2"]).rstrip("a")
-        jobs += [
-            (v.file, v.name_expression(*inst), arch_for(v) if v.arch_specific else plain_arch)
-            for v in KERNEL_ENTRIES.values()
-            if v.runs_on(cc_num)
-            for inst in v.instantiations()
-        ]
+    # and the kernels outside the ladder (backward, its D_i kernel, decode, the packed kernels): all
+    # of them, or those named
+    plain_arch = arch_for(VERSIONS["v2"]).rstrip("a")
+    jobs += [
+        (v.file, v.name_expression(*inst), arch_for(v) if v.arch_specific else plain_arch)
+        for v in KERNEL_ENTRIES.values()
+        if (not args.versions or v.name in args.versions) and v.runs_on(cc_num)
+        for inst in v.instantiations()
+    ]
     from tqdm import tqdm
 
     with (
@@ -378,7 +375,7 @@ def main(argv=None) -> int:
     c.add_argument("--versions", nargs="*", choices=list(VERSIONS))
     c.add_argument("--seed", type=int, default=0)
     k = sub.add_parser("compile", help="compile every rung into the disk cache (parallel)")
-    k.add_argument("--versions", nargs="*", choices=list(VERSIONS))
+    k.add_argument("--versions", nargs="*", choices=[*VERSIONS, *KERNEL_ENTRIES], help="rungs or other kernels (all)")
     k.add_argument("--arch", help="e.g. sm_90a; default: this GPU's")
     k.add_argument("--jobs", type=int, default=None)
     b = sub.add_parser("bench", help="rungs beside PyTorch's attention backends, one suite at a time")

@@ -430,7 +430,7 @@ DEC_V4 = KernelEntry(
     kernel="dec_v4",
     fields="dec",
     # 16-key stages, each taken whole by one consumer warp; as many as fit in ~200 KB (one block
-    # per SM: 23 at D=128).
+    # per SM: 20 at D=128).
     tiles={64: (16, 16), 128: (16, 16), 256: (16, 16)},
     dtypes=("float16", "bfloat16"),
     summary="dec_v3's cp.async producers with small stages, each taken whole by one consumer warp: "

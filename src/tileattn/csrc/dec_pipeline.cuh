@@ -20,12 +20,12 @@ constexpr int DEC_CONSUMERS = 4;  // warps 0..3 compute; the warps after them co
 // Shared memory: the stages' mbarriers (full[STAGES], empty[STAGES]; 16 STAGES bytes rounded up
 // to 64), Q (Br padded rows), then STAGES x (K, V) of Bc padded rows.  Shared tiles (dec_v2,
 // dec_v3): as many stages as fit in ~104 KB (two blocks per SM up to D=128), 2 to 4.  Warp tiles
-// (dec_v4): as many small stages as fit in ~200 KB (one block per SM), 4 to 32.  The warps'
-// merge reuses the stage area.
+// (dec_v4): as many small stages as fit in ~200 KB (one block per SM), a multiple of 4 (each
+// consumer warp owns a quarter of them), 4 to 32.  The warps' merge reuses the stage area.
 __host__ __device__ constexpr int dec_pipe_pitch(int D) { return 2 * D + 16; }
 __host__ __device__ constexpr int dec_pipe_stage_bytes(int D, int Bc) { return 2 * Bc * dec_pipe_pitch(D); }
 __host__ __device__ constexpr int dec_pipe_stages(int D, int Bc, bool warp_tiles = false) {
-  return warp_tiles ? clamp_int(200 * 1024 / dec_pipe_stage_bytes(D, Bc), 4, 32)
+  return warp_tiles ? clamp_int(200 * 1024 / dec_pipe_stage_bytes(D, Bc) / 4 * 4, 4, 32)
                     : clamp_int((D <= 128 ? 104 : 200) * 1024 / dec_pipe_stage_bytes(D, Bc), 2, 4);
 }
 __host__ __device__ constexpr int dec_pipe_bar_bytes(int stages) { return (16 * stages + 63) / 64 * 64; }
@@ -42,9 +42,11 @@ enum class DecCopy { BULK, CP_ASYNC };
 
 // Who consumes a tile.  SHARED (dec_v2, dec_v3): all four consumer warps, Bc / 4 keys each, and
 // the stage is free once all four release it.  WARP (dec_v4): one warp takes the whole tile
-// (tile n: warp n % 4), so a stage waits for one warp only and is small (Bc = 16 keys): many
-// stages are in flight at once, and a consumer waits only for its own tile's copies, never for
-// the slowest of a large tile's.
+// (tile n: warp n % 4) into stages of its own (a quarter of them, in turn), so a stage waits for
+// one warp only and is small (Bc = 16 keys): many stages are in flight at once, and a consumer
+// waits only for its own tile's copies, never for the slowest of a large tile's.  Each stage
+// passes through its tiles in order, consumed by one warp, so the parity waits stay sound: a
+// barrier is never more than one phase past the tile its consumer waits for.
 enum class DecTiles { SHARED, WARP };
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, DecCopy COPY, int PRODUCERS,
@@ -58,7 +60,13 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   constexpr int KEYS = WARP_TILES ? Bc : Bc / DEC_CONSUMERS, DT = HEAD_DIM / 8;
   static_assert(STAGES * dec_pipe_stage_bytes(HEAD_DIM, Bc) >= dec_merge_bytes(HEAD_DIM, Br, DEC_CONSUMERS),
                 "the merge reuses the stages");
-  static_assert(!WARP_TILES || STAGES >= DEC_CONSUMERS, "a warp's previous tile holds its next tile's stage free");
+  static_assert(!WARP_TILES || STAGES % DEC_CONSUMERS == 0, "each consumer warp owns STAGES / 4 stages");
+  // Tile n's stage and its use number there (the parity of the barriers' phase).
+  constexpr int RING = WARP_TILES ? STAGES / DEC_CONSUMERS : STAGES;  // the stages one tile sequence cycles through
+  const auto stage_of = [](int n) {
+    return WARP_TILES ? n % DEC_CONSUMERS * RING + n / DEC_CONSUMERS % RING : n % STAGES;
+  };
+  const auto use_of = [](int n) { return WARP_TILES ? n / DEC_CONSUMERS / RING : n / STAGES; };
 
   extern __shared__ __align__(128) unsigned char smem[];
   const auto addr = [](const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); };
@@ -106,7 +114,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
     static_assert(COPY == DecCopy::BULK || (32 * PRODUCERS) % CHUNKS == 0, "whole rows per pass");
     const int row0 = ptid / CHUNKS, chunk = ptid % CHUNKS;
     for (int n = 0; n < tiles; ++n) {
-      const int s = n % STAGES, j0 = kv_begin + n * Bc;
+      const int s = stage_of(n), j0 = kv_begin + n * Bc;
       // Source rows first: the block table's reads overlap the wait for the stage.
       const T* k_src[ROWS];
       const T* v_src[ROWS];
@@ -116,7 +124,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
         k_src[i] = kv_row(k_cache, k_sb, k_sn, k_sh, j) + chunk * 8;
         v_src[i] = kv_row(v_cache, v_sb, v_sn, v_sh, j) + chunk * 8;
       }
-      if (n >= STAGES) mbar_wait(empty(s), (n / STAGES + 1) & 1);  // its release number n / STAGES - 1
+      if (use_of(n) > 0) mbar_wait(empty(s), (use_of(n) + 1) & 1);  // its release number use_of(n) - 1
       if constexpr (COPY == DecCopy::BULK) {
         if (ptid == 0) mbar_arrive_expect_tx(full(s), 2 * Bc * HEAD_DIM * 2);
         __syncwarp();
@@ -171,13 +179,8 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   const int key0 = WARP_TILES ? 0 : warp * KEYS;
 
   for (int n = WARP_TILES ? warp : 0; n < tiles; n += WARP_TILES ? DEC_CONSUMERS : 1) {
-    const int s = n % STAGES;
-    // A parity wait is only sound while the barrier is in the awaited phase or the one after it.
-    // SHARED: this warp waited for the stage's previous tile itself.  WARP: another warp took it
-    // (tile n - STAGES) and its copies may still be landing, so that phase is waited for first
-    // (at once when done); the one before it completed before n - STAGES was even issued.
-    if (WARP_TILES && n >= STAGES) mbar_wait(full(s), (n / STAGES + 1) & 1);
-    mbar_wait(full(s), (n / STAGES) & 1);
+    const int s = stage_of(n);
+    mbar_wait(full(s), use_of(n) & 1);
     const unsigned K_addr = K_at(s) + key0 * PITCH, V_addr = K_at(s) + (Bc + key0) * PITCH;
     dec_tile<T, HEAD_DIM, KEYS>(
         acc, m_i, l_i, q_frag, [=](int np, int ks) { return K_addr + (16 * np + k_r) * PITCH + (2 * ks + k_c) * 16; },

@@ -5,8 +5,9 @@
 // ncu, where cuDNN's decode kernel sustains 93%.  Its stages are 64 keys (35 KB) shared by all
 // four consumer warps, three per block: a stage is ready when the last of its ~2,200 16-byte
 // copies lands, and only two are in flight while the third is read.  Here a stage is 16 keys
-// (8.7 KB) taken whole by one warp (tile n: warp n % 4), ~23 of them in one block per SM: about
-// as many bytes in flight, in many small pieces, each consumer waiting only for its own tile.
+// (8.7 KB) taken whole by one warp (tile n: warp n % 4, in stages of its own), 20 of them in one
+// block per SM: about as many bytes in flight, in many small pieces, each consumer waiting only
+// for its own tile.
 // One block per SM also means one split where B x H_kv fills the SMs, so the block writes the
 // output itself and the merge kernel does not run (num_splits = 1, dec_common.cuh).
 #include "dec_pipeline.cuh"
