@@ -18,13 +18,13 @@ k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=torch.bfloat16, generat
 gbytes = B * Nk * H_kv * D * 4 / 1e9
 ms = do_bench(_peer_fn("sdpa_cudnn", q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False), rep=200)
 print(f"sdpa_cudnn: {ms:.3f} ms {gbytes / ms:.2f} TB/s")
-for base, tiles in ((versions.DEC_V3, (64, 128)), (versions.DEC_V4, (16, 32))):
+for base, tiles in ((versions.DEC_V3, (64,)), (versions.DEC_V4, (32, 48, 64))):
     for Bc in tiles:
         entry = dataclasses.replace(base, tiles={D: (16, Bc)})
         versions.KERNEL_ENTRIES[entry.name] = entry
         serving.DEC_VERSIONS = tuple(entry if e.name == entry.name else e for e in serving.DEC_VERSIONS)
         api.entry_kernel.cache_clear()
-        for splits in (0, 1, 2, 4):
+        for splits in (0, 1, 2):
             fn = lambda: serving.flash_attn_with_kvcache(q, k, v, num_splits=splits, version=entry.name)
             ms = do_bench(fn, rep=200)
             print(f"{entry.name} Bc={Bc} num_splits={splits or 'auto'}: {ms:.3f} ms {gbytes / ms:.2f} TB/s")

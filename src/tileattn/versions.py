@@ -429,9 +429,10 @@ DEC_V4 = KernelEntry(
     file="dec_v4_warptiles.cu",
     kernel="dec_v4",
     fields="dec",
-    # 16-key stages, each taken whole by one consumer warp; as many as fit in ~200 KB (one block
-    # per SM: 20 at D=128).
-    tiles={64: (16, 16), 128: (16, 16), 256: (16, 16)},
+    # Stages of 32 keys (16 at D=256), each taken whole by one consumer warp; as many as fit in
+    # ~200 KB (one block per SM: 8 at D=128).  H200, bf16, B=16, GQA 32:8, 16k keys, D=128, one
+    # split: Bc=16, 32, 48, 64 all within 3.97-4.00 TB/s (scripts/decode_sweep.py).
+    tiles={64: (16, 32), 128: (16, 32), 256: (16, 16)},
     dtypes=("float16", "bfloat16"),
     summary="dec_v3's cp.async producers with small stages, each taken whole by one consumer warp: "
     "many tiles in flight, each consumer waiting only for its own",
