@@ -245,3 +245,30 @@ def test_tma_panel_widths_follow_the_swizzled_tile():
     assert panel_widths(16) == [16] and panel_widths(24) == [32] and panel_widths(32) == [32]
     assert panel_widths(40) == [64] and panel_widths(64) == [64]  # 48 columns are stored as 64
     assert panel_widths(72) == [64, 16] and panel_widths(96) == [64, 32] and panel_widths(128) == [64]
+
+
+def test_transformers_mask_is_skipped_only_for_a_plain_sliding_window(monkeypatch):
+    """window_aware_mask: None for a sliding-window causal mask with no padding over a whole
+    sequence, where tileattn's window kernel runs; transformers' SDPA mask otherwise (padding,
+    fewer queries than keys, or no variants kernel for the model)."""
+    import torch
+
+    pytest.importorskip("transformers")
+    from transformers import Gemma2Config
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    from tileattn.integrations import transformers as hf
+
+    config = Gemma2Config(hidden_size=256, num_attention_heads=4, head_dim=64, sliding_window=8)
+    kw = dict(
+        batch_size=2, q_length=20, kv_length=20, mask_function=sliding_window_causal_mask_function(8),
+        local_size=8, allow_is_causal_skip=True, config=config, dtype=torch.bfloat16, device="cpu",
+    )  # fmt: skip
+    assert hf.window_aware_mask(**kw) is not None  # on the CPU no kernel runs: the mask is built
+    monkeypatch.setattr(hf, "_variants_run", lambda *a: True)
+    assert hf.window_aware_mask(**kw) is None
+    padded = torch.ones(2, 20, dtype=torch.bool)
+    padded[0, :3] = False
+    assert hf.window_aware_mask(**{**kw, "attention_mask": padded}) is not None
+    assert hf.window_aware_mask(**{**kw, "q_length": 1, "q_offset": 19}) is not None
+    assert hf.window_aware_mask(**{**kw, "allow_is_causal_skip": False}) is not None

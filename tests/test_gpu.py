@@ -497,6 +497,38 @@ def test_transformers_logits_match_sdpa():
     torch.testing.assert_close(logits["tileattn"][keep], logits["sdpa"][keep], rtol=0, atol=0.05)
 
 
+def test_transformers_gemma2_softcap_and_sliding_window_match_eager():
+    """A random Gemma 2 (a sliding-window layer and a full one, logit softcap 50) runs both layers
+    in tileattn's variants kernels (no fallback warning) and matches transformers' eager path
+    (SDPA's drops the softcap), with the sequence longer than the window."""
+    import warnings
+
+    import torch
+
+    pytest.importorskip("transformers", reason="transformers is an optional extra (the device image has it)")
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    import tileattn.integrations.transformers as tileattn_hf
+
+    tileattn_hf.register()
+    config = Gemma2Config(
+        hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+        head_dim=128, vocab_size=1000, sliding_window=96, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        query_pre_attn_scalar=128, layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, 1000, (3, 300), device="cuda")
+    logits = {}
+    tileattn_hf._warned.clear()
+    for impl in ("eager", "tileattn"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")  # a fallback to SDPA would warn
+            logits[impl] = model(input_ids=ids).logits.float()
+    torch.testing.assert_close(logits["tileattn"], logits["eager"], rtol=0, atol=0.05)
+
+
 def test_transformers_training_runs_tileattn_with_correct_gradients():
     """Training (grad mode on, FP32, D=64) goes through tileattn's backward, not the fallback, and
     gives SDPA's gradients."""

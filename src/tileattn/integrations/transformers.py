@@ -4,18 +4,25 @@
     tileattn_hf.register()              # once, before loading or switching a model
     model = AutoModelForCausalLM.from_config(config, attn_implementation="tileattn")
 
-``register()`` adds tileattn's forward to transformers' ``AttentionInterface`` and SDPA's mask
-builder under the same name to ``AttentionMaskInterface``, so that a batch without padding
-reaches the attention function with no mask at all (causality comes from ``module.is_causal``,
-aligned top-left as transformers' SDPA path aligns it).
+``register()`` adds tileattn's forward to transformers' ``AttentionInterface`` and a mask builder
+to ``AttentionMaskInterface`` under the same name: SDPA's, except that a sliding-window layer's
+causal mask without padding over a whole sequence (prefill: as many queries as keys) is not built
+either, since the attention function applies the window itself from the ``sliding_window``
+argument the model passes (as transformers' flash-attention path does).  So a batch without
+padding reaches the attention function with no mask at all (causality comes from
+``module.is_causal``, aligned top-left as transformers' SDPA path aligns it).
 
 What runs where:
   * No mask, no dropout, a head dim and dtype tileattn takes (for training: one its backward
-    takes too, tileattn.api.backward_head_dims): tileattn, GQA without repeating k/v.
+    takes too, tileattn.api.backward_head_dims): tileattn, GQA without repeating k/v.  The
+    logit softcap (Gemma 2) and a sliding window (Mistral, Gemma 2/3) run in tileattn's variants
+    kernels, without gradients.
   * Anything else falls back to transformers' own SDPA path, with one warning per reason:
-    a padding mask (variable-length batches are not supported yet), dropout, softcap or
-    position bias, inputs that require grad at a head dim without a backward rung (the fallback
-    keeps training correct), an unsupported head dim or dtype.
+    a padding mask (variable-length batches are not supported yet), dropout, position bias,
+    softcap or a sliding window on inputs that require grad (no backward for them yet), inputs
+    that require grad at a head dim without a backward rung (the fallback keeps training
+    correct), an unsupported head dim or dtype.  (transformers' SDPA path itself drops the
+    softcap: run such models with "eager" for a reference.)
 transformers is an optional dependency: ``pip install 'tileattn[transformers]'``.
 """
 
@@ -34,10 +41,48 @@ _warned: set[str] = set()
 def register(name: str = NAME) -> None:
     """Register tileattn with transformers under ``name`` (default "tileattn")."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, window_aware_mask)
+
+
+def _variants_run(config, dtype, device) -> bool:
+    """Whether tileattn's window / softcap kernels take this model's head dim and dtype here."""
+    from .. import serving
+
+    device = torch.device(device) if device is not None else None
+    if config is None or device is None or device.type != "cuda" or dtype not in api._DTYPES:
+        return False
+    D = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    try:
+        serving._packed_path("", dtype, D, device, True)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def window_aware_mask(*args, **kwargs):
+    """transformers' SDPA mask, but None (no mask) for a sliding-window causal layer whose mask
+    would be nothing but causality and the window (no padding, no extra mask functions, as many
+    queries as keys) where tileattn's window kernel runs: attention_forward then applies the
+    window from its sliding_window argument."""
+    from transformers.masking_utils import _ignore_causal_mask_sdpa, prepare_padding_mask, sdpa_mask
+
+    q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
+    if (
+        kwargs.get("local_size") is not None
+        and kwargs.get("allow_is_causal_skip", True)
+        and q_length == kv_length
+        and _variants_run(kwargs.get("config"), kwargs.get("dtype"), kwargs.get("device"))
+    ):
+        kv_offset = kwargs.get("kv_offset", 0)
+        padding = prepare_padding_mask(kwargs.get("attention_mask"), kv_length, kv_offset)
+        if _ignore_causal_mask_sdpa(padding, q_length, kv_length, kwargs.get("q_offset", 0), kv_offset, None):
+            return None
+    return sdpa_mask(*args, **kwargs)
 
 
 def _fallback(reason: str, module, query, key, value, attention_mask, **kwargs):
@@ -56,13 +101,15 @@ def _unsupported(query, key, value, attention_mask, dropout, kwargs) -> str | No
         return "an attention mask (padding) is not supported yet"
     if dropout:
         return "dropout is not supported"
-    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
-        return "softcap / position bias are not supported yet"
+    if kwargs.get("position_bias") is not None:
+        return "position bias is not supported"
     if query.dtype not in api._DTYPES or query.device.type != "cuda":
         return f"dtype {query.dtype} on {query.device} is not supported"
     dtype, D = api._DTYPES[query.dtype], query.shape[-1]
-    needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
-    if torch.is_grad_enabled() and needs_grad and D not in api.backward_head_dims(dtype):
+    needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    if needs_grad and (kwargs.get("softcap") or kwargs.get("sliding_window")):
+        return "softcap and sliding windows have no backward pass yet"
+    if needs_grad and D not in api.backward_head_dims(dtype):
         return f"inputs require grad and tileattn has no backward pass for {dtype} at head dim {D}"
     if D not in api.head_dims(dtype) or key.shape[-1] != D:
         return f"head dim {D} is not supported for {query.dtype}"
@@ -100,9 +147,23 @@ def attention_forward(
     # As transformers' SDPA path: a single query token attends to every key; otherwise causal is
     # aligned top-left (a static cache's unused slots sit after the keys in use).
     causal = "top_left" if (is_causal and query.shape[2] > 1) else False
-    out = api.flash_attn_func(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scaling, causal=causal
-    )
+    # transformers' sliding window W keeps keys j > i - W (masking_utils.sliding_window_overlay):
+    # W - 1 keys to the left.  Without a mask it reaches here only when it binds in full (as many
+    # queries as keys, attention_mask above) or not at all (fewer keys than W).
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap") or 0.0
+    window_size = (window - 1, 0) if window and causal else (-1, -1)
+    try:
+        out = api.flash_attn_func(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scaling,
+            causal=causal, window_size=window_size, softcap=softcap,
+        )  # fmt: skip
+    except NotImplementedError as e:  # a softcap at a head dim / arch the variants lack
+        if window and key.shape[2] >= window:  # (window_aware_mask built the mask where they lack it)
+            raise
+        return _fallback(
+            f"{e} (transformers' SDPA drops the softcap)", module, query, key, value, None,
+            dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs,
+        )  # fmt: skip
     return out, None  # (B, Nq, H, D), contiguous: what the model's o_proj reshapes
 
 
