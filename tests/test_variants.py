@@ -1,9 +1,11 @@
 """The score variants of flash_attn_func and flash_attn_varlen_func (a sliding window, softcap,
-ALiBi; v3.3's variants kernel, csrc/v3_3_wgmma.cu): every instantiation compiles without spills
-to the instructions it exists for, and bad input raises naming the argument (CPU); outputs and
-lse against float64 with each variant and all of them crossed with both causal alignments and
-none, Nq != Nk, GQA, N=1, strided inputs, NaN-poisoned outputs, packed sequences and B*H past
-gridDim.y (GPU)."""
+ALiBi; v3.3's variants kernel, csrc/v3_3_wgmma.cu, and v3.1's on the mma.sync path,
+csrc/v3_1_mma.cu): every instantiation compiles without spills to the instructions it exists for
+(tests/test_varlen.py compiles v3.1's), the plain kernels carry none of it, the right kernel is
+picked per arch, head dim and version, and bad input raises naming the argument (CPU); outputs and
+lse against float64 on both rungs with each variant and all of them crossed with both causal
+alignments and none, Nq != Nk, GQA, N=1, strided inputs, NaN-poisoned outputs, packed sequences
+and B*H past gridDim.y (GPU)."""
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 from tileattn import _nvrtc, _params, flash_attn_func, flash_attn_varlen_func, reference, serving
 from tileattn.testing import assert_serving_output, cu_seqlens
-from tileattn.versions import V3_3_VARIANTS, VERSIONS
+from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, VERSIONS
 
 
 @pytest.mark.parametrize("dtype,D,causal", V3_3_VARIANTS.instantiations())
@@ -29,6 +31,49 @@ def test_plain_v33_has_no_variant_code():
     """The variants are a separate instantiation: the plain kernel carries no tanh."""
     cubin = _nvrtc.compile_kernel("v3_3_wgmma.cu", VERSIONS["v3.3"].name_expression("bfloat16", 128, True), "sm_90a")
     assert "MUFU.TANH" not in _nvrtc.sass(cubin)
+
+
+@pytest.mark.parametrize("D", [64, 96, 256])
+def test_plain_v31_has_no_variant_code(D):
+    """v3.1's variants kernel is the varlen kernel's body compiled with VARIANTS: it has the tanh,
+    v3_1_fwd (the rung, at its Hopper tile and its default one) and v3_1_varlen_fwd have none."""
+    v31 = VERSIONS["v3.1"]
+    plain = [(v31.name_expression("bfloat16", D, True, arch), arch) for arch in (80, 90)]
+    plain.append((V3_1_VARLEN.name_expression("bfloat16", D, True), 90))
+    for expr, arch in plain:
+        assert "MUFU.TANH" not in _nvrtc.sass(_nvrtc.compile_kernel("v3_1_mma.cu", expr, f"sm_{arch}")), expr
+    cubin = _nvrtc.compile_kernel("v3_1_mma.cu", V3_1_VARIANTS.name_expression("bfloat16", D, True), "sm_90")
+    assert "MUFU.TANH" in _nvrtc.sass(cubin)
+
+
+@pytest.mark.parametrize(
+    "cc,D,version,variants,dtype,expected",
+    [
+        ((9, 0), 128, None, True, torch.bfloat16, "v3.3_variants"),
+        ((9, 0), 128, None, False, torch.bfloat16, "v3.3_packed"),
+        ((9, 0), 128, "v3.3", True, torch.float16, "v3.3_variants"),
+        ((9, 0), 128, "v3.1", True, torch.bfloat16, "v3.1_variants"),  # forced onto mma.sync
+        ((9, 0), 128, "v3.1", False, torch.bfloat16, "v3.1_varlen"),
+        ((9, 0), 96, None, True, torch.float16, "v3.1_variants"),  # a head dim v3.3 has not
+        ((8, 0), 64, None, True, torch.bfloat16, "v3.1_variants"),
+        ((8, 9), 256, "v3.1", True, torch.float16, "v3.1_variants"),
+        ((10, 0), 128, None, True, torch.bfloat16, "v3.1_variants"),  # (wgmma is sm_90a only)
+        ((8, 0), 128, "v3.3", True, torch.bfloat16, r"on sm_80 with version='v3.3'"),
+        ((9, 0), 40, None, True, torch.bfloat16, r"sm_80\+ \(v3.1\) at head dims \(32, 64, 80, 96, 128, 160"),
+        ((9, 0), 64, None, True, torch.float32, "got torch.float32 at head dim 64 on sm_90"),
+        ((7, 5), 64, None, True, torch.float16, "on sm_75"),
+    ],
+)
+def test_packed_path_picks_the_kernel(monkeypatch, cc, D, version, variants, dtype, expected):
+    """_packed_path: v3.3's kernels on Hopper at its head dims unless version="v3.1", v3.1's
+    elsewhere on sm_80+; NotImplementedError naming what runs where otherwise."""
+    monkeypatch.setattr(_nvrtc, "device_arch", lambda index: cc)
+    device = torch.device("cuda", 0)
+    if expected.endswith(("_variants", "_packed", "_varlen")):
+        assert serving._packed_path("x", dtype, D, device, variants, version) == expected
+    else:
+        with pytest.raises(NotImplementedError, match=expected):
+            serving._packed_path("x", dtype, D, device, variants, version)
 
 
 def test_reference_top_left_window_is_causal_mask():
@@ -53,7 +98,9 @@ BAD_INPUT = [
     (dict(softcap="big"), TypeError, "softcap must be a float"),
     (dict(alibi_slopes=torch.zeros(3)), ValueError, r"alibi_slopes must be a float32 tensor of shape \(4,\)"),
     (dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be a float32"),
-    (dict(window_size=(8, 0), version="v2.3"), ValueError, "window_size, softcap and alibi_slopes run on v3.3"),
+    (dict(window_size=(8, 0), version="v2.3"), ValueError, "window_size, softcap and alibi_slopes run on v3.3 or v3.1"),
+    (dict(softcap=1.0, precision="tf32"), ValueError, r"precision=None\); got version=None, precision='tf32'"),
+    (dict(window_size=(8, 0), version="v3.1"), ValueError, "q must be a CUDA tensor"),  # (v3.1 takes variants)
     (dict(softcap=1.0), ValueError, "q must be a CUDA tensor"),
     (dict(window_size=(2.7, 0)), TypeError, "window_size must be a pair of ints"),
     (dict(window_size=(True, 0)), TypeError, "window_size must be a pair of ints"),
@@ -127,9 +174,15 @@ _VARIANTS = {
 }
 
 
-def _needs_hopper():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the score variants run on Hopper (v3.3) for now")
+# (rung, head dim): v3.3's head dims, and v3.1's (mma.sync) at its two row tiles per warp (64:
+# Bc=64, 128: Bc=32), a head dim v3.3 has not (96) and its one row tile per warp (256: Br=64).
+_RUNG_DIMS = [("v3.3", 64), ("v3.3", 128), ("v3.3", 256), ("v3.1", 64), ("v3.1", 96), ("v3.1", 128), ("v3.1", 256)]
+
+
+def _needs(version):
+    """v3.3 runs on Hopper only, v3.1 (and version=None) on any GPU of the tests (sm_80+)."""
+    if version == "v3.3" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("v3.3 runs on Hopper")
 
 
 def _slopes(kind, B, H, gen):
@@ -157,11 +210,11 @@ def _assert_matches_float64(out, lse, q, k, v, scale, causal, window, softcap, s
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("version,D", _RUNG_DIMS)
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("variant", list(_VARIANTS))
-def test_variants_match_float64(dtype, D, causal, variant):
-    _needs_hopper()
+def test_variants_match_float64(dtype, version, D, causal, variant):
+    _needs(version)
     spec = _VARIANTS[variant]
     gen = torch.Generator(device="cuda").manual_seed(D + len(variant))
     B, Nq, Nk, H, H_kv = 2, 300, 457, 4, 2  # Nq != Nk, neither a multiple of a tile; GQA
@@ -173,17 +226,20 @@ def test_variants_match_float64(dtype, D, causal, variant):
     lse = torch.full((B, H, Nq), float("nan"), device="cuda")
     mode = causal or None
     checked = serving._variants(window, softcap, slopes, mode is not None, B, H, Nq + Nk, q.device)
-    serving.attention_variants(q, k, v, D**-0.5, mode, checked[0], softcap, slopes, True, out=out, lse=lse)
+    serving.attention_variants(
+        q, k, v, D**-0.5, mode, checked[0], softcap, slopes, True, out=out, lse=lse, version=version
+    )
     _assert_matches_float64(out, lse, q, k, v, D**-0.5, causal, window, softcap, slopes, dtype)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v3.3", "v3.1"])
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("scale", [0.0, -0.07])
-def test_variants_more_queries_than_keys_and_scale_zero(causal, scale):
+def test_variants_more_queries_than_keys_and_scale_zero(version, causal, scale):
     """Nq > Nk (a negative bottom-right offset: early rows see no key), and a scale of 0 (every
     score 0 before ALiBi; softcap then leaves it 0) or negative, with all three variants."""
-    _needs_hopper()
+    _needs(version)
     gen = torch.Generator(device="cuda").manual_seed(int(scale * 100) + len(str(causal)))
     B, Nq, Nk, H, H_kv, D = 2, 457, 300, 4, 1, 128
     q = torch.randn(B, Nq, H, D, device="cuda", dtype=torch.float16, generator=gen)
@@ -191,35 +247,39 @@ def test_variants_more_queries_than_keys_and_scale_zero(causal, scale):
     slopes = _slopes("BH", B, H, gen)
     window, softcap = (90, 40), 1e9 if scale == 0.0 else 2.0  # (1e9 at scale 0: a cap that cannot bind)
     out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
-                               alibi_slopes=slopes, return_lse=True)  # fmt: skip
+                               alibi_slopes=slopes, return_lse=True, version=version)  # fmt: skip
     _assert_matches_float64(out, lse, q, k, v, scale, causal, window, softcap, slopes, torch.float16)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version,D", [("v3.3", 64), ("v3.1", 64), (None, 96)])  # (96: v3.1 on every arch)
 @pytest.mark.parametrize("Nq,Nk", [(1, 1), (1, 700), (129, 1), (700, 700)])
-def test_variants_public_call_awkward(Nq, Nk):
+def test_variants_public_call_awkward(version, D, Nq, Nk):
     """flash_attn_func itself: N=1, strided views of one qkv buffer, a negative scale."""
-    _needs_hopper()
+    _needs(version)
     gen = torch.Generator(device="cuda").manual_seed(Nq + Nk)
-    B, H, D = 3, 4, 64
+    B, H = 3, 4
     buf = torch.randn(B, max(Nq, Nk), 3, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     q, k, v = buf[:, :Nq, 0], buf[:, :Nk, 1], buf[:, :Nk, 2]
     slopes = _slopes("H", B, H, gen)
     out, lse = flash_attn_func(q, k, v, softmax_scale=-0.1, causal=True, window_size=(37, 0), softcap=2.0,
-                               alibi_slopes=slopes, return_lse=True)  # fmt: skip
+                               alibi_slopes=slopes, return_lse=True, version=version)  # fmt: skip
     _assert_matches_float64(out, lse, q, k, v, -0.1, "bottom_right", (37, 0), 2.0, slopes, torch.bfloat16)
 
 
 @pytest.mark.gpu
-def test_variants_past_grid_y():
+@pytest.mark.parametrize("version", ["v3.3", "v3.1"])
+def test_variants_past_grid_y(version):
     """B*H = 65,600 with a window and (B, H) ALiBi slopes: two launches; the second's batches
     must find their own slopes and lse rows."""
-    _needs_hopper()
+    _needs(version)
     gen = torch.Generator(device="cuda").manual_seed(3)
     B, H, N, D = 4100, 16, 3, 64
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
     slopes = _slopes("BH", B, H, gen)
-    out, lse = flash_attn_func(q, k, v, causal=True, window_size=(1, 0), alibi_slopes=slopes, return_lse=True)
+    out, lse = flash_attn_func(
+        q, k, v, causal=True, window_size=(1, 0), alibi_slopes=slopes, return_lse=True, version=version
+    )
     S = torch.einsum("bihd,bjhd->bhij", q.float(), k.float()) * D**-0.5
     i, j = torch.arange(N, device="cuda")[:, None], torch.arange(N, device="cuda")[None, :]
     S = S - slopes[:, :, None, None] * (i - j).abs()
@@ -230,11 +290,11 @@ def test_variants_past_grid_y():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("version,D", _RUNG_DIMS)
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("variant", list(_VARIANTS))
-def test_varlen_variants_match_float64(D, causal, variant):
-    _needs_hopper()
+def test_varlen_variants_match_float64(version, D, causal, variant):
+    _needs(version)
     spec = _VARIANTS[variant]
     dtype = torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(D)
@@ -250,7 +310,7 @@ def test_varlen_variants_match_float64(D, causal, variant):
     window, softcap = spec.get("window", (-1, -1)), spec.get("softcap", 0.0)
     out, lse = flash_attn_varlen_func(
         q, k, v, cu_seqlens(lens_q), cu_seqlens(lens_k), max(lens_q), max(lens_k), causal=causal, window_size=window,
-        softcap=softcap, alibi_slopes=slopes, return_lse=True,
+        softcap=softcap, alibi_slopes=slopes, return_lse=True, version=version,
     )  # fmt: skip
     used = sum(lens_k)
     O, lse_ref = reference.attention_varlen(
@@ -275,16 +335,21 @@ def test_fwd_variants_op_fake_shapes():
 
 
 @pytest.mark.gpu
-def test_variants_under_torch_compile_fullgraph():
+@pytest.mark.parametrize("version", ["v3.3", "v3.1"])
+def test_variants_under_torch_compile_fullgraph(version):
     """flash_attn_func with a window, softcap and ALiBi inside torch.compile(fullgraph=True): the
-    custom op, no graph break, eager's output."""
-    _needs_hopper()
+    custom op, no graph break, eager's output bit for bit (so the op passed version on: the other
+    rung's output would differ in the last bits)."""
+    _needs(version)
     gen = torch.Generator(device="cuda").manual_seed(11)
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
     slopes = _slopes("H", 2, 4, gen)
 
     def f(q, k, v):
-        return flash_attn_func(q, k, v, causal=True, window_size=(50, 0), softcap=2.0, alibi_slopes=slopes) * 2
+        o = flash_attn_func(
+            q, k, v, causal=True, window_size=(50, 0), softcap=2.0, alibi_slopes=slopes, version=version
+        )
+        return o * 2
 
     torch._dynamo.reset()
     with torch.no_grad():

@@ -1,7 +1,8 @@
-"""flash_attn_varlen_func (serving.py; v3.3 reading cu_seqlens, csrc/common.cuh): bad input
-raises naming the argument (CPU); packed sequences of awkward and zero lengths, Nq != Nk per
-sequence, GQA, both causal alignments, strided and negatively scaled inputs and B*H past
-gridDim.y against the float64 reference per sequence (GPU)."""
+"""flash_attn_varlen_func (serving.py; v3.3 reading cu_seqlens, csrc/common.cuh, and v3.1's
+varlen and variants kernels on the mma.sync path): the mma.sync kernels compile within budget and
+bad input raises naming the argument (CPU); packed sequences of awkward and zero lengths, Nq != Nk
+per sequence, GQA, both causal alignments, strided and negatively scaled inputs and B*H past
+gridDim.y (with the score variants too) against the float64 reference per sequence (GPU)."""
 
 import numpy as np
 import pytest
@@ -9,21 +10,27 @@ import torch
 
 from tileattn import _nvrtc, _params, flash_attn_varlen_func, reference
 from tileattn.testing import assert_serving_output, cu_seqlens
-from tileattn.versions import V3_1_VARLEN
+from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN
 
 
-@pytest.mark.parametrize("dtype,D,causal", V3_1_VARLEN.instantiations())
+@pytest.mark.parametrize(
+    "entry,dtype,D,causal", [(e, *inst) for e in (V3_1_VARLEN, V3_1_VARIANTS) for inst in e.instantiations()]
+)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_mma_varlen_kernel_compiles_within_budget(dtype, D, causal, arch):
-    """v3.1's variable-length kernel (the path off Hopper): spill budget, parameter block, and the
-    instructions it exists for (mma.sync, ldmatrix.trans, cp.async)."""
-    cubin = _nvrtc.compile_kernel(V3_1_VARLEN.file, V3_1_VARLEN.name_expression(dtype, D, causal), arch)
+def test_mma_varlen_kernel_compiles_within_budget(entry, dtype, D, causal, arch):
+    """v3.1's variable-length kernel and its variants kernel (the paths off Hopper): spill budget,
+    parameter block, and the instructions they exist for (mma.sync, ldmatrix.trans, cp.async; the
+    variants' softcap: tanh on the SFU, one MUFU.TANH a score, beside the softmax's MUFU.EX2)."""
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal), arch)
     res = cubin.resources
-    budget = V3_1_VARLEN.spill_bytes.get(D, 0)
+    budget = entry.spill_bytes.get(D, 0)
     assert res["stack_bytes"] <= budget and res["spill_stores"] <= budget and res["spill_loads"] <= budget, res
     _params.packer(cubin.data, cubin.lowered_name, False, _params.FWD_FIELDS, [])
     sass = _nvrtc.sass(cubin)
-    assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "LDGSTS" in sass
+    assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "LDGSTS" in sass and "MUFU.EX2" in sass
+    assert ("MUFU.TANH" in sass) == (entry is V3_1_VARIANTS)
+    if budget == 0:
+        assert "LDL" not in sass and "STL" not in sass
 
 
 def _cpu(total=10, H=4, H_kv=2, D=64):
@@ -135,3 +142,33 @@ def test_varlen_awkward(version):
     torch.testing.assert_close(out.float(), torch.einsum("bhj,bjhd->bhd", torch.softmax(S, dim=-1), vv),
                                rtol=2e-2, atol=2e-2)  # fmt: skip
     torch.testing.assert_close(lse, torch.logsumexp(S, dim=-1).T, rtol=1e-3, atol=1e-3)  # (H, total_q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v3.3", "v3.1"])
+def test_varlen_variants_past_grid_y(version):
+    """B*H = 65,600 (4,100 sequences of 3 queries over 5 keys, bottom-right) with a window,
+    softcap and (B, H) ALiBi slopes, in two launches: the second launch's sequences find their own
+    slopes row (v3.1: the kernel moves the slopes with the sequence) and their rows of O and lse."""
+    if version == "v3.3" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("v3.3 runs on Hopper")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    B, H, H_kv, D, n_q, n_k, cap = 4100, 16, 4, 64, 3, 5, 2.0
+    q = torch.randn(B * n_q, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(B * n_k, H_kv, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    slopes = torch.rand(B, H, device="cuda", generator=gen) * 0.3
+    cu = torch.arange(B + 1, device="cuda", dtype=torch.int32)
+    out, lse = flash_attn_varlen_func(
+        q, k, v, n_q * cu, n_k * cu, n_q, n_k, causal=True, window_size=(2, 0), softcap=cap, alibi_slopes=slopes,
+        return_lse=True, version=version,
+    )  # fmt: skip
+    qq = q.view(B, n_q, H, D).float()
+    kk, vv = (t.view(B, n_k, H_kv, D).repeat_interleave(H // H_kv, dim=2).float() for t in (k, v))
+    S = cap * torch.tanh(torch.einsum("bihd,bjhd->bhij", qq, kk) * D**-0.5 / cap)
+    i = torch.arange(n_q, device="cuda")[:, None] + n_k - n_q  # query positions (bottom-right)
+    j = torch.arange(n_k, device="cuda")[None, :]
+    S = (S - slopes[:, :, None, None] * (i - j).abs()).masked_fill((j > i) | (j < i - 2), float("-inf"))
+    ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(S, dim=-1), vv).reshape(B * n_q, H, D)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+    # (H, total_q); tanh.approx's 2^-11 relative error is not averaged away over 3 keys a row
+    torch.testing.assert_close(lse, torch.logsumexp(S, dim=-1).permute(1, 0, 2).reshape(H, B * n_q), rtol=0, atol=2e-3)

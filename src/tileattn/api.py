@@ -71,9 +71,12 @@ def flash_attn_func(
             window are skipped.
         softcap: > 0 caps each scaled score s at softcap * tanh(s / softcap) (Gemma 2).
         alibi_slopes: float32 (H,) or (B, H): adds -slope * |p - j| to the scaled score (BLOOM, MPT).
-            The three variants run v3.3's variants kernel: fp16/bf16 on Hopper at head dims 64,
-            128, 192, 256, forward only (an input that requires grad raises).
-        version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.
+            The three variants run in fp16/bf16, forward only (an input that requires grad
+            raises): v3.3's variants kernel on Hopper at head dims 64, 128, 192, 256, v3.1's
+            (mma.sync) on sm_80+ at head dims 32, 64, 80, 96, 128, 160, 192, 256 (Hopper's others
+            included).
+        version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.  With
+            a variant: None, "v3.3" or "v3.1" (the mma.sync variants kernel, also on Hopper).
         return_lse: also return the float32 log-sum-exp of each row, (B, H, Nq); -inf for a row
             that sees no key (its output is 0).
         precision: FP32 inputs only.  None or "fp32" (default): FP32-level accuracy (relative error
@@ -102,8 +105,8 @@ def flash_attn_func(
 
 
 def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, with_lse):
-    """flash_attn_func with a window, softcap or ALiBi: (O, lse) from v3.3's variants kernel
-    (serving.attention_variants, through the custom op tileattn::fwd_variants under
+    """flash_attn_func with a window, softcap or ALiBi: (O, lse) from v3.3's or v3.1's variants
+    kernel (serving.attention_variants, through the custom op tileattn::fwd_variants under
     torch.compile), or None when the arguments amount to none of them (a window as wide as the
     sequences, softcap 0): then the plain path runs."""
     from . import serving
@@ -115,10 +118,10 @@ def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size
     )
     if not serving.any_variant(window, softcap, slopes, mode is not None):
         return None
-    if version not in (None, "v3.3") or precision is not None:  # (versions.V3_3_VARIANTS: v3.3's body)
+    if version not in serving._PACKED_VERSIONS or precision is not None:  # (versions.V3_3_VARIANTS, V3_1_VARIANTS)
         raise ValueError(
-            "window_size, softcap and alibi_slopes run on v3.3 (version=None or 'v3.3', precision=None); "
-            f"got version={version!r}, precision={precision!r}"
+            "window_size, softcap and alibi_slopes run on v3.3 or v3.1 (version=None, 'v3.3' or 'v3.1', "
+            f"precision=None); got version={version!r}, precision={precision!r}"
         )
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         raise RuntimeError(
@@ -129,8 +132,8 @@ def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size
     _validate(q, k, v, None, None, "bnhd")
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else _scale(softmax_scale, "softmax_scale")
     if torch.compiler.is_compiling():
-        return torch.ops.tileattn.fwd_variants(q, k, v, slopes, scale, _CAUSAL_CODE[mode], *window, softcap)
-    return serving.attention_variants(q, k, v, scale, mode, window, softcap, slopes, with_lse)
+        return torch.ops.tileattn.fwd_variants(q, k, v, slopes, scale, _CAUSAL_CODE[mode], *window, softcap, version)
+    return serving.attention_variants(q, k, v, scale, mode, window, softcap, slopes, with_lse, version=version)
 
 
 def scaled_dot_product_attention(

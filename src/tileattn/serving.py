@@ -9,7 +9,8 @@ block_table (B, max_pages) int32.
 
 ``flash_attn_varlen_func``: packed sequences (v3.3 on Hopper, v3.1's varlen kernel on sm_80+), and
 the score variants (sliding window, softcap, ALiBi) of it and of ``api.flash_attn_func``
-(attention_variants): the kernels that take every forward field, launched by _launch_packed.
+(attention_variants; v3.3's variants kernel on Hopper, v3.1's on sm_80+): the kernels that take
+every forward field, launched by _launch_packed.
 
 Checked on the host without a device sync: every tensor's dtype, device, rank and shape,
 window_size, softcap and the ALiBi slopes' shape.  Not checked (it would need a sync): the values
@@ -364,12 +365,13 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
     return (out, lse) if return_lse else out
 
 
-# ---- v3.3 with every forward field: variable-length batches and the score variants ------------
+# ---- the kernels with every forward field: variable-length batches and the score variants ------
 
 _VARLEN = "v3.3_packed"  # v3.3 reading cu_seqlens (csrc/common.cuh), on Hopper (versions.py)
 _VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
 _VARLEN_MMA = "v3.1_varlen"  # variable-length batches on the mma.sync path, sm_80+ (versions.py)
-_PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version=
+_VARIANTS_MMA = "v3.1_variants"  # its body compiled with the score variants, packed or dense (versions.py)
+_PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version= (and, with variants, flash_attn_func's)
 
 
 def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: int):
@@ -381,24 +383,25 @@ def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: 
 
 
 def _packed_path(what: str, dtype, D: int, device, variants: bool, version=None) -> str:
-    """The kernel a packed call runs: v3.3 (or its variants kernel) on Hopper at its head dims,
-    else v3.1's variable-length kernel (sm_80+, no variants); ``version`` ("v3.3" or "v3.1")
-    forces one.  Raises NotImplementedError naming what runs where."""
+    """The kernel a packed (or, with variants, dense) call runs: v3.3's (its variants kernel with
+    variants) on Hopper at its head dims, else v3.1's variable-length kernel or its variants kernel
+    (sm_80+, Hopper's other head dims included); ``version`` ("v3.3" or "v3.1") forces one.
+    Raises NotImplementedError naming what runs where."""
     from . import _nvrtc
     from .versions import KERNEL_ENTRIES
 
-    v33, mma = KERNEL_ENTRIES[_VARLEN], KERNEL_ENTRIES[_VARLEN_MMA]
+    v33 = KERNEL_ENTRIES[_VARIANTS if variants else _VARLEN]
+    mma = KERNEL_ENTRIES[_VARIANTS_MMA if variants else _VARLEN_MMA]
     cc = _nvrtc.device_arch(device.index)
     arch = cc[0] * 10 + cc[1]
     if dtype in (torch.float16, torch.bfloat16):
         if version in (None, "v3.3") and v33.runs_on(arch) and D in v33.head_dims:
-            return _VARIANTS if variants else _VARLEN
-        if version in (None, "v3.1") and not variants and mma.runs_on(arch) and D in mma.head_dims:
-            return _VARLEN_MMA
+            return v33.name
+        if version in (None, "v3.1") and mma.runs_on(arch) and D in mma.head_dims:
+            return mma.name
     raise NotImplementedError(
-        f"{what} run in float16/bfloat16 on Hopper (sm_90; v3.3) at head dims {v33.head_dims}"
-        + ("" if variants else f", and on sm_80+ (v3.1) at head dims {mma.head_dims}")
-        + f"; got {dtype} at head dim {D} on sm_{arch}"
+        f"{what} run in float16/bfloat16 on Hopper (sm_90; v3.3) at head dims {v33.head_dims}, and on "
+        f"sm_80+ (v3.1) at head dims {mma.head_dims}; got {dtype} at head dim {D} on sm_{arch}"
         + (f" with version={version!r}" if version else "")
     )
 
@@ -411,13 +414,15 @@ def _launch_packed(
     dims = (B, H, Nq, H_kv, Nk, D) as the kernel sees q, k, v: with cu_seqlens, B = 1 and Nq, Nk
     the packed totals.  strides: (sb, sh, sn) of q, k, v and out.  grid = (sequences, longest
     query length): the grid is (Q blocks, sequences x H)."""
+    from .versions import KERNEL_ENTRIES
+
     dtype = api._DTYPES[q.dtype]
     B, H, Nq, H_kv, Nk, D = dims
     kern, (Br, Bc) = _packed_kernel(dtype, D, causal, kernel, q.device.index)
     softcap = _kernel_softcap(softcap, scale)
     qs, ks, vs, _ = strides
     maps = None
-    if kernel != _VARLEN_MMA:  # the v3.3 kernels load through the copy engine
+    if KERNEL_ENTRIES[kernel].tensor_maps:  # the v3.3 kernels load through the copy engine (v3.1's by cp.async)
         layouts = [((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs)]
         maps = api._tensor_maps(q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc)
     ptr = lambda t: 0 if t is None else t.data_ptr()
@@ -487,10 +492,10 @@ def flash_attn_varlen_func(
 
         version: None (the fastest that fits), "v3.3" or "v3.1" (the mma.sync path).
 
-    Runs on Hopper (sm_90) at head dims 64, 128, 192 and 256 on the v3.3 rung (with a window,
-    softcap or ALiBi, its variants kernel), and on sm_80+ (Hopper's other head dims included) at
-    head dims 32, 64, 80, 96, 128, 160, 192, 256 on v3.1's (no window, softcap or ALiBi there:
-    NotImplementedError).  Dropout raises NotImplementedError.  Not
+    Runs on Hopper (sm_90) at head dims 64, 128, 192 and 256 on the v3.3 rung, and on sm_80+
+    (Hopper's other head dims included) at head dims 32, 64, 80, 96, 128, 160, 192, 256 on v3.1's
+    (mma.sync); with a window, softcap or ALiBi, on the same rung's variants kernel.  Other dtypes
+    or head dims raise NotImplementedError, and so does dropout.  Not
     differentiable yet: an input that requires grad while grad mode is on raises.  Rows of q past
     cu_seqlens_q[-1] have unspecified output; the offsets' values are not checked (that would
     need a sync)."""
@@ -563,14 +568,16 @@ def flash_attn_varlen_func(
     return (out, lse) if return_lse else out
 
 
-def attention_variants(q, k, v, softmax_scale, mode, window, softcap, alibi_slopes, return_lse, out=None, lse=None):
+def attention_variants(
+    q, k, v, softmax_scale, mode, window, softcap, alibi_slopes, return_lse, out=None, lse=None, version=None
+):
     """flash_attn_func with a window, softcap or ALiBi: (B, Nq, H, D) q, (B, Nk, H_kv, D) k, v,
     already checked by api._validate (dtype, shapes, devices, strides), and the variants by
     _variants.  Returns (O, lse or None); out / lse: buffers to write (the tests hand in
-    NaN-poisoned ones)."""
+    NaN-poisoned ones).  version: None, "v3.3" or "v3.1" (_packed_path's choice, or the one named)."""
     B, Nq, H, D = q.shape
     Nk, H_kv = k.shape[1], k.shape[2]
-    kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True)
+    kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True, version)
     if out is None:
         out = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
     if lse is None and return_lse:
@@ -604,9 +611,10 @@ def _fwd_variants_op(
     window_left: int,
     window_right: int,
     softcap: float,
+    version: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """tileattn::fwd_variants: attention_variants for torch.compile (flash-attn's layout; causal as
-    tileattn::fwd codes it) -> (O, lse (B, H, Nq))."""
+    tileattn::fwd codes it; version as attention_variants takes it) -> (O, lse (B, H, Nq))."""
     # (flash_attn_func checked all of it; a direct call has not)
     api._validate(q, k, v, None, None, "bnhd")
     mode = api._CAUSAL_OF_CODE[causal]
@@ -614,10 +622,10 @@ def _fwd_variants_op(
     window, softcap, alibi_slopes = _variants(
         (window_left, window_right), softcap, alibi_slopes, mode is not None, B, H, Nq + k.shape[1], q.device
     )
-    return attention_variants(q, k, v, softmax_scale, mode, window, softcap, alibi_slopes, True)
+    return attention_variants(q, k, v, softmax_scale, mode, window, softcap, alibi_slopes, True, version=version)
 
 
 @_fwd_variants_op.register_fake
-def _(q, k, v, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap):
+def _(q, k, v, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap, version=None):
     B, Nq, H, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((B, H, Nq), dtype=torch.float32)

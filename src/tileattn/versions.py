@@ -495,7 +495,22 @@ V3_1_VARLEN = KernelEntry(
     spill_bytes={192: 8},
 )
 
+# The score variants on the mma.sync path (flash_attn_func and flash_attn_varlen_func with a
+# window, softcap or ALiBi off Hopper, at the head dims v3.3 has not, or with version="v3.1"): the
+# varlen kernel's body compiled with VARIANTS (csrc/v3_1_mma.cu), packed or dense, at its tiles.
+# Spill-free at every head dim on sm_80 and sm_90 (NVRTC 13.0), D=192 causal included.
+V3_1_VARIANTS = dataclasses.replace(
+    V3_1_VARLEN,
+    name="v3.1_variants",
+    kernel="v3_1_variants_fwd",
+    summary="v3.1 with a sliding window (blocks outside skipped), softcap (tanh on the SFU) and ALiBi, packed or dense",
+    spill_bytes={},
+)
+
+# The forward kernels the packed paths launch with every field (serving._launch_packed).
+PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
+
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
-    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, V3_3_PACKED, V3_3_VARIANTS, V3_1_VARLEN)
+    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, *PACKED_ENTRIES)
 }

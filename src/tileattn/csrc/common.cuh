@@ -41,15 +41,15 @@ struct alignas(64) TmaMaps {
 // lse may be null: the caller did not ask for the log-sum-exp, and no rung stores it then.
 // The fields after bh_offset are the room the next features grow into (variable-length batches,
 // paged KV caches, sliding windows, softcapping): the host sets them to their "off" values
-// (null / 0 / -1).  Variable-length batches (cu_seqlens_q non-null; v3.3 and v3_1_varlen_fwd
-// read them): q, k, v, o
-// are packed (total, H, D) with batch strides 0, sequence b owns rows cu_seqlens_q[b] ..
-// cu_seqlens_q[b + 1] - 1 of q and o (of k, v: cu_seqlens_k), Nq and Nk are the packed totals,
-// lse is (H, total_q), and the causal offset is per sequence: Nk_b - Nq_b when bottom_right, else
-// causal_offset.  The score variants (v3.3's variants kernel): query row i sits at key position
-// i + offset (the causal offset, or the host's Nk - Nq without a causal mask, as flash-attn); it
-// sees keys j in [pos - window_left, pos + window_right] (-1: unbounded); softcap > 0 replaces
-// each scaled score s by softcap tanh(s / softcap); alibi_slopes adds -slope |pos - j|.
+// (null / 0 / -1).  Variable-length batches (cu_seqlens_q non-null; v3.3, v3_1_varlen_fwd and
+// v3_1_variants_fwd read them): q, k, v, o are packed (total, H, D) with batch strides 0,
+// sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q and o (of k, v:
+// cu_seqlens_k), Nq and Nk are the packed totals, lse is (H, total_q), and the causal offset is
+// per sequence: Nk_b - Nq_b when bottom_right, else causal_offset.  The score variants (v3.3's
+// and v3.1's variants kernels): query row i sits at key position i + offset (the causal offset,
+// or the host's Nk - Nq without a causal mask, as flash-attn); it sees keys j in
+// [pos - window_left, pos + window_right] (-1: unbounded); softcap > 0 replaces each scaled
+// score s by softcap tanh(s / softcap); alibi_slopes adds -slope |pos - j|.
 #define TILEATTN_FWD_FIELDS(X, SEP)                                                        \
   X(const T* __restrict__, q) SEP X(const T* __restrict__, k) SEP X(const T* __restrict__, v) SEP \
   X(T* __restrict__, o) SEP X(float* __restrict__, lse) SEP X(float* __restrict__, workspace) SEP \

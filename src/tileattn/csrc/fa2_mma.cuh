@@ -2,7 +2,9 @@
 // mma.sync m16n8k16 with fp32 accumulators, one warp per 16 MT query rows.  Each rung's file says
 // what it adds and instantiates this body with its own MT, Q placement, loads and launch bounds;
 // v3_mma.cu explains the design, v3_1_mma.cu the two row tiles and register savings, and
-// v3_2_mma_tma.cu the TMA loads.
+// v3_2_mma_tma.cu the TMA loads.  Compiled with VARIANTS (v3_1_variants_fwd only), the body also
+// applies the score variants of the room fields (sliding window, softcap, ALiBi; common.cuh):
+// every other instantiation compiles to the instructions it had before.
 #pragma once
 
 #include "softmax.cuh"
@@ -28,7 +30,14 @@ __host__ __device__ constexpr int fa2_mma_smem_bytes(int head_dim, int Br, int B
 // them by ldmatrix at every k-step; TMA (v3.2): Q, K and V arrive by tensor-memory-accelerator
 // copies (through the tensor maps at `tmaps`, a __grid_constant__ parameter of the kernel), counted
 // by mbarriers, instead of by cp.async.
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, int MT, bool Q_IN_REGS, bool TMA>
+// VARIANTS: the score variants, as v3.3's variants kernel applies them (mma.cuh: ScoreVariants,
+// fragment_variants; the m16n8 C fragment is the layout those assume).  Query row i sits at key
+// position i + causal_offset (also without a causal mask: the host passes the alignment it wants).
+// The K/V loop covers only the blocks inside the window of some row of the Q block: blocks wholly
+// outside are never loaded, a warp skips the blocks none of its rows sees, and only a block that
+// crosses a row's window edge is masked.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, int MT, bool Q_IN_REGS, bool TMA,
+          bool VARIANTS = false>
 __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps = nullptr) {
   static_assert(sizeof(T) == 2, "the mma.sync rungs take 16-bit (fp16 / bf16) inputs");
   static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 16 && HEAD_DIM <= 256, "head dim: 16..256, step 8");
@@ -69,7 +78,17 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
 
   // Causal, block level: keys past the last row's diagonal are never loaded.
   const int kv_limit = CAUSAL ? min(Nk, max(0, q_start + Br + causal_offset)) : Nk;
-  const int Tc = (kv_limit + Bc - 1) / Bc;
+  // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
+  // Tc - 1, counted by j = 0 .. Tc - 1 for the stages.  Without VARIANTS, j_lo is 0.  With a
+  // window, the first row's left edge and the last row's right edge bound them (positions rise
+  // with the rows); kv_lo <= kv_hi, so Tc >= 0 even when no row sees any key.
+  int kv_lo = 0, kv_hi = kv_limit;
+  if constexpr (VARIANTS) {
+    if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, q_start + Br + causal_offset + window_right));
+    if (window_left >= 0) kv_lo = min(kv_hi, max(0, q_start + causal_offset - window_left));
+  }
+  const int j_lo = kv_lo / Bc;
+  const int Tc = (kv_hi + Bc - 1) / Bc - j_lo;
 
   // TMA: one thread issues each tile (tma_tile_load: one copy per panel, zero-filled tails)
   // through the kernel's tensor maps (api.py encodes them).
@@ -85,8 +104,8 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
       mbar_fence_init();
       tma_tile(QMAP, Qs_addr, Q_bar, Br, q_start);
       if (Tc > 0) {
-        tma_tile(KMAP, Ks_addr, K_bar, Bc, 0);
-        tma_tile(VMAP, Vs_addr, V_bar, Bc, 0);
+        tma_tile(KMAP, Ks_addr, K_bar, Bc, j_lo * Bc);
+        tma_tile(VMAP, Vs_addr, V_bar, Bc, j_lo * Bc);
       }
     }
   } else {
@@ -94,9 +113,9 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
     // of the cp_async_wait calls below the same in every case).
     tile_async_copy<T, Br, D_SMEM, HEAD_DIM, NTHREADS>(Qs, hs.q, q_sn, q_start, Nq, tid);
     cp_async_commit();
-    if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks, hs.k, k_sn, 0, Nk, tid);
+    if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Ks, hs.k, k_sn, j_lo * Bc, Nk, tid);
     cp_async_commit();
-    if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs, hs.v, v_sn, 0, Nk, tid);
+    if (Tc > 0) tile_async_copy<T, Bc, D_SMEM, HEAD_DIM, NTHREADS>(Vs, hs.v, v_sn, j_lo * Bc, Nk, tid);
     cp_async_commit();
   }
 
@@ -136,9 +155,24 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
   // The softmax scale folded into the exponent (softmax.cuh: folded_scale_log2).
   const float scale_log2 = folded_scale_log2(softmax_scale);
 
+  // VARIANTS: the per-head part of the variants, in the raw-score domain of the folded exponent
+  // (mma.cuh: ScoreVariants); the rows' positions are set per row tile where they are used.  The
+  // softcap's and the slope's divisions by the scale run once per thread, not per score.
+  ScoreVariants var{};
+  if constexpr (VARIANTS) {
+    const float s = folded_scale(softmax_scale);
+    var.softcap = softcap > 0.0f;
+    var.cap_s = softcap / s;
+    var.inv_cap_s = s / softcap;
+    var.alibi = alibi_slopes != nullptr;
+    var.slope_s = var.alibi ? alibi_slopes[b_ * alibi_sb + h_] / s : 0.0f;
+    var.left = window_left;
+    var.right = CAUSAL ? -1 : window_right;  // under a causal mask the diagonal is the right edge
+  }
+
   for (int j = 0; j < Tc; ++j) {
     const int stage = j & 1;
-    const int kv_start = j * Bc;
+    const int kv_start = (j_lo + j) * Bc;
     if constexpr (TMA) {
       // K_j has landed (phase j / 2 of its stage's barrier); the barrier below then tells us
       // every warp is done with block j-1, whose stage the prefetch overwrites.
@@ -164,11 +198,14 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
     }
 
     // A warp skips a block none of its rows can use: all 16 MT rows past Nq, or, on the
-    // diagonal, all of them ending before kv_start.  It still reaches both barriers (with TMA:
+    // diagonal, all of them ending before kv_start, or (VARIANTS) the block is left of its first
+    // row's window or right of its last row's.  It still reaches both barriers (with TMA:
     // the block barrier and the wait for V_j).  (A row
     // tile with no visible key in an active warp is handled by the masks: its P is all 0.)
-    const bool warp_active =
-        warp_row < Nq && (!CAUSAL || kv_start <= warp_row + WROWS - 1 + causal_offset);
+    bool warp_active = warp_row < Nq && (!CAUSAL || kv_start <= warp_row + WROWS - 1 + causal_offset);
+    if constexpr (VARIANTS)
+      warp_active = warp_active && (var.left < 0 || kv_start + Bc - 1 >= warp_row + causal_offset - var.left) &&
+                    (var.right < 0 || kv_start <= warp_row + WROWS - 1 + causal_offset + var.right);
     // P as the A operand of P V: p_frag[mt][kk] covers keys 16 kk .. 16 kk + 15 of row tile mt.
     unsigned p_frag[MT][Bc / 16][4];
     if (warp_active) {
@@ -200,6 +237,22 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
             mma_m16n8k16<T>(S[mt][2 * np], qa[mt], kb[0], kb[1]);
             mma_m16n8k16<T>(S[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
           }
+        }
+      }
+
+      // 1b. VARIANTS: softcap and ALiBi on every score, the window's mask on a block that crosses
+      //     an edge of some row of the row tile (fragment_variants), before the masks below set
+      //     their -inf (softcap would turn -inf into -cap).  S[mt] as NT * 4 values is
+      //     fragment_variants's layout: value 4 nt + e is row g + 8 (e / 2), key 8 nt + 2t + e % 2.
+      if constexpr (VARIANTS) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          ScoreVariants vm = var;
+          vm.first_pos = warp_row + 16 * mt + causal_offset;
+          vm.last_pos = vm.first_pos + 15;
+          vm.pos[0] = row0 + 16 * mt + causal_offset;
+          vm.pos[1] = vm.pos[0] + 8;
+          fragment_variants(reinterpret_cast<float(&)[NT * 4]>(S[mt]), vm, kv_start, Bc, t);
         }
       }
 
@@ -341,18 +394,29 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
 // keys: nothing of the next sequence is read), the causal offset is its own when bottom_right,
 // and bh_offset moves the block's (b, h) to (0, h).  lse is (H, total_q): the body's row h Nq'
 // (Nq' = seq_q) lands on h total_q + q0 through a base of lse + h (total_q - seq_q) + q0.
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, int MT, bool Q_IN_REGS>
+// VARIANTS (v3_1_variants_fwd, which serves flash_attn_func's variants too): cu_seqlens_q may be
+// null, a dense batch, passed to the body as given; packed, the sequence's ALiBi slopes row
+// (alibi_sb: (B, H) slopes) moves with it, as the body sees batch 0.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, int MT, bool Q_IN_REGS, bool VARIANTS = false>
 __device__ __forceinline__ void fa2_mma_varlen_body(TILEATTN_FWD_PARAMS(T)) {
   const int bh = blockIdx.y + bh_offset, b = bh / H, h = bh % H;
-  const int q0 = cu_seqlens_q[b], k0 = cu_seqlens_k[b];
-  const int seq_q = cu_seqlens_q[b + 1] - q0, seq_k = cu_seqlens_k[b + 1] - k0;
+  const bool packed = !VARIANTS || cu_seqlens_q != nullptr;
+  int q0 = 0, k0 = 0, seq_q = Nq, seq_k = Nk;
+  if (packed) {
+    q0 = cu_seqlens_q[b];
+    k0 = cu_seqlens_k[b];
+    seq_q = cu_seqlens_q[b + 1] - q0;
+    seq_k = cu_seqlens_k[b + 1] - k0;
+  }
   if (q_block<CAUSAL>() * Br >= seq_q) return;  // a Q block past a short sequence
-  float* lse_seq = lse ? lse + (long long)h * (Nq - seq_q) + q0 : nullptr;
-  fa2_mma_body<T, HEAD_DIM, Br, Bc, CAUSAL, MT, Q_IN_REGS, /*TMA=*/false>(
+  float* lse_seq = !packed ? lse : lse ? lse + (long long)h * (Nq - seq_q) + q0 : nullptr;
+  const float* slopes = VARIANTS && packed && alibi_slopes ? alibi_slopes + b * alibi_sb : alibi_slopes;
+  fa2_mma_body<T, HEAD_DIM, Br, Bc, CAUSAL, MT, Q_IN_REGS, /*TMA=*/false, VARIANTS>(
       q + q0 * q_sn, k + k0 * k_sn, v + k0 * v_sn, o + q0 * o_sn, lse_seq, workspace, seq_q, seq_k, H, h_per_kv,
-      0, q_sh, q_sn, 0, k_sh, k_sn, 0, v_sh, v_sn, 0, o_sh, o_sn, softmax_scale,
-      bottom_right ? seq_k - seq_q : causal_offset, bh_offset - b * H, nullptr, nullptr, seqused_k, page_table,
-      page_table_stride, page_size, window_left, window_right, softcap, 0, alibi_slopes, alibi_sb);
+      packed ? 0 : q_sb, q_sh, q_sn, packed ? 0 : k_sb, k_sh, k_sn, packed ? 0 : v_sb, v_sh, v_sn,
+      packed ? 0 : o_sb, o_sh, o_sn, softmax_scale, packed && bottom_right ? seq_k - seq_q : causal_offset,
+      packed ? bh_offset - b * H : bh_offset, nullptr, nullptr, seqused_k, page_table, page_table_stride,
+      page_size, window_left, window_right, softcap, 0, slopes, alibi_sb);
 }
 
 }  // namespace tileattn

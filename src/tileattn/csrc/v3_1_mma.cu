@@ -105,4 +105,19 @@ __global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br), v3_1_min_blocks(v3
 
 TILEATTN_SMEM_BYTES(v3_1_varlen_fwd, fa2_mma_smem_bytes(HEAD_DIM, Br, Bc, /*TMA=*/false));
 
+// The score variants (sliding window, softcap, ALiBi; common.cuh) on the mma.sync path: the
+// varlen kernel's body compiled with VARIANTS, for packed sequences (cu_seqlens) and dense
+// batches (cu_seqlens null) alike; flash_attn_func and flash_attn_varlen_func run it off Hopper
+// and at the head dims v3.3 has not.  A separate instantiation, so that v3_1_fwd and
+// v3_1_varlen_fwd keep their instructions.  Blocks outside every row's window are skipped
+// (fa2_mma.cuh); softcap costs a MUFU.TANH per score beside the MUFU.EX2.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(v3_1_threads(HEAD_DIM, Br), v3_1_min_blocks(v3_1_threads(HEAD_DIM, Br)))
+    v3_1_variants_fwd(TILEATTN_FWD_PARAMS(T)) {
+  fa2_mma_varlen_body<T, HEAD_DIM, Br, Bc, CAUSAL, v3_1_mt(HEAD_DIM), v3_1_q_in_regs(HEAD_DIM, Bc),
+                      /*VARIANTS=*/true>(TILEATTN_FWD_ARGS);
+}
+
+TILEATTN_SMEM_BYTES(v3_1_variants_fwd, fa2_mma_smem_bytes(HEAD_DIM, Br, Bc, /*TMA=*/false));
+
 }  // namespace tileattn
