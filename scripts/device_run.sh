@@ -19,6 +19,7 @@ SANITIZE_ARGS=${SANITIZE_ARGS:-}  # "--backward" / "--serving": those cases inst
 SUITES=${SUITES:-ladder_fp32}  # which `bench --suite` to run
 BENCH_ARGS=${BENCH_ARGS:-}      # e.g. "--seqlen 8192 --headdim 64 128"
 FUZZ_CASES=${FUZZ_CASES:-10000}
+TESTS_TIMEOUT=${TESTS_TIMEOUT:-3600}  # seconds for the GPU tests: a hang fails the stage instead of the call
 rc=0
 declare -A result
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -34,7 +35,7 @@ stage() {  # stage NAME LOG CMD...: run, record pass/fail and the log's last lin
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 python3 -m tileattn info > "$LOGS/info.log" 2>&1; head -4 "$LOGS/info.log"
 has compile && stage compile compile.log python3 -m tileattn compile --jobs 16
-has tests && stage tests pytest.log python3 -m pytest -q -m gpu tests/ -p no:cacheprovider
+has tests && stage tests pytest.log timeout "$TESTS_TIMEOUT" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider
 has check && stage check check.log python3 -m tileattn check
 has profile && stage profile profile.log python3 scripts/profile_overhead.py
 has ncu && stage ncu ncu.log bash scripts/ncu_serving.sh
