@@ -307,3 +307,17 @@ def test_kvcache_awkward_inputs():
     out = flash_attn_with_kvcache(q, k, v)
     P = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * D**-0.5, dim=-1)
     torch.testing.assert_close(out.float(), torch.einsum("bhqk,bkhd->bqhd", P, v.float()), rtol=2e-2, atol=2e-2)
+
+
+def test_decode_rung_choice_by_page_size(monkeypatch):
+    """Hopper's default decode rung: dec_v4, except pages shorter than its tile (dec_v3 there);
+    a rung named by version= runs whatever the pages."""
+    from tileattn import _nvrtc, serving
+
+    monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (9, 0))
+    pick = lambda page_size, version=None: serving._decode_entry("bfloat16", 128, 0, version, page_size).name
+    assert pick(0) == pick(256) == pick(32) == "dec_v4"
+    assert pick(1) == pick(16) == "dec_v3"
+    assert pick(16, "dec_v4") == "dec_v4"
+    monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (8, 0))
+    assert pick(16) == pick(0) == "dec_v1"

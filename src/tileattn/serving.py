@@ -62,13 +62,18 @@ def _entries(version):
     return [e for e in DEC_VERSIONS if version in (None, e.name)]
 
 
-def _decode_entry(dtype: str, D: int, device_index: int, version=None):
-    """The newest decode kernel (or the one named) this device runs at this head dim, or None."""
+def _decode_entry(dtype: str, D: int, device_index: int, version=None, page_size: int = 0):
+    """The newest decode kernel (or the one named) this device runs at this head dim, or None.
+    Pages shorter than dec_v4's tile go to the rung before it: a row's block-table lookup per
+    copy, with dec_v4's one block per SM, left it at 0.86x the contiguous cache at 16-token pages
+    (H200, bf16, B=16, GQA 32:8, 16k keys, D=128) where dec_v3 keeps 0.97x."""
     from . import _nvrtc
 
     cc = _nvrtc.device_arch(device_index)
     arch = cc[0] * 10 + cc[1]
     fits = [e for e in _entries(version) if dtype in e.dtypes and D in e.tiles and e.min_arch <= arch]
+    if version is None and len(fits) > 1 and 0 < page_size < fits[-1].tiles[D][1]:
+        fits.pop()
     return fits[-1] if fits else None
 
 
@@ -269,7 +274,7 @@ def flash_attn_with_kvcache(
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
     if q.device.type != "cuda":
         raise ValueError(f"q, k_cache and v_cache must be CUDA tensors, got {q.device}")
-    entry = _decode_entry(dtype, D, q.device.index, version)
+    entry = _decode_entry(dtype, D, q.device.index, version, page_size)
     if entry is None:
         cc = torch.cuda.get_device_capability(q.device)
         raise ValueError(
