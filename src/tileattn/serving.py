@@ -2,8 +2,8 @@
 
 ``flash_attn_with_kvcache``: flash-attn's signature.  Attention of a few query tokens per
 sequence over a KV cache, contiguous or paged with any page size, after appending the new keys
-and values in place, by split-KV decoding (csrc/dec_common.cuh; dec_v3 on Hopper, dec_v1 on
-sm_80+; reference.attention_split_kv is their loop nest).  Layouts as flash-attn: q (B, Nq, H,
+and values in place, by split-KV decoding (csrc/dec_common.cuh; dec_v4 on Hopper, dec_v3 for pages under its tile,
+dec_v1 on sm_80+; reference.attention_split_kv is their loop nest).  Layouts as flash-attn: q (B, Nq, H,
 D); a contiguous cache (B, Nk, H_kv, D), or a paged one (num_pages, page_size, H_kv, D) with
 block_table (B, max_pages) int32.
 
@@ -208,7 +208,8 @@ def flash_attn_with_kvcache(
         num_splits: 0 picks from the SM count and the work; n > 0 cuts each sequence's keys into
             n chunks merged through their log-sum-exp.
         return_lse: also return the float32 log-sum-exp, (B, H, Nq); -inf for a row with no key.
-        version: a decode kernel by name ("dec_v1", "dec_v2"); default the newest this GPU runs.
+        version: a decode kernel by name ("dec_v1" .. "dec_v4"); default the newest this GPU runs
+            (dec_v3 rather than dec_v4 for pages shorter than dec_v4's tile).
 
     Not differentiable: an input that requires grad while grad mode is on raises.
     """
