@@ -156,19 +156,10 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
   const float scale_log2 = folded_scale_log2(softmax_scale);
 
   // VARIANTS: the per-head part of the variants, in the raw-score domain of the folded exponent
-  // (mma.cuh: ScoreVariants); the rows' positions are set per row tile where they are used.  The
-  // softcap's and the slope's divisions by the scale run once per thread, not per score.
+  // (mma.cuh: ScoreVariants); the rows' positions are set per row tile where they are used.
   ScoreVariants var{};
-  if constexpr (VARIANTS) {
-    const float s = folded_scale(softmax_scale);
-    var.softcap = softcap > 0.0f;
-    var.cap_s = softcap / s;
-    var.inv_cap_s = s / softcap;
-    var.alibi = alibi_slopes != nullptr;
-    var.slope_s = var.alibi ? alibi_slopes[b_ * alibi_sb + h_] / s : 0.0f;
-    var.left = window_left;
-    var.right = CAUSAL ? -1 : window_right;  // under a causal mask the diagonal is the right edge
-  }
+  if constexpr (VARIANTS)
+    var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b_, h_, window_left, window_right);
 
   for (int j = 0; j < Tc; ++j) {
     const int stage = j & 1;

@@ -327,6 +327,25 @@ struct ScoreVariants {
   int pos[2];               // this thread's rows' positions
 };
 
+// The per-head part of ScoreVariants, from the room fields (common.cuh) of head h_ of sequence b_
+// (the rows' positions are the caller's).  The softcap's and the slope's divisions by the scale
+// run once per thread, not per score.  Under a causal mask the diagonal is the right edge.
+template <bool CAUSAL>
+__device__ __forceinline__ ScoreVariants head_variants(float softmax_scale, float softcap, const float* alibi_slopes,
+                                                       long long alibi_sb, int b_, int h_, int window_left,
+                                                       int window_right) {
+  ScoreVariants var{};
+  const float s = folded_scale(softmax_scale);
+  var.softcap = softcap > 0.0f;
+  var.cap_s = softcap / s;
+  var.inv_cap_s = s / softcap;
+  var.alibi = alibi_slopes != nullptr;
+  var.slope_s = var.alibi ? alibi_slopes[b_ * alibi_sb + h_] / s : 0.0f;
+  var.left = window_left;
+  var.right = CAUSAL ? -1 : window_right;
+  return var;
+}
+
 // Apply the variants to one K/V block's fragment S (keys kv_start .. kv_start + Bc - 1, this
 // thread's rows pos[0], pos[1]), before fragment_online_softmax masks causality and Nk.  The
 // window's mask runs only on the blocks that cross an edge (the others are inside for every

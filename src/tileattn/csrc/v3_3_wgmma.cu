@@ -147,14 +147,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   };
   ScoreVariants var{};
   if (VARIANTS) {
-    const float s = folded_scale(softmax_scale);
-    var.softcap = softcap > 0.0f;
-    var.cap_s = softcap / s;
-    var.inv_cap_s = s / softcap;
-    var.alibi = alibi_slopes != nullptr;
-    var.slope_s = var.alibi ? alibi_slopes[b_ * alibi_sb + h_] / s : 0.0f;
-    var.left = window_left;
-    var.right = CAUSAL ? -1 : window_right;
+    var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b_, h_, window_left, window_right);
     var.first_pos = q_start + offset;
     var.last_pos = q_start + Br - 1 + offset;
     var.pos[0] = row_a + offset;
