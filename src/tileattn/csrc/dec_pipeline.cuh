@@ -43,7 +43,7 @@ enum class DecCopy { BULK, CP_ASYNC };
 // Who consumes a tile.  SHARED (dec_v2, dec_v3): all four consumer warps, Bc / 4 keys each, and
 // the stage is free once all four release it.  WARP (dec_v4): one warp takes the whole tile
 // (tile n: warp n % 4) into stages of its own (a quarter of them, in turn), so a stage waits for
-// one warp only and is small (Bc = 16 keys): many stages are in flight at once, and a consumer
+// one warp only and is small (dec_v4: 32 keys): many stages are in flight at once, and a consumer
 // waits only for its own tile's copies, never for the slowest of a large tile's.  Each stage
 // passes through its tiles in order, consumed by one warp, so the parity waits stay sound: a
 // barrier is never more than one phase past the tile its consumer waits for.

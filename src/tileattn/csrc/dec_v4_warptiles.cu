@@ -4,12 +4,15 @@
 // dec_v3 reached 3.83 TB/s (H200, bf16, B=16, GQA 32:8, 16k keys, D=128), 85% of DRAM's peak by
 // ncu, where cuDNN's decode kernel sustains 93%.  Its stages are 64 keys (35 KB) shared by all
 // four consumer warps, three per block: a stage is ready when the last of its ~2,200 16-byte
-// copies lands, and only two are in flight while the third is read.  Here a stage is 16 keys
-// (8.7 KB) taken whole by one warp (tile n: warp n % 4, in stages of its own), 20 of them in one
-// block per SM: about as many bytes in flight, in many small pieces, each consumer waiting only
-// for its own tile.
-// One block per SM also means one split where B x H_kv fills the SMs, so the block writes the
-// output itself and the merge kernel does not run (num_splits = 1, dec_common.cuh).
+// copies lands, and only two are in flight while the third is read.  Here a stage is 32 keys
+// (17 KB at D=128) taken whole by one warp (tile n: warp n % 4, in stages of its own), 8 of them
+// in one block per SM, each consumer waiting only for its own tile.  One block per SM also means
+// one split where B x H_kv fills the SMs, so the block writes the output itself and the merge
+// kernel does not run (num_splits = 1, dec_common.cuh).
+//
+// Measured (bench/NOTES.md): 4.07 TB/s at the shape above, 0.93x cuDNN; 16-64 keys per stage all
+// within 1%.  Pages shorter than a stage cost it a block-table lookup per row with half dec_v3's
+// blocks per SM (0.86x its contiguous speed at 16-token pages): serving.py hands those to dec_v3.
 #include "dec_pipeline.cuh"
 
 namespace tileattn {
