@@ -272,3 +272,69 @@ def test_transformers_mask_is_skipped_only_for_a_plain_sliding_window(monkeypatc
     assert hf.window_aware_mask(**{**kw, "attention_mask": padded}) is not None
     assert hf.window_aware_mask(**{**kw, "q_length": 1, "q_offset": 19}) is not None
     assert hf.window_aware_mask(**{**kw, "allow_is_causal_skip": False}) is not None
+
+
+@pytest.mark.parametrize("mask_skipped", [False, True], ids=["mask_built", "mask_skipped"])
+def test_transformers_fallback_keeps_softcap_and_window(monkeypatch, mask_skipped):
+    """A call that falls back (here: on the CPU) keeps Gemma 2's softcap (plain PyTorch instead of
+    transformers' SDPA, which drops it) and its sliding window, also where window_aware_mask left
+    the window's mask out: the logits match transformers' eager path.  The softcap and the window
+    both change eager's logits by far more than the tolerance."""
+    import warnings
+
+    pytest.importorskip("transformers")
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    import tileattn.integrations.transformers as tileattn_hf
+
+    tileattn_hf.register()
+    if mask_skipped:
+        monkeypatch.setattr(tileattn_hf, "_variants_run", lambda *a: True)
+    config = Gemma2Config(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=100, sliding_window=8, attn_logit_softcapping=0.5, final_logit_softcapping=None,
+        query_pre_attn_scalar=32, layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(config).eval()
+    for layer in model.model.layers:  # scores large enough for the softcap to bind
+        layer.self_attn.q_proj.weight.data *= 8
+        layer.self_attn.k_proj.weight.data *= 8
+    ids = torch.randint(0, 100, (2, 40))
+    logits = {}
+    for impl in ("eager", "tileattn"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logits[impl] = model(input_ids=ids).logits
+    torch.testing.assert_close(logits["tileattn"], logits["eager"], rtol=0, atol=1e-5)
+    model.set_attn_implementation("eager")
+    for layer in model.model.layers:  # sensitivity: eager without the softcap, without the window
+        layer.self_attn.attn_logit_softcapping = None
+    with torch.no_grad():
+        assert (model(input_ids=ids).logits - logits["eager"]).abs().max() > 1e-3
+    model.model.layers[0].self_attn.attn_logit_softcapping = 0.5
+    model.model.layers[1].self_attn.attn_logit_softcapping = 0.5
+    model.model.layers[0].self_attn.sliding_window = None
+    model.config.layer_types = ["full_attention", "full_attention"]
+    with torch.no_grad():
+        assert (model(input_ids=ids).logits - logits["eager"]).abs().max() > 1e-3
+
+
+def test_transformers_chunked_attention_mask_is_never_skipped(monkeypatch):
+    """Chunked attention (Llama 4) passes local_size too: its mask is built, never left out."""
+    pytest.importorskip("transformers")
+    from transformers import Gemma2Config
+    from transformers.masking_utils import chunked_causal_mask_function
+
+    from tileattn.integrations import transformers as hf
+
+    monkeypatch.setattr(hf, "_variants_run", lambda *a: True)
+    config = Gemma2Config(hidden_size=256, num_attention_heads=4, head_dim=64, sliding_window=None)
+    config.attention_chunk_size = 8
+    kw = dict(
+        batch_size=1, q_length=20, kv_length=20, local_size=8, allow_is_causal_skip=True,
+        mask_function=chunked_causal_mask_function(8, torch.zeros(1, dtype=int)),
+        config=config, dtype=torch.bfloat16, device="cpu",
+    )  # fmt: skip
+    assert hf.window_aware_mask(**kw) is not None

@@ -521,12 +521,22 @@ def test_transformers_gemma2_softcap_and_sliding_window_match_eager():
     ids = torch.randint(0, 1000, (3, 300), device="cuda")
     logits = {}
     tileattn_hf._warned.clear()
+    # Random weights leave the scores far below softcap 50, so the logits alone would not notice a
+    # dropped softcap: the calls' arguments are recorded too.
+    calls, flash_attn_func = [], tileattn_hf.api.flash_attn_func
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs["window_size"], kwargs["softcap"]))
+        return flash_attn_func(*args, **kwargs)
+
     for impl in ("eager", "tileattn"):
         model.set_attn_implementation(impl)
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tileattn_hf.api, "flash_attn_func", spy)
             warnings.simplefilter("error")  # a fallback to SDPA would warn
             logits[impl] = model(input_ids=ids).logits.float()
     torch.testing.assert_close(logits["tileattn"], logits["eager"], rtol=0, atol=0.05)
+    assert calls == [((95, 0), 50.0), ((-1, -1), 50.0)]  # the sliding layer, then the full one
 
 
 def test_transformers_training_runs_tileattn_with_correct_gradients():

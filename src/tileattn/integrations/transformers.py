@@ -71,12 +71,15 @@ def window_aware_mask(*args, **kwargs):
     window from its sliding_window argument."""
     from transformers.masking_utils import _ignore_causal_mask_sdpa, prepare_padding_mask, sdpa_mask
 
-    q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
+    q_length, kv_length, config = kwargs.get("q_length"), kwargs.get("kv_length"), kwargs.get("config")
     if (
         kwargs.get("local_size") is not None
+        # a sliding window, not the chunked attention (Llama 4) that also passes local_size
+        and kwargs.get("local_size") == getattr(config, "sliding_window", None)
+        and not getattr(config, "attention_chunk_size", None)
         and kwargs.get("allow_is_causal_skip", True)
         and q_length == kv_length
-        and _variants_run(kwargs.get("config"), kwargs.get("dtype"), kwargs.get("device"))
+        and _variants_run(config, kwargs.get("dtype"), kwargs.get("device"))
     ):
         kv_offset = kwargs.get("kv_offset", 0)
         padding = prepare_padding_mask(kwargs.get("attention_mask"), kv_length, kv_offset)
@@ -85,20 +88,56 @@ def window_aware_mask(*args, **kwargs):
     return sdpa_mask(*args, **kwargs)
 
 
-def _fallback(reason: str, module, query, key, value, attention_mask, **kwargs):
+def _fallback(
+    reason: str, module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
+):
+    """transformers' SDPA attention, after one warning per reason.  Two things it would get wrong
+    are mended first: a sliding window whose mask window_aware_mask left out (it is built here),
+    and a softcap, which transformers' SDPA path drops (the call runs _math_attention instead)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(
-            f"tileattn: {reason}; this call (and the ones like it) runs transformers' SDPA attention", stacklevel=3
-        )
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        what = "a softcapped attention in plain PyTorch" if softcap else "transformers' SDPA attention"
+        warnings.warn(f"tileattn: {reason}; this call (and the ones like it) runs {what}", stacklevel=3)
+    if attention_mask is None and window and key.shape[2] > window:
+        # Only window_aware_mask leaves a binding window's mask out, and only with as many queries
+        # as keys: query i sees keys i - window + 1 .. i.
+        i = torch.arange(query.shape[2], device=query.device)[:, None]
+        j = torch.arange(key.shape[2], device=query.device)[None, :]
+        attention_mask = ((j <= i) & (j > i - window))[None, None]
+    if softcap:
+        return _math_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap)
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+    )
+
+
+def _math_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap):
+    """Attention with a logit softcap in plain PyTorch (differentiable), as transformers' eager
+    path computes it: scores scaled, softcap * tanh(scores / softcap), mask (boolean: True keeps;
+    float: added), softmax in float32.  query (B, H, Nq, D), key/value (B, H_kv, Nk, D) -> (B, Nq,
+    H, D)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = query @ key.transpose(2, 3) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    scores = softcap * torch.tanh(scores / softcap)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is None and causal and query.shape[2] > 1:  # top-left, as transformers' SDPA path
+        attention_mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    elif attention_mask is not None:
+        scores = scores + attention_mask[..., : key.shape[2]]
+    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
+    return (probs @ value).transpose(1, 2).contiguous(), None
 
 
 def _unsupported(query, key, value, attention_mask, dropout, kwargs) -> str | None:
     if attention_mask is not None:
-        return "an attention mask (padding) is not supported yet"
+        return "an attention mask (padding, or a sliding window tileattn does not apply here) is not supported yet"
     if dropout:
         return "dropout is not supported"
     if kwargs.get("position_bias") is not None:
