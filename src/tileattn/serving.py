@@ -350,8 +350,9 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
     num_splits = min(num_splits, _MAX_SPLITS)
     softcap = _kernel_softcap(softcap, scale)
     f32 = dict(dtype=torch.float32, device=q.device)
-    o_part = torch.empty((num_splits, B, H, Nq, D), **f32)
-    lse_part = torch.empty((num_splits, B, H, Nq), **f32)
+    parts = num_splits > 1  # (one split: the kernel writes out and lse itself, no partial rows)
+    o_part = torch.empty((num_splits, B, H, Nq, D) if parts else (0,), **f32)
+    lse_part = torch.empty((num_splits, B, H, Nq) if parts else (0,), **f32)
     out = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), **f32) if return_lse else None
     if B * Nq * H:
@@ -366,7 +367,7 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
         ]  # fmt: skip
         stream = api._current_stream(device_index)
         kern.launch(stream, num_splits, blocks, args)
-        if num_splits > 1:  # (one split: the kernel wrote out and lse itself, dec_common.cuh's DecSink)
+        if parts:  # dec_common.cuh's DecSink
             combine.launch(stream, -(-B * H * Nq // DEC_COMBINE_ROWS), 1, args)
     return (out, lse) if return_lse else out
 

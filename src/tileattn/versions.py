@@ -382,8 +382,9 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
 # ---- serving (issue 12, being built) ---------------------------------------------------------
 
 # Split-KV decoding over a contiguous or paged KV cache (serving.decode_with_kvcache): per
-# (split, batch x K/V head x block of Br = 16 query rows), Bc keys per tile, then dec_combine
-# (DEC_COMBINE_ROWS rows, one warp each, per block) merges the splits through their lse.  The
+# (split, batch x K/V head x block of Br = 16 query rows), Bc keys per tile, then, with two splits
+# or more, dec_combine (DEC_COMBINE_ROWS rows, one warp each, per block) merges them through their
+# lse (one split: the decode kernel writes the output itself).  The
 # fastest entry whose min_arch the device meets runs (serving.py).
 # dec_v1 is not at D=256: its 128 accumulator registers beside the row gathers spill 12-24 bytes
 # under NVRTC 13.0 and 60-72 under 13.5 (sm_80); it needs the head dim split across warps.
@@ -398,7 +399,7 @@ DEC_V1 = KernelEntry(
     "merged through lse; paged caches of any page size",
     # D=64 keeps Q's fragments in registers; beside the variants' per-row bounds and slopes and
     # the IEEE divisions' slow-path call, ptxas (at 168 registers, three blocks per SM) spills 12
-    # bytes (16 of stack) under NVRTC 13.0.  Hopper runs dec_v3; this is the fallback.  (Fast
+    # bytes (16 of stack) under NVRTC 13.0.  Hopper runs dec_v4 / dec_v3; this is the fallback.  (Fast
     # divisions bring it to 4 bytes on sm_90, 0 on sm_80: not yet run on a GPU.)
     spill_bytes={64: 16},
 )
@@ -431,7 +432,7 @@ DEC_V4 = KernelEntry(
     fields="dec",
     # Stages of 32 keys (16 at D=256), each taken whole by one consumer warp; as many as fit in
     # ~200 KB (one block per SM: 8 at D=128).  H200, bf16, B=16, GQA 32:8, 16k keys, D=128, one
-    # split: Bc=16, 32, 48, 64 all within 3.97-4.00 TB/s (scripts/decode_sweep.py).
+    # split: Bc=16 3.91, Bc=32-64 3.97-4.00 TB/s (scripts/decode_sweep.py; bench/results/checks).
     tiles={64: (16, 32), 128: (16, 32), 256: (16, 16)},
     dtypes=("float16", "bfloat16"),
     summary="dec_v3's cp.async producers with small stages, each taken whole by one consumer warp: "

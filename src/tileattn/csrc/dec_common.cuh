@@ -19,7 +19,8 @@ namespace tileattn {
 // stride; k_sn, v_sn the row strides.  cache_seqlens (B,) int32: keys in use per sequence (null:
 // Nk).  o_part (num_splits, B, H, Nq, D) and lse_part (num_splits, B, H, Nq), float32 contiguous:
 // the chunks' partial results, which dec_combine merges into o (B, Nq, H, D) strided and lse
-// (B, H, Nq) contiguous (null: not stored).  Token i of Nq sits at key position
+// (B, H, Nq) contiguous (null: not stored); with one split the decode kernel writes o and lse
+// itself (DecSink) and o_part, lse_part are unused.  Token i of Nq sits at key position
 // i + seqlen - Nq (bottom-right, per sequence); causal: it sees keys j <= that position.
 // window_left / window_right (-1: unbounded) keep keys j in [pos - left, pos + right];
 // softcap > 0 replaces each scaled score s by softcap tanh(s / softcap); alibi_slopes (null: off)

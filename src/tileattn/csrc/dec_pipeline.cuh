@@ -1,8 +1,9 @@
-// The warp-specialised decode pipeline of dec_v2 and dec_v3 (sm_90+): producer warps copy K/V
-// tiles of Bc keys into STAGES shared-memory stages, four consumer warps each take Bc / 4 keys of
-// every tile (their own online softmax, no barrier between them) and release the stage on its
-// `empty` mbarrier; the rows, splits, variants and merges are dec_common.cuh's.  The rungs differ
-// in how the producers copy (DecCopy).
+// The warp-specialised decode pipeline of dec_v2, dec_v3 and dec_v4 (sm_90+): producer warps copy
+// K/V tiles of Bc keys into STAGES shared-memory stages; four consumer warps (their own online
+// softmax each, no barrier between them) take Bc / 4 keys of every tile (dec_v2, dec_v3) or whole
+// tiles in turn (dec_v4, DecTiles) and release the stage on its `empty` mbarrier; the rows, splits,
+// variants and merges are dec_common.cuh's.  dec_v2 and dec_v3 differ in how the producers copy
+// (DecCopy).
 //
 // Rows are padded to 2 D + 16 bytes instead of swizzled (a bulk copy lands a row as it is):
 // eight consecutive rows then start 16 bytes apart modulo 128, so every ldmatrix phase hits
@@ -61,6 +62,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   static_assert(STAGES * dec_pipe_stage_bytes(HEAD_DIM, Bc) >= dec_merge_bytes(HEAD_DIM, Br, DEC_CONSUMERS),
                 "the merge reuses the stages");
   static_assert(!WARP_TILES || STAGES % DEC_CONSUMERS == 0, "each consumer warp owns STAGES / 4 stages");
+  static_assert(dec_pipe_smem(HEAD_DIM, Br, Bc, WARP_TILES) <= 227 * 1024, "a tile this large leaves too few stages");
   // Tile n's stage and its use number there (the parity of the barriers' phase).
   constexpr int RING = WARP_TILES ? STAGES / DEC_CONSUMERS : STAGES;  // the stages one tile sequence cycles through
   const auto stage_of = [](int n) {

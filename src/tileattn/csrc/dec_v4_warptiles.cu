@@ -10,9 +10,12 @@
 // one split where B x H_kv fills the SMs, so the block writes the output itself and the merge
 // kernel does not run (num_splits = 1, dec_common.cuh).
 //
-// Measured (bench/NOTES.md): 4.07 TB/s at the shape above, 0.93x cuDNN; 16-64 keys per stage all
-// within 1%.  Pages shorter than a stage cost it a block-table lookup per row with half dec_v3's
-// blocks per SM (0.86x its contiguous speed at 16-token pages): serving.py hands those to dec_v3.
+// Measured (bench/NOTES.md): 4.07 TB/s at the shape above, 0.93x cuDNN; 32-64 keys per stage
+// within 1% of each other, 16 keys 2% below.  At 16-token pages it runs at 0.86-0.91x its
+// contiguous speed where dec_v3 keeps 0.97x (measured, not yet explained: both look the block
+// table up per row), so serving.py hands pages shorter than a stage to dec_v3.  It also trails
+// dec_v3 on many short sequences (B=64, 32 K/V heads, 1k keys: 0.95x), where one block per SM
+// leaves more of each block's start-up exposed.
 #include "dec_pipeline.cuh"
 
 namespace tileattn {
