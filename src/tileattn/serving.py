@@ -2,10 +2,10 @@
 
 ``flash_attn_with_kvcache``: flash-attn's signature.  Attention of a few query tokens per
 sequence over a KV cache, contiguous or paged with any page size, after appending the new keys
-and values in place, by split-KV decoding (csrc/dec_common.cuh; dec_v4 on Hopper, dec_v3 for pages under its tile,
-dec_v1 on sm_80+; reference.attention_split_kv is their loop nest).  Layouts as flash-attn: q (B, Nq, H,
-D); a contiguous cache (B, Nk, H_kv, D), or a paged one (num_pages, page_size, H_kv, D) with
-block_table (B, max_pages) int32.
+and values in place, by split-KV decoding (csrc/dec_common.cuh; dec_v4 on Hopper, dec_v3 for
+pages shorter than its tile, dec_v1 on sm_80+; reference.attention_split_kv is their loop nest).
+Layouts as flash-attn: q (B, Nq, H, D); a contiguous cache (B, Nk, H_kv, D), or a paged one
+(num_pages, page_size, H_kv, D) with block_table (B, max_pages) int32.
 
 ``flash_attn_varlen_func``: packed sequences (v3.3 on Hopper, v3.1's varlen kernel on sm_80+), and
 the score variants (sliding window, softcap, ALiBi) of it and of ``api.flash_attn_func``
@@ -64,9 +64,9 @@ def _entries(version):
 
 def _decode_entry(dtype: str, D: int, device_index: int, version=None, page_size: int = 0):
     """The newest decode kernel (or the one named) this device runs at this head dim, or None.
-    Pages shorter than dec_v4's tile go to the rung before it: a row's block-table lookup per
-    copy, with dec_v4's one block per SM, left it at 0.86x the contiguous cache at 16-token pages
-    (H200, bf16, B=16, GQA 32:8, 16k keys, D=128) where dec_v3 keeps 0.97x."""
+    Pages shorter than dec_v4's tile go to the rung before it: at 16-token pages dec_v4 ran at
+    0.86x its contiguous speed where dec_v3 keeps 0.97x (H200, bf16, B=16, GQA 32:8, 16k keys,
+    D=128; measured, not yet explained: both look the block table up per row)."""
     from . import _nvrtc
 
     cc = _nvrtc.device_arch(device_index)
