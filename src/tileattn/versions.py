@@ -425,19 +425,17 @@ DEC_V3 = KernelEntry(
     "arriving on the stage's mbarrier when they land",
     min_arch=90,
 )
-DEC_V4 = KernelEntry(
+DEC_V4 = dataclasses.replace(
+    DEC_V3,  # its producers, dtypes and arch; its own stages and consumers
     name="dec_v4",
     file="dec_v4_warptiles.cu",
     kernel="dec_v4",
-    fields="dec",
     # Stages of 32 keys (16 at D=256), each taken whole by one consumer warp; as many as fit in
     # ~200 KB (one block per SM: 8 at D=128).  H200, bf16, B=16, GQA 32:8, 16k keys, D=128, one
     # split: Bc=16 3.91, Bc=32-64 3.97-4.00 TB/s (scripts/decode_sweep.py; bench/results/checks).
     tiles={64: (16, 32), 128: (16, 32), 256: (16, 16)},
-    dtypes=("float16", "bfloat16"),
     summary="dec_v3's cp.async producers with small stages, each taken whole by one consumer warp: "
     "many tiles in flight, each consumer waiting only for its own",
-    min_arch=90,
 )
 DEC_VERSIONS = (DEC_V1, DEC_V2, DEC_V3, DEC_V4)
 DEC_COMBINE_ROWS = 8
