@@ -1,9 +1,29 @@
-"""Probe: v3.3 plain vs its variants kernel with no variant on, and each variant alone (bf16 causal N=8192)."""
+"""Probe: v3.3 plain vs its variants kernel with no variant on, and each variant alone (bf16 causal N=8192).
+
+`--define NAME` compiles every kernel with the macro NAME defined (an experiment's switch in the
+CUDA sources; the kernel cache keys on the options, so both builds stay cached).
+"""
+
+import argparse
 
 import torch
 from triton.testing import do_bench
 
-from tileattn import flash_attn_func, serving
+from tileattn import _nvrtc, flash_attn_func, serving
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--define", help="a macro defined in every kernel's compilation")
+define = parser.parse_args().define
+if define:
+    _plain_options = _nvrtc._program_options
+
+    def _program_options(source_file, arch):
+        opts = _plain_options(source_file, arch)
+        opts.define_macro = define
+        return opts
+
+    _nvrtc._program_options = _program_options
+    print(f"compiled with -D{define}")
 
 B, H, N = 2, 16, 8192
 for D in (64, 128):

@@ -196,7 +196,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       fence_operands(S);
       mbar_arrive(bars.k_empty(j + 1));
       softmax(S, j + 1);
+#ifdef TILEATTN_PV_WAIT_AFTER_SOFTMAX
+      wgmma_wait_all_after(l_i[0] + l_i[1]);
+#else
       wgmma_wait<0>();
+#endif
       fence_operands(acc);
       fence_operands(p);
       mbar_arrive(bars.v_empty(j));

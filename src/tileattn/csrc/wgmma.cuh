@@ -78,6 +78,18 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// wgmma_wait<0> that ptxas cannot hoist above the instructions computing dep.  Left to itself,
+// ptxas schedules the P V wait before most of the softmax's MUFU.EX2, so the exponentials do not
+// overlap the tensor core.  A branch on a value computed from them pins the order: dep is a sum
+// (FADD), whose NaN is always the canonical 0x7fffffff, never 0x7fbfffff, so the first branch is
+// taken by every thread and the warpgroup stays on one .aligned instruction.  The two asm strings
+// differ so that ptxas cannot merge the branches back into one unconditional wait.
+__device__ __forceinline__ void wgmma_wait_all_after(float dep) {
+  if (__any_sync(~0u, __float_as_uint(dep) != 0x7fbfffffu))
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  else
+    asm volatile("wgmma.wait_group.sync.aligned 0;  // never taken\n" ::: "memory");
+}
 // Pins accumulator registers at this point of the program: the compiler may not move reads or
 // writes of x across it (it cannot see that a wgmma writes them late).
 template <int R>
