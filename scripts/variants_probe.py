@@ -1,7 +1,7 @@
 """Probe: v3.3 plain vs its variants kernel with no variant on, and each variant alone (bf16 causal N=8192).
 
-`--define NAME` compiles every kernel with the macro NAME defined (an experiment's switch in the
-CUDA sources; the kernel cache keys on the options, so both builds stay cached).
+`--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined (an experiment's
+switch in the CUDA sources; the kernel cache keys on the options, so every build stays cached).
 """
 
 import argparse
@@ -12,8 +12,8 @@ from triton.testing import do_bench
 from tileattn import _nvrtc, flash_attn_func, serving
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--define", help="a macro defined in every kernel's compilation")
-define = parser.parse_args().define
+parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE], defined in every kernel")
+define = [tuple(d.split("=", 1)) if "=" in d else d for d in parser.parse_args().define]
 if define:
     _plain_options = _nvrtc._program_options
 
@@ -23,10 +23,23 @@ if define:
         return opts
 
     _nvrtc._program_options = _program_options
-    print(f"compiled with -D{define}")
+    print(f"compiled with {define}")
+
+
+def max_error(D, softcap):
+    """Causal bf16 at an awkward length against float64, softcap on or off (a build's sanity check)."""
+    q, k, v = (torch.randn(1, 777, 2, D, device="cuda", dtype=torch.bfloat16) * 2 for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=True, softcap=softcap).double()
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * D**-0.5
+    s = softcap * torch.tanh(s / softcap) if softcap else s
+    s = s.masked_fill(torch.ones(777, 777, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    ref = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v.double())
+    return (out - ref).abs().max().item()
+
 
 B, H, N = 2, 16, 8192
 for D in (64, 128):
+    print(f"D={D} max |error| vs float64: plain causal {max_error(D, 0.0):.2e}, softcap 5 {max_error(D, 5.0):.2e}")
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     slopes = torch.rand(H, device="cuda") * 0.1
     t = lambda f: do_bench(f, warmup=25, rep=200, return_mode="median")

@@ -35,6 +35,15 @@
 
 namespace tileattn {
 
+// Experiment switches (masks over 8-key tiles modulo 4 whose exponentials take exp2_poly): with
+// softcap in the variants kernel, and in the plain kernel.
+#ifndef TILEATTN_SOFTCAP_POLY_TILES
+#define TILEATTN_SOFTCAP_POLY_TILES 0u
+#endif
+#ifndef TILEATTN_PLAIN_POLY_TILES
+#define TILEATTN_PLAIN_POLY_TILES 0u
+#endif
+
 constexpr int V3_3_WG = 128;              // threads per warpgroup
 constexpr int V3_3_PRODUCER_REGS = 24;    // the producer only issues copies
 constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 24 + 2 * 240
@@ -157,8 +166,12 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   float scale_old[2];
   auto softmax = [&](float (&S)[NS], int n) {
     if (VARIANTS) fragment_variants(S, var, (j_lo + n) * Bc, Bc, t);
-    fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
-                                    seq_k, offset);
+    if (VARIANTS && var.softcap)
+      fragment_online_softmax<CAUSAL, NS, TILEATTN_SOFTCAP_POLY_TILES>(S, m_i, l_i, scale_old, scale_log2,
+                                                                      (j_lo + n) * Bc, Bc, q_start, row_a, t, seq_k, offset);
+    else
+      fragment_online_softmax<CAUSAL, NS, VARIANTS ? 0u : TILEATTN_PLAIN_POLY_TILES>(
+          S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t, seq_k, offset);
   };
   // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
   // the even tile are a0 / a1, of the odd tile a2 / a3), and O rebased to the new row max.
