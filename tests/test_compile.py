@@ -134,6 +134,21 @@ def test_sass(name, D, causal):
         assert "LDL" not in sass and "STL" not in sass, f"{name} D={D}: local memory in SASS"
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_v3_3_d64_exponentials_precede_pv_wait(causal):
+    """v3.3 at D = 64 pins its P V wait behind the softmax (wgmma_wait_all_after): in the loop,
+    every MUFU.EX2 of a block (64 scores and 2 rescales per thread) issues between the wait for S
+    (gsb0 <= 1) and the wait for P V (gsb0 == 0), while P V runs on the tensor core."""
+    ops = [
+        line
+        for line in _nvrtc.sass(compiled("v3.3", 64, causal, "sm_90a")).splitlines()
+        if "DEPBAR" in line or "MUFU" in line
+    ]
+    s_wait = next(i for i, op in enumerate(ops) if "DEPBAR.LE gsb0, 0x1" in op)
+    pv_wait = next(i for i, op in enumerate(ops) if i > s_wait and "DEPBAR.LE gsb0, 0x0" in op)
+    assert sum("MUFU.EX2" in op for op in ops[s_wait:pv_wait]) == 66
+
+
 def test_compile_error_carries_log(tmp_path, monkeypatch):
     monkeypatch.setattr(_nvrtc, "CSRC", tmp_path)
     (tmp_path / "bad.cu").write_text("template <typename T> __global__ void k(T x) { undefined_thing; }\n")

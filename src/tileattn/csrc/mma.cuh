@@ -288,8 +288,7 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // them (past Nk; the diagonal when causal), the rows rebase to the new max in the log2 domain
 // (scale_log2 > 0 folded into one FFMA per score), and S becomes exp2(S * scale - m).  m_i, l_i
 // (this thread's partial row sums) are updated; scale_old is the factor O must be rebased by.
-// POLY_TILES: a mask over the 8-key tiles modulo 4 whose exponentials run as exp2_poly.
-template <bool CAUSAL, int NS, unsigned POLY_TILES = 0>
+template <bool CAUSAL, int NS>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
@@ -310,10 +309,7 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
     scale_old[h] = online_rescale(m_i[h], l_i[h], lanes_max<4>(m_tile[h]) * scale_log2, m_base[h]);
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
-    if ((POLY_TILES >> ((i / 4) % 4)) & 1)
-      S[i] = exp2_poly(fmaf(S[i], scale_log2, -m_base[(i % 4) / 2]));
-    else
-      S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
+    S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
     l_i[(i % 4) / 2] += S[i];
   }
 }

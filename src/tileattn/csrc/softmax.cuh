@@ -37,21 +37,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// 2^x for x <= 0 (-inf included) on the FMA and integer pipes instead of the SFU, which runs
-// a quarter as many lanes per clock: kernels whose scores take two SFU operations each (softcap's
-// tanh and the exp2) send part of their exponentials here.  x = n + f with n = round(x) (adding
-// 1.5 2^23 leaves n in the low mantissa bits of r) and f in [-0.5, 0.5]; 2^f is a degree-3
-// polynomial (relative error 7.5e-5, fitted to 2^f in float32; bf16 / fp16 P round at 4e-3 /
-// 5e-4), and 2^n is added into the exponent field.  The clamp at -127 keeps that field >= 0:
-// 2^-127 itself comes out as exactly 0 (p(0) = 1.0 minus 127 << 23), as -inf must.
-__device__ __forceinline__ float exp2_poly(float x) {
-  x = fmaxf(x, -127.0f);
-  const float r = x + 12582912.0f;
-  const float f = x - (r - 12582912.0f);
-  const float p = fmaf(fmaf(fmaf(0.05517084f, f, 0.24260935f), f, 0.69326097f), f, 0.99992818f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
-}
-
 // The scale in the log2 domain, folded into the exponent: 2^(s S - m), so S is never scaled on
 // its own (one FFMA per score instead of FMUL + FADD).  That needs s > 0, so that the row max of
 // the raw scores gives the row max of the scaled ones: the kernels take softmax_scale >= 0

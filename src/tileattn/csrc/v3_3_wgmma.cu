@@ -35,15 +35,6 @@
 
 namespace tileattn {
 
-// Experiment switches (masks over 8-key tiles modulo 4 whose exponentials take exp2_poly): with
-// softcap in the variants kernel, and in the plain kernel.
-#ifndef TILEATTN_SOFTCAP_POLY_TILES
-#define TILEATTN_SOFTCAP_POLY_TILES 0u
-#endif
-#ifndef TILEATTN_PLAIN_POLY_TILES
-#define TILEATTN_PLAIN_POLY_TILES 0u
-#endif
-
 constexpr int V3_3_WG = 128;              // threads per warpgroup
 constexpr int V3_3_PRODUCER_REGS = 24;    // the producer only issues copies
 constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 24 + 2 * 240
@@ -166,12 +157,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   float scale_old[2];
   auto softmax = [&](float (&S)[NS], int n) {
     if (VARIANTS) fragment_variants(S, var, (j_lo + n) * Bc, Bc, t);
-    if (VARIANTS && var.softcap)
-      fragment_online_softmax<CAUSAL, NS, TILEATTN_SOFTCAP_POLY_TILES>(S, m_i, l_i, scale_old, scale_log2,
-                                                                      (j_lo + n) * Bc, Bc, q_start, row_a, t, seq_k, offset);
-    else
-      fragment_online_softmax<CAUSAL, NS, VARIANTS ? 0u : TILEATTN_PLAIN_POLY_TILES>(
-          S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t, seq_k, offset);
+    fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
+                                    seq_k, offset);
   };
   // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
   // the even tile are a0 / a1, of the odd tile a2 / a3), and O rebased to the new row max.
@@ -209,11 +196,13 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       fence_operands(S);
       mbar_arrive(bars.k_empty(j + 1));
       softmax(S, j + 1);
-#ifdef TILEATTN_PV_WAIT_AFTER_SOFTMAX
-      wgmma_wait_all_after(l_i[0] + l_i[1]);
-#else
-      wgmma_wait<0>();
-#endif
+      // Where ptxas puts this wait is a measured choice (scripts/variants_probe.py --define, two
+      // runs, bf16 causal N=8192): pinned behind the exponentials, the plain kernel runs 4% faster
+      // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
+      if constexpr (!VARIANTS && HEAD_DIM == 64)
+        wgmma_wait_all_after(l_i[0] + l_i[1]);
+      else
+        wgmma_wait<0>();
       fence_operands(acc);
       fence_operands(p);
       mbar_arrive(bars.v_empty(j));
