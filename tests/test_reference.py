@@ -13,6 +13,7 @@ from tileattn.reference import (
     attention_tiled,
     attention_varlen,
     kv_block_range,
+    packed_tile_schedule,
     paged_kv,
 )
 
@@ -297,3 +298,25 @@ def test_varlen_and_paged_kv_are_per_sequence_attention():
     for b, (kb, vb) in enumerate(paged_kv(k_cache, v_cache, page_table, lens_k)):
         np.testing.assert_array_equal(kb, k[cu_k[b] : cu_k[b + 1]])
         np.testing.assert_array_equal(vb, v[cu_k[b] : cu_k[b + 1]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=st.lists(
+        st.one_of(st.integers(0, 3), st.integers(0, 700), st.sampled_from([127, 128, 129, 256])),
+        min_size=1,
+        max_size=80,
+    ),  # fmt: skip
+    causal=st.booleans(),
+)
+def test_packed_tile_schedule_covers_every_block_once(lens, causal):
+    """Every Q block of every sequence gets exactly one tile of the floor(total_q / Br) + B grid,
+    at most one tile per sequence stays empty, and causal blocks run latest-first in a sequence."""
+    Br = 128
+    schedule = packed_tile_schedule(np.cumsum([0, *lens]), Br, causal)
+    blocks = [t for t in schedule if t is not None]
+    assert sorted(blocks) == [(b, i) for b, n in enumerate(lens) for i in range(-(-n // Br))]
+    assert len(schedule) - len(blocks) <= len(lens)
+    for b in range(len(lens)):
+        mine = [i for s, i in blocks if s == b]
+        assert mine == sorted(mine, reverse=causal)

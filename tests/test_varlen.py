@@ -125,8 +125,9 @@ def test_varlen_matches_float64(dtype, version, D, causal, H, H_kv):
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", ["v3.3", "v3.1"])
 def test_varlen_awkward(version):
-    """A negative scale, and B*H = 65,600 (the heads of 4,100 one-token sequences) in two launches:
-    the second launch's sequences find their own rows of O and of lse (H, total_q)."""
+    """A negative scale, and B*H = 65,600 (the heads of 4,100 one-token sequences): v3.1 in two
+    launches (gridDim.y), whose second finds its own rows of O and of lse (H, total_q); v3.3 in one
+    grid of 4,132 x 16 packed tiles, each found by three rounds of the scheduler's search."""
     if version == "v3.3" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("v3.3 runs on Hopper")
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -148,8 +149,9 @@ def test_varlen_awkward(version):
 @pytest.mark.parametrize("version", ["v3.3", "v3.1"])
 def test_varlen_variants_past_grid_y(version):
     """B*H = 65,600 (4,100 sequences of 3 queries over 5 keys, bottom-right) with a window,
-    softcap and (B, H) ALiBi slopes, in two launches: the second launch's sequences find their own
-    slopes row (v3.1: the kernel moves the slopes with the sequence) and their rows of O and lse."""
+    softcap and (B, H) ALiBi slopes: v3.1 in two launches, whose second finds its own slopes row
+    (the kernel moves the slopes with the sequence) and its rows of O and lse; v3.3 in one grid of
+    packed tiles, each sequence found by the scheduler's search."""
     if version == "v3.3" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("v3.3 runs on Hopper")
     gen = torch.Generator(device="cuda").manual_seed(7)

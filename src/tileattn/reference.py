@@ -315,6 +315,27 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
     return O, lse
 
 
+def packed_tile_schedule(cu_seqlens_q, Br: int, causal: bool) -> list[tuple[int, int] | None]:
+    """v3.3's tile scheduler over packed sequences (csrc/common.cuh's packed_tile), tile by tile:
+    the (sequence b, Q block) each of the floor(total_q / Br) + B tiles takes, None for an empty
+    one.  Sequence b's blocks are tiles first(b) .. first(b) + ceil(len_b / Br) - 1, first(b) =
+    floor(cu_seqlens_q[b] / Br) + b; a warp finds b by a 32-way search (32 lanes probe first()
+    at a stride, a ballot keeps the last probe at or below the tile)."""
+    cu = [int(c) for c in cu_seqlens_q]
+    B, total_q = len(cu) - 1, cu[-1]
+    first = lambda b: cu[b] // Br + b
+    schedule = []
+    for tile in range(total_q // Br + B):
+        lo, n = 0, B
+        while n > 1:
+            step = -(-n // 32)
+            below = [lane for lane in range(32) if lo + lane * step < lo + n and first(lo + lane * step) <= tile]
+            lo, n = lo + below[-1] * step, min(step, n - below[-1] * step)
+        blocks, i = -(-(cu[lo + 1] - cu[lo]) // Br), tile - first(lo)
+        schedule.append(None if i >= blocks else (lo, blocks - 1 - i if causal else i))
+    return schedule
+
+
 def paged_kv(k_cache, v_cache, page_table, seqused_k):
     """The keys and values a paged KV cache holds for each sequence: k_cache, v_cache
     (num_pages, page_size, H_kv, D), page_table (B, max_pages) page indices, seqused_k (B,) the

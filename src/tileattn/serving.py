@@ -420,7 +420,8 @@ def _launch_packed(
     """One call of ``kernel`` (_packed_path) with every forward field; out and lse are written.
     dims = (B, H, Nq, H_kv, Nk, D) as the kernel sees q, k, v: with cu_seqlens, B = 1 and Nq, Nk
     the packed totals.  strides: (sb, sh, sn) of q, k, v and out.  grid = (sequences, longest
-    query length): the grid is (Q blocks, sequences x H)."""
+    query length): the grid is (Q blocks, sequences x H), or with cu_seqlens on a kernel that
+    schedules packed tiles (v3.3), (total_q // Br + sequences, H): a tile per (sequence, Q block)."""
     from .versions import KERNEL_ENTRIES
 
     dtype = api._DTYPES[q.dtype]
@@ -435,6 +436,8 @@ def _launch_packed(
     ptr = lambda t: 0 if t is None else t.data_ptr()
     stream = api._current_stream(q.device.index)
     BH, Tr = grid[0] * H, -(-grid[1] // Br)
+    if cu_seqlens[0] is not None and KERNEL_ENTRIES[kernel].packed_tiles:
+        BH, Tr = H, Nq // Br + grid[0]
     for off in range(0, BH, api._GRID_Y_MAX):
         args = [
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0,
@@ -485,8 +488,8 @@ def flash_attn_varlen_func(
         cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 row offsets: sequence b is rows
             cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (of k, v: cu_seqlens_k); lengths may
             differ between q and k and may be 0.
-        max_seqlen_q, max_seqlen_k: the longest sequences (the grid; no host sync reads the
-            offsets).
+        max_seqlen_q, max_seqlen_k: the longest sequences (v3.1's grid; v3.3 schedules tiles
+            from total_q and B; no host sync reads the offsets).
         causal: True (bottom-right per sequence, flash-attn's convention), "top_left" or
             "bottom_right".
         window_size: (left, right), -1 unbounded: query i of a sequence sits at key position

@@ -320,6 +320,10 @@ class KernelEntry:
     max_arch: int | None = None  # as Version: wgmma kernels run on sm_90 only
     arch_specific: bool = False  # compiled for sm_XYa (wgmma, setmaxnreg)
     tensor_maps: bool = False  # takes a TmaMaps parameter after its fields
+    # Packed sequences (cu_seqlens) launch as (total_q // Br + sequences, heads): a tile per
+    # (sequence, Q block), csrc/common.cuh's packed_tile; otherwise (longest sequence's Q blocks,
+    # sequences x heads).
+    packed_tiles: bool = False
 
     def runs_on(self, arch: int) -> bool:
         return self.min_arch <= arch and (self.max_arch is None or arch <= self.max_arch)
@@ -468,6 +472,7 @@ def _v3_3_packed(name: str, kernel: str, summary: str) -> KernelEntry:
         max_arch=_V3_3.max_arch,
         arch_specific=_V3_3.arch_specific,
         tensor_maps=_V3_3.tensor_maps,
+        packed_tiles=True,
     )
 
 

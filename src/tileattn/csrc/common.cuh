@@ -116,6 +116,35 @@ struct HeadSlice {
 template <bool CAUSAL>
 __device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x; }
 
+// The tile scheduler of packed sequences (v3.3's variable-length batches): blockIdx.x enumerates
+// every sequence's Q blocks in turn, so no CTA is launched for the blocks a grid over the longest
+// sequence would hold past a short one's end.  Sequence b's blocks are tiles first(b) ..
+// first(b) + ceil(len_b / Br) - 1 with first(b) = floor(cu_seqlens_q[b] / Br) + b: increasing,
+// and first(b + 1) - first(b) = floor(cu_q[b + 1] / Br) - floor(cu_q[b] / Br) + 1 >=
+// ceil(len_b / Br).  So floor(total_q / Br) + B tiles hold every block once, at most one tile per
+// sequence stays empty, and B is gridDim.x - total_q / Br: the host needs no sequence length (no
+// sync).  Each warp finds b by a 32-way search over first() (one round of loads up to 32
+// sequences, two up to 1024); every thread of the warp must be here.  Causal: a sequence's later
+// blocks, which see more keys, come first.  q_block -1: an empty tile.
+struct PackedTile {
+  int b, q_block;
+};
+template <bool CAUSAL, int Br>
+__device__ __forceinline__ PackedTile packed_tile(const int* cu_seqlens_q, int total_q) {
+  const int tile = blockIdx.x, lane = threadIdx.x % 32;
+  auto first = [&](int b) { return cu_seqlens_q[b] / Br + b; };
+  int lo = 0, n = gridDim.x - total_q / Br;  // b lies in lo .. lo + n - 1, and first(lo) <= tile
+  while (n > 1) {
+    const int step = (n + 31) / 32, probe = lo + lane * step;
+    const unsigned below = __ballot_sync(0xffffffffu, probe < lo + n && first(probe) <= tile);
+    const int k = 31 - __clz(below);  // the last probe at or below the tile (lane 0's is lo)
+    lo += k * step;
+    n = min(step, n - k * step);
+  }
+  const int blocks = (cu_seqlens_q[lo + 1] - cu_seqlens_q[lo] + Br - 1) / Br, i = tile - first(lo);
+  return {lo, i >= blocks ? -1 : CAUSAL ? blocks - 1 - i : i};
+}
+
 // Reductions over the LANES consecutive lanes that hold one row's slices (4: a quad of an mma
 // fragment; 8: v2.1's row groups); every lane gets the result.
 template <int LANES>

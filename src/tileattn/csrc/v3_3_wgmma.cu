@@ -60,22 +60,27 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   if (threadIdx.x == 0) bars.init(1, 2 * V3_3_WG);
   __syncthreads();
 
-  const int bh = blockIdx.y + bh_offset;
-  const int b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
-  // This block's sequence: the whole (b_, h_) slice, or (variable-length batches, common.cuh)
-  // rows q0 .. q0 + seq_q - 1 of packed q and k0 .. k0 + seq_k - 1 of packed k, v.  Tiles
-  // reaching past a sequence's end read the next sequence's rows (or the copy engine's zeros past
-  // the tensor): keys there are masked like keys past Nk, query rows there are not stored.
+  // This block's sequence: the whole (b_, h_) slice of grid row bh, Q block x; or (variable-length
+  // batches, common.cuh) the (sequence, Q block) tile x of packed_tile's schedule at head y, rows
+  // q0 .. q0 + seq_q - 1 of packed q and k0 .. k0 + seq_k - 1 of packed k, v.  Tiles reaching past
+  // a sequence's end read the next sequence's rows (or the copy engine's zeros past the tensor):
+  // keys there are masked like keys past Nk, query rows there are not stored.
+  int bh = blockIdx.y + bh_offset, qb = q_block<CAUSAL>();
   int q0 = 0, k0 = 0, seq_q = Nq, seq_k = Nk, offset = causal_offset;
   if (cu_seqlens_q) {
-    q0 = cu_seqlens_q[b_];
-    k0 = cu_seqlens_k[b_];
-    seq_q = cu_seqlens_q[b_ + 1] - q0;
-    seq_k = cu_seqlens_k[b_ + 1] - k0;
+    const PackedTile tile = packed_tile<CAUSAL, Br>(cu_seqlens_q, Nq);
+    if (tile.q_block < 0) return;  // the one empty tile a sequence may leave
+    bh = tile.b * H + bh;
+    qb = tile.q_block;
+    q0 = cu_seqlens_q[tile.b];
+    k0 = cu_seqlens_k[tile.b];
+    seq_q = cu_seqlens_q[tile.b + 1] - q0;
+    seq_k = cu_seqlens_k[tile.b + 1] - k0;
     if (bottom_right) offset = seq_k - seq_q;
   }
-  const int q_start = q_block<CAUSAL>() * Br;
-  if (q_start >= seq_q) return;  // a Q block past a short sequence (the grid covers the longest)
+  const int b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
+  const int q_start = qb * Br;
+  if (q_start >= seq_q) return;  // dense: a Q block past Nq (never launched); packed: none
   // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
   // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0.
   int kv_lo = 0, kv_hi = CAUSAL ? min(seq_k, max(0, q_start + Br + offset)) : seq_k;
