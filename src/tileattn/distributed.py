@@ -1,0 +1,307 @@
+"""Context parallelism: ring attention over torch.distributed.
+
+A sequence too long for one GPU is split over the P ranks of a process group.  Each rank holds
+its shard of q, k and v in flash-attn's layout (B, N_local, H, D), cut by the zigzag layout: the
+sequence is split into 2P chunks (torch.tensor_split's sizes, so any length works) and rank r
+holds chunks r and 2P - 1 - r, in that order.  Under a causal mask every rank then has the same
+work: an early chunk sees few keys, its partner many.
+
+``ring_flash_attn_func`` runs P steps.  At step s rank r holds the K/V shard of rank
+src = (r - s) mod P; it starts sending that shard on to rank r + 1 and receiving the next one from
+r - 1 (one ``batch_isend_irecv``: NCCL runs it on its own stream), attends to the shard it holds
+meanwhile, and merges the block's output into its running output through their log-sum-exps in
+float32, or float64 for float64 inputs (as split-KV decode merges its chunks).  With the causal
+mask and the zigzag layout each step is one unmasked or diagonal block (``block_of_step``):
+
+- src = r: both local chunks against both, under the causal mask (the local order is the global
+  order, so the mask is the plain one);
+- src < r: both local chunks against src's first chunk (earlier than both), unmasked;
+- src > r: the second local chunk against both of src's chunks (both earlier), unmasked.
+
+The backward runs the same ring with the forward's final O and lse: dQ stays home, and each K/V
+shard's dK/dV accumulate in the merge's dtype as they travel with it, one more hop bringing them
+home after the last step.  GQA passes K/V with their own heads (no copies); the block kernels sum
+dK/dV over each group.  The block attention is pluggable (``BlockAttention``): ``KERNELS`` runs
+tileattn's forward and backward rungs on CUDA tensors, ``REFERENCE`` runs float64 PyTorch on any
+device (the CPU tests check the protocol with it on the gloo backend).  Not yet: torch.compile
+(the autograd function and its point-to-point calls break the graph), windows, softcap, ALiBi.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+
+def zigzag_chunk_sizes(seqlen: int, world_size: int) -> list[int]:
+    """The 2P chunk lengths of a sequence of ``seqlen`` tokens (torch.tensor_split's)."""
+    n = 2 * world_size
+    return [seqlen // n + (i < seqlen % n) for i in range(n)]
+
+
+def zigzag_shard(x: torch.Tensor, rank: int, world_size: int, dim: int = 1) -> torch.Tensor:
+    """Rank ``rank``'s shard of the full sequence ``x`` (sequence along ``dim``): chunks rank
+    and 2P - 1 - rank of 2P, concatenated (a new contiguous tensor)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    chunks = torch.tensor_split(x, 2 * world_size, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * world_size - 1 - rank]], dim=dim).contiguous()
+
+
+def zigzag_unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """The full sequence from every rank's shard (in rank order): zigzag_shard undone."""
+    P = len(shards)
+    seqlen = sum(s.shape[dim] for s in shards)
+    sizes = zigzag_chunk_sizes(seqlen, P)
+    parts = [None] * (2 * P)
+    for r, s in enumerate(shards):
+        parts[r], parts[2 * P - 1 - r] = torch.split(s, [sizes[r], sizes[2 * P - 1 - r]], dim=dim)
+    return torch.cat(parts, dim=dim)
+
+
+def zigzag_gather(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
+    """The full sequence on every rank, from each rank's shard ``x`` (an all-gather; the shards
+    may differ in length by the chunking's one token)."""
+    P = dist.get_world_size(group)
+    lengths = [torch.zeros(1, dtype=torch.int64, device=x.device) for _ in range(P)]
+    dist.all_gather(lengths, torch.tensor([x.shape[dim]], device=x.device), group=group)
+    shards = []
+    for n in (int(t) for t in lengths):
+        shape = list(x.shape)
+        shape[dim] = n
+        shards.append(x.new_empty(shape))
+    dist.all_gather(shards, x.contiguous(), group=group)
+    return zigzag_unshard(shards, dim=dim)
+
+
+def block_of_step(rank: int, src: int, first_q: int, first_k: int, causal: bool):
+    """The rows of the local q and of src's K/V shard that meet at that step, and whether under the
+    causal mask: (q rows, K/V rows, causal).  first_q, first_k: the lengths of the first zigzag
+    chunk of the local shard and of src's."""
+    if not causal:
+        return slice(None), slice(None), False
+    if src == rank:
+        return slice(None), slice(None), True
+    if src < rank:
+        return slice(None), slice(0, first_k), False
+    return slice(first_q, None), slice(None), False
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockAttention:
+    """One block of the ring: forward(q, k, v, scale, causal) -> (O in q's dtype, lse (B, H, Nq)
+    float32); backward(dO, q, k, v, O, lse, scale, causal) -> (dq, dk, dv) with the final O and
+    lse of the rows.  Layout (B, N, H, D); causal is the top-left diagonal (equal lengths)."""
+
+    forward: Callable
+    backward: Callable
+
+
+def _kernel_forward(q, k, v, scale, causal):
+    from .api import flash_attn_func
+
+    return flash_attn_func(q, k, v, softmax_scale=scale, causal="top_left" if causal else False, return_lse=True)
+
+
+def _kernel_backward(dout, q, k, v, out, lse, scale, causal):
+    from .backward import attention_backward
+
+    mode = "top_left" if causal else None
+    return attention_backward(q, k, v, out, lse.contiguous(), dout, scale, mode, "bnhd")
+
+
+def _reference_probabilities(q, k, lse, scale, causal):
+    """softmax's P (B, H, Nq, Nk) in float64 given lse; K/V heads repeated over their groups."""
+    kk = k.double().repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    S = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) * scale
+    if causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device).triu(1), -math.inf)
+    if lse is None:
+        lse = torch.logsumexp(S, dim=-1)
+    P = torch.where(torch.isinf(lse)[..., None], 0.0, torch.exp(S - lse[..., None]))
+    return P, lse, kk
+
+
+def _reference_forward(q, k, v, scale, causal):
+    P, lse, _ = _reference_probabilities(q, k, None, scale, causal)
+    vv = v.double().repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    return torch.einsum("bhqk,bkhd->bqhd", P, vv).to(q.dtype), lse.to(_accumulator(q.dtype))
+
+
+def _reference_backward(dout, q, k, v, out, lse, scale, causal):
+    g = q.shape[2] // k.shape[2]
+    P, _, kk = _reference_probabilities(q, k, lse.double(), scale, causal)
+    vv = v.double().repeat_interleave(g, dim=2)
+    dout = dout.double()
+    dP = torch.einsum("bqhd,bkhd->bhqk", dout, vv)
+    Di = (dout * out.double()).sum(-1).transpose(1, 2)  # rowsum(dO * O): (B, H, Nq)
+    dS = P * (dP - Di[..., None])
+    group_sum = lambda t: t.unflatten(2, (k.shape[2], g)).sum(3)  # (B, Nk, H, D) -> (B, Nk, H_kv, D)
+    dq = torch.einsum("bhqk,bkhd->bqhd", dS, kk) * scale
+    dk = group_sum(torch.einsum("bhqk,bqhd->bkhd", dS, q.double()) * scale)
+    dv = group_sum(torch.einsum("bhqk,bqhd->bkhd", P, dout))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+KERNELS = BlockAttention(_kernel_forward, _kernel_backward)
+REFERENCE = BlockAttention(_reference_forward, _reference_backward)
+
+
+class _Ring:
+    """This rank's place on the group's ring: sends go to rank + 1, receives come from rank - 1;
+    shard_sizes: every rank's (first chunk, local length), from the full length."""
+
+    def __init__(self, group, seqlen: int):
+        self.group = group if group is not None else dist.group.WORLD
+        self.size, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        self.next = dist.get_global_rank(self.group, (self.rank + 1) % self.size)
+        self.prev = dist.get_global_rank(self.group, (self.rank - 1) % self.size)
+        chunks = zigzag_chunk_sizes(seqlen, self.size)
+        self.shard_sizes = [(chunks[r], chunks[r] + chunks[2 * self.size - 1 - r]) for r in range(self.size)]
+
+    def exchange(self, tensors, lengths, tag: int) -> Callable[[], list]:
+        """Send ``tensors`` on, receive the previous rank's (sequence dim 1 of ``lengths`` rows):
+        started now, the returned call waits and gives the received tensors."""
+        recv = [t.new_empty((t.shape[0], n, *t.shape[2:])) for t, n in zip(tensors, lengths)]
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group, tag) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group, tag) for t in recv]
+        works = dist.batch_isend_irecv(ops)
+
+        def wait():
+            for w in works:
+                w.wait()
+            return recv
+
+        return wait
+
+
+def _accumulator(dtype):
+    """The dtype partial results merge in: float32, float64 for float64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _merge(out, lse, o, l):
+    """out (B, N, H, D) and lse (B, H, N), in the accumulator dtype, absorb a partial result (o, l) of the same rows:
+    each softmax reweighted by exp(its lse - the joint lse).  A row no key has reached yet (lse
+    -inf on both sides) keeps weight 0, not NaN."""
+    new = torch.logaddexp(lse, l)
+    base = torch.where(torch.isinf(new), 0.0, new)
+    weight = lambda x: torch.exp(x - base).transpose(1, 2).unsqueeze(-1)
+    out.mul_(weight(lse)).add_(o.to(out.dtype) * weight(l))
+    lse.copy_(new)
+
+
+def _ring_forward(q, k, v, ring: _Ring, scale, causal, blocks: BlockAttention):
+    B, N, H, D = q.shape
+    acc = _accumulator(q.dtype)
+    out = torch.zeros((B, N, H, D), dtype=acc, device=q.device)
+    lse = torch.full((B, H, N), -math.inf, dtype=acc, device=q.device)
+    first_q = ring.shard_sizes[ring.rank][0]
+    kv = [k, v]
+    for step in range(ring.size):
+        src = (ring.rank - step) % ring.size
+        if step + 1 < ring.size:  # the next shard travels while this one is attended to
+            n_next = ring.shard_sizes[(src - 1) % ring.size][1]
+            receive = ring.exchange(kv, (n_next, n_next), tag=0)
+        rows, keys, masked = block_of_step(ring.rank, src, first_q, ring.shard_sizes[src][0], causal)
+        o, l = blocks.forward(q[:, rows], kv[0][:, keys], kv[1][:, keys], scale, masked)
+        _merge(out[:, rows], lse[:, :, rows], o, l)
+        if step + 1 < ring.size:
+            kv = receive()
+    return out.to(q.dtype), lse
+
+
+def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, scale, causal, blocks: BlockAttention):
+    zeros = lambda t: torch.zeros(t.shape, dtype=_accumulator(t.dtype), device=t.device)
+    dq, dkv = zeros(q), [zeros(k), zeros(v)]
+    first_q = ring.shard_sizes[ring.rank][0]
+    kv, receive_grads = [k, v], None
+    for step in range(ring.size):
+        src = (ring.rank - step) % ring.size
+        n_next = ring.shard_sizes[(src - 1) % ring.size][1]  # the shard (and its dK/dV) arriving next
+        if step + 1 < ring.size:
+            receive_kv = ring.exchange(kv, (n_next, n_next), tag=0)
+        rows, keys, masked = block_of_step(ring.rank, src, first_q, ring.shard_sizes[src][0], causal)
+        dq_b, dk_b, dv_b = blocks.backward(
+            dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows], lse[:, :, rows], scale, masked
+        )
+        dq[:, rows] += dq_b
+        if receive_grads is not None:
+            dkv = receive_grads()  # src's dK / dV so far, from the rank that held its shard last
+        dkv[0][:, keys] += dk_b
+        dkv[1][:, keys] += dv_b
+        # On to the rank that holds src's shard next; after the last step, that is its owner.
+        receive_grads = ring.exchange(dkv, (n_next, n_next), tag=1)
+        if step + 1 < ring.size:
+            kv = receive_kv()
+    dk, dv = receive_grads()
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ring, scale, causal, blocks):
+        out, lse = _ring_forward(q, k, v, ring, scale, causal, blocks)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (ring, scale, causal, blocks)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
+        return dq, dk, dv, None, None, None, None
+
+
+def ring_flash_attn_func(
+    q, k, v, group=None, softmax_scale=None, causal=False, *, return_lse=False, blocks: BlockAttention = KERNELS
+):
+    """Attention over a sequence sharded across ``group`` (default: the world) in the zigzag layout
+    (``zigzag_shard``), differentiable.
+
+    Args:
+        q: (B, N_local, H, D), this rank's shard; k, v: (B, N_local, H_kv, D), H a multiple of H_kv
+            (GQA/MQA), the same shard's keys and values.  Every rank's N_local follows from the
+            full length (one all-reduce of the local lengths, a host sync, finds it).
+        softmax_scale: default 1/sqrt(D).
+        causal: False, or True / "top_left" / "bottom_right" (the same mask: q and k span the same
+            positions).
+        return_lse: also return lse (B, H, N_local), natural log, in the merge's dtype (float32;
+            float64 for float64 inputs).
+        blocks: the block attention (``KERNELS``: tileattn's rungs, CUDA; ``REFERENCE``: float64
+            PyTorch, any device).
+
+    Returns O (B, N_local, H, D) in q's dtype (merged in float32, or float64 for float64 inputs),
+    and lse if asked.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, N_local, H, D), got {getattr(t, 'shape', type(t))}")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"k and v must be (B, N_local, H_kv, D) with q's B, N_local and D: q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"q's heads ({q.shape[2]}) must be a multiple of k's ({k.shape[2]})")
+    if not (k.dtype == v.dtype == q.dtype and k.device == v.device == q.device):
+        raise ValueError(f"q, k, v must share dtype and device, got {q.dtype}/{k.dtype}/{v.dtype}")
+    if causal not in (False, True, "top_left", "bottom_right"):
+        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    seqlen = torch.tensor([q.shape[1]], device=q.device)
+    dist.all_reduce(seqlen, group=group)
+    ring = _Ring(group, int(seqlen))
+    if ring.shard_sizes[ring.rank][1] != q.shape[1]:
+        raise ValueError(
+            f"this rank's shard has {q.shape[1]} tokens; the zigzag layout of {int(seqlen)} tokens over "
+            f"{ring.size} ranks gives rank {ring.rank} {ring.shard_sizes[ring.rank][1]} (see zigzag_shard)"
+        )
+    q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))  # sent whole
+    out, lse = _RingAttention.apply(q, k, v, ring, scale, causal is not False, blocks)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,173 @@
+"""Context parallelism (tileattn.distributed): the zigzag layout and the ring's schedule (CPU), the
+ring's protocol on 2 and 3 CPU processes (gloo, float64 reference blocks) against unsharded
+attention and its autograd gradients, and on two GPUs (NCCL) tileattn's kernels against
+single-GPU tileattn."""
+
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tileattn.distributed import (
+    KERNELS,
+    REFERENCE,
+    block_of_step,
+    ring_flash_attn_func,
+    zigzag_chunk_sizes,
+    zigzag_shard,
+    zigzag_unshard,
+)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+@pytest.mark.parametrize("N", [1, 7, 13, 24, 64])
+def test_zigzag_shard_round_trip(P, N):
+    x = torch.arange(2 * N).view(1, N, 2)
+    shards = [zigzag_shard(x, r, P) for r in range(P)]
+    assert sum(s.shape[1] for s in shards) == N
+    torch.testing.assert_close(zigzag_unshard(shards), x, rtol=0, atol=0)
+    chunks = zigzag_chunk_sizes(N, P)
+    assert [s.shape[1] for s in shards] == [chunks[r] + chunks[2 * P - 1 - r] for r in range(P)]
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 8])
+def test_zigzag_balances_causal_work(P):
+    """Every rank's rows see the same number of keys under the causal mask (N a multiple of 2P)."""
+    N = 16 * P
+    positions = [zigzag_shard(torch.arange(N)[None], r, P)[0] for r in range(P)]
+    work = {int((pos + 1).sum()) for pos in positions}  # row i sees keys 0 .. i
+    assert len(work) == 1
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+@pytest.mark.parametrize("N", [8, 13, 31, 48])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_steps_cover_the_mask_once(P, N, causal):
+    """Over the P steps, the (q rows, K/V rows, mask) blocks of each rank add up to its rows of the
+    global mask: every visible pair once, no masked pair."""
+    pos = [zigzag_shard(torch.arange(N)[None], r, P)[0] for r in range(P)]
+    first = [zigzag_chunk_sizes(N, P)[r] for r in range(P)]
+    for r in range(P):
+        seen = torch.zeros(len(pos[r]), N, dtype=torch.int64)
+        for step in range(P):
+            src = (r - step) % P
+            rows, keys, masked = block_of_step(r, src, first[r], first[src], causal)
+            q_pos, k_pos = pos[r][rows], pos[src][keys]
+            visible = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool)
+            if masked:
+                visible = visible.tril()
+            seen[torch.arange(len(pos[r]))[rows].unsqueeze(1), k_pos.unsqueeze(0)] += visible
+        want = (pos[r][:, None] >= torch.arange(N)[None, :]) if causal else torch.ones(len(pos[r]), N, dtype=torch.bool)
+        assert torch.equal(seen, want.long()), (r, seen, want)
+
+
+def _attention(q, k, v, scale, causal):
+    """Unsharded attention with autograd (B, N, H, D), K/V heads repeated over their groups."""
+    g = q.shape[2] // k.shape[2]
+    S = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(g, dim=2)) * scale
+    if causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device).triu(1), -math.inf)
+    return torch.einsum("bhqk,bkhd->bqhd", S.softmax(-1), v.repeat_interleave(g, dim=2)), S.logsumexp(-1)
+
+
+# (N, H, H_kv, D, causal, softmax_scale, dtype)
+CPU_CASES = [
+    (24, 4, 4, 8, False, None, torch.float64),
+    (24, 4, 2, 8, True, None, torch.float64),
+    (13, 4, 1, 16, "bottom_right", -0.3, torch.float64),  # uneven chunks, MQA, a negative scale
+    (31, 2, 2, 8, "top_left", None, torch.float32),
+    (7, 3, 1, 8, False, 0.7, torch.float64),
+]
+
+
+def _cpu_worker(rank, P, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=P)
+    try:
+        for N, H, H_kv, D, causal, scale, dtype in CPU_CASES:
+            gen = torch.Generator().manual_seed(N * 7 + H_kv)
+            q = torch.randn(2, N, H, D, generator=gen, dtype=dtype)
+            k, v = (torch.randn(2, N, H_kv, D, generator=gen, dtype=dtype) for _ in range(2))
+            dout = torch.randn(2, N, H, D, generator=gen, dtype=dtype)
+            full = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref, lse_ref = _attention(*full, D**-0.5 if scale is None else scale, causal is not False)
+            (ref * dout).sum().backward()
+
+            local = [zigzag_shard(t, rank, P).requires_grad_() for t in (q, k, v)]
+            out, lse = ring_flash_attn_func(
+                *local, softmax_scale=scale, causal=causal, return_lse=True, blocks=REFERENCE
+            )
+            (out * zigzag_shard(dout, rank, P)).sum().backward()
+            tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+            shard = lambda t, dim=1: zigzag_shard(t.detach(), rank, P, dim=dim)
+            torch.testing.assert_close(out, shard(ref), **tol)
+            torch.testing.assert_close(lse, shard(lse_ref, dim=2), **tol)
+            for name, mine, theirs in zip("qkv", local, full):
+                torch.testing.assert_close(mine.grad, shard(theirs.grad), **tol, msg=lambda m: f"d{name}: {m}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_ring_protocol_matches_unsharded_attention(P, tmp_path):
+    """P gloo processes with the float64 reference as the block attention: O, lse and dq, dk, dv of
+    each rank's shard equal unsharded attention's and its autograd gradients (zigzag layout,
+    causal and not, GQA and MQA, lengths that do not split evenly)."""
+    mp.spawn(_cpu_worker, args=(P, str(tmp_path / "init")), nprocs=P)
+
+
+def test_ring_refuses_bad_shards(tmp_path):
+    """Checked before any communication: ranks, shapes, heads, the causal mode."""
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="k and v must be"):
+        ring_flash_attn_func(q, torch.zeros(1, 5, 2, 8), torch.zeros(1, 5, 2, 8))
+    with pytest.raises(ValueError, match="multiple of k's"):
+        ring_flash_attn_func(torch.zeros(1, 4, 3, 8), q, q)
+    with pytest.raises(ValueError, match="causal must be"):
+        ring_flash_attn_func(q, q, q, causal="diagonal")
+    with pytest.raises(ValueError, match="4-D"):
+        ring_flash_attn_func(q[0], q, q)
+
+
+def _gpu_worker(rank, P, init_file):
+    import tileattn
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=P)
+    try:
+        # (N, H, H_kv, D, causal, dtype): an odd length (uneven chunks) and 128k tokens
+        for N, H, H_kv, D, causal, dtype in [
+            (4097, 8, 2, 64, True, torch.bfloat16),
+            (4097, 8, 2, 128, False, torch.bfloat16),
+            (4097, 4, 4, 64, "top_left", torch.float32),
+            (131072, 8, 2, 128, True, torch.bfloat16),
+        ]:
+            gen = torch.Generator(device="cuda").manual_seed(N + D)
+            q = torch.randn(1, N, H, D, device="cuda", dtype=dtype, generator=gen)
+            k, v = (torch.randn(1, N, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+            dout = torch.randn(1, N, H, D, device="cuda", dtype=dtype, generator=gen)
+            full = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref = tileattn.flash_attn_func(*full, causal=causal)
+            (ref * dout).sum().backward()
+            local = [zigzag_shard(t, rank, P).requires_grad_() for t in (q, k, v)]
+            out = ring_flash_attn_func(*local, causal=causal, blocks=KERNELS)
+            (out * zigzag_shard(dout, rank, P)).sum().backward()
+            # Both sides round O and the gradients to the inputs' dtype; the ring also merges in
+            # float32 in another order than one kernel's online softmax.
+            tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(out, zigzag_shard(ref.detach(), rank, P), **tol)
+            for mine, theirs in zip(local, full):
+                torch.testing.assert_close(mine.grad, zigzag_shard(theirs.grad, rank, P), **tol)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_ring_kernels_match_single_gpu(tmp_path):
+    """Two GPUs over NCCL with tileattn's forward and backward rungs as the block attention."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (the device's nvidia-h200-x2 kind)")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (the device's KINDS.md)
+    mp.spawn(_gpu_worker, args=(2, str(tmp_path / "init")), nprocs=2)
