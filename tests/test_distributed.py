@@ -3,6 +3,7 @@ ring's protocol on 2 and 3 CPU processes (gloo, float64 reference blocks) agains
 attention and its autograd gradients, and on two GPUs (NCCL) tileattn's kernels against
 single-GPU tileattn."""
 
+import datetime
 import math
 import os
 
@@ -17,6 +18,7 @@ from tileattn.distributed import (
     block_of_step,
     ring_flash_attn_func,
     zigzag_chunk_sizes,
+    zigzag_gather,
     zigzag_shard,
     zigzag_unshard,
 )
@@ -83,8 +85,12 @@ CPU_CASES = [
 ]
 
 
+_TIMEOUT = datetime.timedelta(seconds=120)
+
+
 def _cpu_worker(rank, P, init_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=P)
+    # A failing rank must not leave the others waiting for the default 30 minutes.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=P, timeout=_TIMEOUT)
     try:
         for N, H, H_kv, D, causal, scale, dtype in CPU_CASES:
             gen = torch.Generator().manual_seed(N * 7 + H_kv)
@@ -106,20 +112,31 @@ def _cpu_worker(rank, P, init_file):
             torch.testing.assert_close(lse, shard(lse_ref, dim=2), **tol)
             for name, mine, theirs in zip("qkv", local, full):
                 torch.testing.assert_close(mine.grad, shard(theirs.grad), **tol, msg=lambda m: f"d{name}: {m}")
+
+        # The full sequence back from uneven shards (13 tokens: 4 + 3, or 3 + 2, 2 + 2, 2 + 2).
+        x = torch.arange(13 * 2, dtype=torch.float64).view(1, 13, 2)
+        torch.testing.assert_close(zigzag_gather(zigzag_shard(x, rank, P)), x, rtol=0, atol=0)
+        # One rank's bad argument raises on every rank (no rank left waiting in a transfer).
+        q = torch.zeros(1, zigzag_chunk_sizes(8, P)[rank] * 2, 2, 8, dtype=torch.float64)
+        k = q[:, :, :1] if rank != P - 1 else q[:, :, :1, :4]  # the last rank's head dim is wrong
+        with pytest.raises(ValueError, match="k and v must be" if rank == P - 1 else "refused"):
+            ring_flash_attn_func(q, k, k, blocks=REFERENCE)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.parametrize("P", [1, 2, 3])
 def test_ring_protocol_matches_unsharded_attention(P, tmp_path):
     """P gloo processes with the float64 reference as the block attention: O, lse and dq, dk, dv of
     each rank's shard equal unsharded attention's and its autograd gradients (zigzag layout,
-    causal and not, GQA and MQA, lengths that do not split evenly)."""
+    causal and not, GQA and MQA, lengths that do not split evenly); zigzag_gather of uneven shards;
+    one rank's bad argument raising on every rank."""
     mp.spawn(_cpu_worker, args=(P, str(tmp_path / "init")), nprocs=P)
 
 
 def test_ring_refuses_bad_shards(tmp_path):
-    """Checked before any communication: ranks, shapes, heads, the causal mode."""
+    """Without a process group, a bad argument raises its own error (with one, every rank raises
+    together: the protocol test)."""
     q = torch.zeros(1, 4, 2, 8)
     with pytest.raises(ValueError, match="k and v must be"):
         ring_flash_attn_func(q, torch.zeros(1, 5, 2, 8), torch.zeros(1, 5, 2, 8))
@@ -135,7 +152,7 @@ def _gpu_worker(rank, P, init_file):
     import tileattn
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=P)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=P, timeout=_TIMEOUT)
     try:
         # (N, H, H_kv, D, causal, dtype): an odd length (uneven chunks) and 128k tokens
         for N, H, H_kv, D, causal, dtype in [

@@ -300,23 +300,28 @@ def test_varlen_and_paged_kv_are_per_sequence_attention():
         np.testing.assert_array_equal(vb, v[cu_k[b] : cu_k[b + 1]])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     lens=st.lists(
         st.one_of(st.integers(0, 3), st.integers(0, 700), st.sampled_from([127, 128, 129, 256])),
         min_size=1,
         max_size=80,
-    ),  # fmt: skip
+    ),
     causal=st.booleans(),
+    start=st.sampled_from([0, 0, 5, 128, 300]),  # cu_seqlens_q[0]: a slice of a longer batch's offsets
+    extra=st.sampled_from([0, 0, 1, 200]),  # rows of q past the last sequence
 )
-def test_packed_tile_schedule_covers_every_block_once(lens, causal):
+def test_packed_tile_schedule_covers_every_block_once(lens, causal, start, extra):
     """Every Q block of every sequence gets exactly one tile of the floor(total_q / Br) + B grid,
-    at most one tile per sequence stays empty, and causal blocks run latest-first in a sequence."""
+    at most one tile per sequence stays empty when q's rows are the sequences', and causal blocks
+    run latest-first in a sequence."""
     Br = 128
-    schedule = packed_tile_schedule(np.cumsum([0, *lens]), Br, causal)
+    cu = np.cumsum([start, *lens])
+    schedule = packed_tile_schedule(cu, Br, causal, total_q=int(cu[-1]) + extra)
     blocks = [t for t in schedule if t is not None]
     assert sorted(blocks) == [(b, i) for b, n in enumerate(lens) for i in range(-(-n // Br))]
-    assert len(schedule) - len(blocks) <= len(lens)
+    if extra == 0:
+        assert len(schedule) - len(blocks) <= len(lens) + start // Br
     for b in range(len(lens)):
         mine = [i for s, i in blocks if s == b]
         assert mine == sorted(mine, reverse=causal)

@@ -124,6 +124,33 @@ def test_varlen_matches_float64(dtype, version, D, causal, H, H_kv):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", ["v3.3", "v3.1"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_offsets_past_zero(version, causal):
+    """cu_seqlens that start past row 0 (a slice of a longer batch's offsets) and rows of q, k, v
+    past the last sequence: the sequences' rows match float64 (the rows outside are not written,
+    as in flash-attn)."""
+    if version == "v3.3" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("v3.3 runs on Hopper")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    lens_q, lens_k, start_q, start_k, H, D = [200, 0, 130, 1, 257], [150, 3, 300, 9, 257], 300, 41, 4, 64
+    q = torch.randn(start_q + sum(lens_q) + 50, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(start_k + sum(lens_k) + 7, 2, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))  # fmt: skip
+    cu_q, cu_k = cu_seqlens(lens_q) + start_q, cu_seqlens(lens_k) + start_k
+    out, lse = flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, return_lse=True, version=version
+    )
+    as_np = lambda t: t.double().cpu().numpy()
+    o_ref, lse_ref = reference.attention_varlen(
+        as_np(q), as_np(k), as_np(v), cu_q.tolist(), cu_k.tolist(), softmax_scale=D**-0.5, causal=causal
+    )
+    rows = slice(start_q, start_q + sum(lens_q))
+    o_ref, lse_ref = torch.from_numpy(np.asarray(o_ref)[rows]), torch.from_numpy(np.asarray(lse_ref)[:, rows])
+    assert_serving_output(out[rows], lse[:, rows], o_ref, lse_ref, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v3.3", "v3.1"])
 def test_varlen_awkward(version):
     """A negative scale, and B*H = 65,600 (the heads of 4,100 one-token sequences): v3.1 in two
     launches (gridDim.y), whose second finds its own rows of O and of lse (H, total_q); v3.3 in one

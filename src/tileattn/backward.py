@@ -28,12 +28,15 @@ def attention_backward(
     layout: str,
     version: str | None = None,
     deterministic: bool = False,
+    float32_grads: bool = False,
 ):
     """dq, dk, dv of attention(q, k, v) for the upstream gradient ``dout``, given the forward's
     ``out`` and ``lse`` ((B, H, Nq) float32).  All in ``layout`` ("bnhd" or "bhnd"), dq like q,
     dk and dv like k and v.  GQA: dk, dv are summed over each group of query heads.
     deterministic: dQ is added in a fixed K/V-block order and dK, dV are kept per query head and
-    summed by torch, so two calls give bitwise-identical gradients (bwd_common.cuh)."""
+    summed by torch, so two calls give bitwise-identical gradients (bwd_common.cuh).
+    float32_grads: return the float32 accumulators (for a caller that sums several calls' gradients,
+    as the ring of tileattn.distributed does) instead of rounding them to the inputs' dtype."""
     dtype, (B, H, Nq, D), _, (_, H_kv, Nk, _), _, _, device_index = api._validate(q, k, v, None, None, layout)
     name = version or ("bwd_v1" if dtype == "float32" else "bwd_v2")
     entry = BWD_VERSIONS[name]
@@ -81,9 +84,9 @@ def attention_backward(
     if deterministic and H != H_kv:  # per query head -> per K/V head, summed by torch in a fixed order
         dk_acc, dv_acc = (a.view(B, H_kv, H // H_kv, Nk, D).sum(2) for a in (dk_acc, dv_acc))
 
-    def like(acc, t):  # (B, H, N, D) float32 -> t's dtype, in the caller's layout
+    def like(acc, t):  # (B, H, N, D) float32 -> t's dtype (or float32), in the caller's layout
         acc = acc.transpose(1, 2) if layout == "bnhd" else acc
-        return acc.to(t.dtype).contiguous()
+        return acc.to(torch.float32 if float32_grads else t.dtype).contiguous()
 
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
 

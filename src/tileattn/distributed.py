@@ -64,18 +64,17 @@ def zigzag_unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
 
 
 def zigzag_gather(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
-    """The full sequence on every rank, from each rank's shard ``x`` (an all-gather; the shards
-    may differ in length by the chunking's one token)."""
+    """The full sequence on every rank, from each rank's shard ``x`` (an all-gather, not
+    differentiable).  The shards may differ in length by the chunking's one token: each is padded
+    to the longest for the all-gather (gloo takes equal sizes only) and trimmed after."""
     P = dist.get_world_size(group)
     lengths = [torch.zeros(1, dtype=torch.int64, device=x.device) for _ in range(P)]
     dist.all_gather(lengths, torch.tensor([x.shape[dim]], device=x.device), group=group)
-    shards = []
-    for n in (int(t) for t in lengths):
-        shape = list(x.shape)
-        shape[dim] = n
-        shards.append(x.new_empty(shape))
-    dist.all_gather(shards, x.contiguous(), group=group)
-    return zigzag_unshard(shards, dim=dim)
+    lengths = [int(t) for t in lengths]
+    padded = torch.nn.functional.pad(x.movedim(dim, -1), (0, max(lengths) - x.shape[dim])).movedim(-1, dim)
+    shards = [torch.empty_like(padded) for _ in range(P)]
+    dist.all_gather(shards, padded.contiguous(), group=group)
+    return zigzag_unshard([s.narrow(dim, 0, n) for s, n in zip(shards, lengths)], dim=dim)
 
 
 def block_of_step(rank: int, src: int, first_q: int, first_k: int, causal: bool):
@@ -111,7 +110,7 @@ def _kernel_backward(dout, q, k, v, out, lse, scale, causal):
     from .backward import attention_backward
 
     mode = "top_left" if causal else None
-    return attention_backward(q, k, v, out, lse.contiguous(), dout, scale, mode, "bnhd")
+    return attention_backward(q, k, v, out, lse.contiguous(), dout, scale, mode, "bnhd", float32_grads=True)
 
 
 def _reference_probabilities(q, k, lse, scale, causal):
@@ -234,11 +233,13 @@ def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, scale, causal, blocks: 
             dkv = receive_grads()  # src's dK / dV so far, from the rank that held its shard last
         dkv[0][:, keys] += dk_b
         dkv[1][:, keys] += dv_b
-        # On to the rank that holds src's shard next; after the last step, that is its owner.
-        receive_grads = ring.exchange(dkv, (n_next, n_next), tag=1)
+        # On to the rank that holds src's shard next; after the last step, that is its owner (one
+        # rank alone is its own owner throughout: nothing to send).
+        if ring.size > 1:
+            receive_grads = ring.exchange(dkv, (n_next, n_next), tag=1)
         if step + 1 < ring.size:
             kv = receive_kv()
-    dk, dv = receive_grads()
+    dk, dv = receive_grads() if ring.size > 1 else dkv
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -258,6 +259,59 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
+
+
+def _local_problem(q, k, v, causal) -> ValueError | None:
+    """What is wrong with this rank's arguments on their own, or None."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            return ValueError(f"{name} must be a 4-D tensor (B, N_local, H, D), got {getattr(t, 'shape', type(t))}")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3]:
+        return ValueError(
+            f"k and v must be (B, N_local, H_kv, D) with q's B, N_local and D: q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[2] % k.shape[2]:
+        return ValueError(f"q's heads ({q.shape[2]}) must be a multiple of k's ({k.shape[2]})")
+    if not (k.dtype == v.dtype == q.dtype and k.device == v.device == q.device) or q.dtype not in _DTYPE_CODES:
+        return ValueError(f"q, k, v must share a floating dtype and a device, got {q.dtype}/{k.dtype}/{v.dtype}")
+    if causal not in (False, True, "top_left", "bottom_right"):
+        return ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    return None
+
+
+def _agree(q, k, problem, group) -> int:
+    """Every rank's shard described to every other (one all-gather, a host sync), so that all of
+    them raise together, before any point-to-point transfer, when one rank's arguments are wrong
+    or the ranks' shapes disagree; returns the full sequence length."""
+    fields = ("ok", "N_local", "B", "H", "H_kv", "D", "dtype")
+    mine = [0] * len(fields)
+    if not problem:
+        mine = [1, q.shape[1], q.shape[0], q.shape[2], k.shape[2], q.shape[3], _DTYPE_CODES[q.dtype]]
+    nccl = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    rows = [torch.zeros(len(fields), dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(rows, torch.tensor(mine, dtype=torch.int64, device=device), group=group)
+    rows = [r.tolist() for r in rows]
+    if problem:
+        raise problem
+    bad = [r for r, row in enumerate(rows) if not row[0]]
+    if bad:
+        raise ValueError(f"ranks {bad} of the ring were passed arguments they refused (their errors say which)")
+    if any(row[2:] != rows[0][2:] for row in rows):
+        raise ValueError(f"the ranks' shards disagree on (B, H, H_kv, D, dtype): {[tuple(r[2:]) for r in rows]}")
+    seqlen, P, rank = sum(r[1] for r in rows), len(rows), dist.get_rank(group)
+    chunks = zigzag_chunk_sizes(seqlen, P)
+    expected = [chunks[r] + chunks[2 * P - 1 - r] for r in range(P)]
+    if [r[1] for r in rows] != expected:
+        raise ValueError(
+            f"the ranks' shards hold {[r[1] for r in rows]} tokens; the zigzag layout of {seqlen} tokens "
+            f"over {P} ranks gives {expected} (see zigzag_shard); this is rank {rank}"
+        )
+    return seqlen
+
+
 def ring_flash_attn_func(
     q, k, v, group=None, softmax_scale=None, causal=False, *, return_lse=False, blocks: BlockAttention = KERNELS
 ):
@@ -267,7 +321,8 @@ def ring_flash_attn_func(
     Args:
         q: (B, N_local, H, D), this rank's shard; k, v: (B, N_local, H_kv, D), H a multiple of H_kv
             (GQA/MQA), the same shard's keys and values.  Every rank's N_local follows from the
-            full length (one all-reduce of the local lengths, a host sync, finds it).
+            full length; one all-gather of the ranks' shapes (a host sync) finds it and checks
+            that the ranks agree, so that a bad argument raises on every rank, not a hang.
         softmax_scale: default 1/sqrt(D).
         causal: False, or True / "top_left" / "bottom_right" (the same mask: q and k span the same
             positions).
@@ -279,29 +334,12 @@ def ring_flash_attn_func(
     Returns O (B, N_local, H, D) in q's dtype (merged in float32, or float64 for float64 inputs),
     and lse if asked.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (B, N_local, H, D), got {getattr(t, 'shape', type(t))}")
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3]:
-        raise ValueError(
-            f"k and v must be (B, N_local, H_kv, D) with q's B, N_local and D: q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(f"q's heads ({q.shape[2]}) must be a multiple of k's ({k.shape[2]})")
-    if not (k.dtype == v.dtype == q.dtype and k.device == v.device == q.device):
-        raise ValueError(f"q, k, v must share dtype and device, got {q.dtype}/{k.dtype}/{v.dtype}")
-    if causal not in (False, True, "top_left", "bottom_right"):
-        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    problem = _local_problem(q, k, v, causal)
+    if not dist.is_initialized():
+        raise problem or RuntimeError("ring_flash_attn_func needs an initialized torch.distributed process group")
+    seqlen = _agree(q, k, problem, group)
+    ring = _Ring(group, seqlen)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    seqlen = torch.tensor([q.shape[1]], device=q.device)
-    dist.all_reduce(seqlen, group=group)
-    ring = _Ring(group, int(seqlen))
-    if ring.shard_sizes[ring.rank][1] != q.shape[1]:
-        raise ValueError(
-            f"this rank's shard has {q.shape[1]} tokens; the zigzag layout of {int(seqlen)} tokens over "
-            f"{ring.size} ranks gives rank {ring.rank} {ring.shard_sizes[ring.rank][1]} (see zigzag_shard)"
-        )
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))  # sent whole
     out, lse = _RingAttention.apply(q, k, v, ring, scale, causal is not False, blocks)
     return (out, lse) if return_lse else out

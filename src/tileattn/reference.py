@@ -315,15 +315,19 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
     return O, lse
 
 
-def packed_tile_schedule(cu_seqlens_q, Br: int, causal: bool) -> list[tuple[int, int] | None]:
+def packed_tile_schedule(
+    cu_seqlens_q, Br: int, causal: bool, total_q: int | None = None
+) -> list[tuple[int, int] | None]:
     """v3.3's tile scheduler over packed sequences (csrc/common.cuh's packed_tile), tile by tile:
     the (sequence b, Q block) each of the floor(total_q / Br) + B tiles takes, None for an empty
     one.  Sequence b's blocks are tiles first(b) .. first(b) + ceil(len_b / Br) - 1, first(b) =
-    floor(cu_seqlens_q[b] / Br) + b; a warp finds b by a 32-way search (32 lanes probe first()
-    at a stride, a ballot keeps the last probe at or below the tile)."""
+    floor((cu_seqlens_q[b] - cu_seqlens_q[0]) / Br) + b; a warp finds b by a 32-way search (32
+    lanes probe first() at a stride, a ballot keeps the last probe at or below the tile).
+    total_q: q's rows (default cu_seqlens_q[-1]; more when q has rows past the last sequence)."""
     cu = [int(c) for c in cu_seqlens_q]
-    B, total_q = len(cu) - 1, cu[-1]
-    first = lambda b: cu[b] // Br + b
+    B = len(cu) - 1
+    total_q = cu[-1] if total_q is None else total_q
+    first = lambda b: (cu[b] - cu[0]) // Br + b
     schedule = []
     for tile in range(total_q // Br + B):
         lo, n = 0, B

@@ -119,10 +119,11 @@ __device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - block
 // The tile scheduler of packed sequences (v3.3's variable-length batches): blockIdx.x enumerates
 // every sequence's Q blocks in turn, so no CTA is launched for the blocks a grid over the longest
 // sequence would hold past a short one's end.  Sequence b's blocks are tiles first(b) ..
-// first(b) + ceil(len_b / Br) - 1 with first(b) = floor(cu_seqlens_q[b] / Br) + b: increasing,
-// and first(b + 1) - first(b) = floor(cu_q[b + 1] / Br) - floor(cu_q[b] / Br) + 1 >=
-// ceil(len_b / Br).  So floor(total_q / Br) + B tiles hold every block once, at most one tile per
-// sequence stays empty, and B is gridDim.x - total_q / Br: the host needs no sequence length (no
+// first(b) + ceil(len_b / Br) - 1 with first(b) = floor((cu_q[b] - cu_q[0]) / Br) + b: first(0)
+// = 0, increasing, and first(b + 1) - first(b) = floor(c_{b+1} / Br) - floor(c_b / Br) + 1 >=
+// ceil(len_b / Br) (c_b = cu_q[b] - cu_q[0]).  So floor(total_q / Br) + B tiles hold every block
+// once (cu_q[B] - cu_q[0] <= total_q), at most one tile per sequence stays empty (more when q has
+// rows past cu_q[B]), and B is gridDim.x - total_q / Br: the host needs no sequence length (no
 // sync).  Each warp finds b by a 32-way search over first() (one round of loads up to 32
 // sequences, two up to 1024); every thread of the warp must be here.  Causal: a sequence's later
 // blocks, which see more keys, come first.  q_block -1: an empty tile.
@@ -132,7 +133,8 @@ struct PackedTile {
 template <bool CAUSAL, int Br>
 __device__ __forceinline__ PackedTile packed_tile(const int* cu_seqlens_q, int total_q) {
   const int tile = blockIdx.x, lane = threadIdx.x % 32;
-  auto first = [&](int b) { return cu_seqlens_q[b] / Br + b; };
+  const int c0 = cu_seqlens_q[0];
+  auto first = [&](int b) { return (cu_seqlens_q[b] - c0) / Br + b; };
   int lo = 0, n = gridDim.x - total_q / Br;  // b lies in lo .. lo + n - 1, and first(lo) <= tile
   while (n > 1) {
     const int step = (n + 31) / 32, probe = lo + lane * step;

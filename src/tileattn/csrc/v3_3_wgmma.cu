@@ -23,7 +23,7 @@
 // of shared memory at D = 128) and 64 above (O takes 96-128 registers a thread; 192 KB at D = 256).
 // Other head dims run v3.2 (up to 128) or v3.1.
 // Variable-length batches (flash_attn_varlen_func): the same kernel with cu_seqlens (common.cuh);
-// grid (Q blocks of the longest sequence, sequences x heads), blocks past a sequence's end exit,
+// grid (packed tiles, heads): a tile scheduler over (sequence, Q block) (common.cuh packed_tile),
 // and the copy engine reads each sequence's rows of the packed tensors from its offset.
 // Score variants (sliding window, softcap, ALiBi): v3_3_variants_fwd, the same body compiled with
 // VARIANTS, so that the plain kernel's code is untouched (its instructions are the same).  The

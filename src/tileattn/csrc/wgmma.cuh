@@ -83,7 +83,8 @@ __device__ __forceinline__ void wgmma_wait() {
 // overlap the tensor core.  A branch on a value computed from them pins the order: dep is a sum
 // (FADD), whose NaN is always the canonical 0x7fffffff, never 0x7fbfffff, so the first branch is
 // taken by every thread and the warpgroup stays on one .aligned instruction.  The two asm strings
-// differ so that ptxas cannot merge the branches back into one unconditional wait.
+// differ so that the front end does not merge the branches back into one unconditional wait
+// (tests/test_compile.py checks the exponentials' order in SASS, which a merge would undo).
 __device__ __forceinline__ void wgmma_wait_all_after(float dep) {
   if (__any_sync(~0u, __float_as_uint(dep) != 0x7fbfffffu))
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
