@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tileattn import distributed
 from tileattn.distributed import (
     KERNELS,
     REFERENCE,
@@ -146,6 +147,64 @@ def test_ring_refuses_bad_shards(tmp_path):
         ring_flash_attn_func(q, q, q, causal="diagonal")
     with pytest.raises(ValueError, match="4-D"):
         ring_flash_attn_func(q[0], q, q)
+
+
+class _ThreadRing(distributed._Ring):
+    """P ranks as threads of one process on one GPU: the ring's code unchanged, its transfers
+    through queues (every thread works on the device's default stream, so a tensor handed over
+    is complete in stream order before the receiver's work on it)."""
+
+    def __init__(self, rank, P, seqlen, mailboxes):
+        self.group, self.size, self.rank, self.mailboxes = None, P, rank, mailboxes
+        chunks = zigzag_chunk_sizes(seqlen, P)
+        self.shard_sizes = [(chunks[r], chunks[r] + chunks[2 * P - 1 - r]) for r in range(P)]
+
+    def exchange(self, tensors, lengths, tag):
+        self.mailboxes[(self.rank + 1) % self.size][tag].put(list(tensors))
+        box = self.mailboxes[self.rank][tag]
+        return lambda: box.get(timeout=120)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.parametrize(
+    "N,H,H_kv,D,causal,dtype",
+    [(4097, 8, 2, 64, True, torch.bfloat16), (1000, 4, 4, 128, False, torch.bfloat16),
+     (517, 4, 2, 64, True, torch.float32)],
+)  # fmt: skip
+def test_ring_kernels_in_threads_match_single_gpu(P, N, H, H_kv, D, causal, dtype):
+    """The ring with tileattn's kernels as its blocks, P ranks as threads on one GPU (the
+    transport aside, what two GPUs run): O and dq, dk, dv of each shard against single-GPU
+    tileattn with autograd, at uneven lengths, GQA, bf16 and FP32."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tileattn
+
+    gen = torch.Generator(device="cuda").manual_seed(N + P)
+    q = torch.randn(2, N, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(2, N, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    dout = torch.randn(2, N, H, D, device="cuda", dtype=dtype, generator=gen)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = tileattn.flash_attn_func(*full, causal=causal)
+    (ref * dout).sum().backward()
+    mailboxes = [[queue.Queue(), queue.Queue()] for _ in range(P)]
+
+    def rank_of(r):
+        local = [zigzag_shard(t, r, P).requires_grad_() for t in (q, k, v)]
+        ring = _ThreadRing(r, P, N, mailboxes)
+        out, _ = distributed._RingAttention.apply(*local, ring, D**-0.5, causal, KERNELS)
+        (out * zigzag_shard(dout, r, P)).sum().backward()
+        return out.detach(), [t.grad for t in local]
+
+    with ThreadPoolExecutor(P) as pool:
+        results = list(pool.map(rank_of, range(P)))
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
+    for r, (out, grads) in enumerate(results):
+        assert not out.isnan().any()
+        torch.testing.assert_close(out, zigzag_shard(ref.detach(), r, P), **tol)
+        for name, mine, theirs in zip("qkv", grads, full):
+            torch.testing.assert_close(mine, zigzag_shard(theirs.grad, r, P), **tol, msg=lambda m: f"d{name}: {m}")
 
 
 def _gpu_worker(rank, P, init_file):
