@@ -175,7 +175,8 @@ class _ThreadRing(distributed._Ring):
 def test_ring_kernels_in_threads_match_single_gpu(P, N, H, H_kv, D, causal, dtype):
     """The ring with tileattn's kernels as its blocks, P ranks as threads on one GPU (the
     transport aside, what two GPUs run): O and dq, dk, dv of each shard against single-GPU
-    tileattn with autograd, at uneven lengths, GQA, bf16 and FP32."""
+    tileattn with autograd, at uneven lengths, GQA, bf16 and FP32.  (Not yet run on a GPU: its
+    first run, at 5182a8d, went through autograd and hung on the engine's one device thread.)"""
     import queue
     from concurrent.futures import ThreadPoolExecutor
 
@@ -191,11 +192,14 @@ def test_ring_kernels_in_threads_match_single_gpu(P, N, H, H_kv, D, causal, dtyp
     mailboxes = [[queue.Queue(), queue.Queue()] for _ in range(P)]
 
     def rank_of(r):
-        local = [zigzag_shard(t, r, P).requires_grad_() for t in (q, k, v)]
+        # The ring's forward and backward called directly: autograd runs every CUDA backward on
+        # one engine thread per device, where the ranks' backwards would wait on each other (in
+        # processes, each has its own engine; the CPU protocol test covers the autograd glue).
+        local = [zigzag_shard(t, r, P) for t in (q, k, v)]
         ring = _ThreadRing(r, P, N, mailboxes)
-        out, _ = distributed._RingAttention.apply(*local, ring, D**-0.5, causal, KERNELS)
-        (out * zigzag_shard(dout, r, P)).sum().backward()
-        return out.detach(), [t.grad for t in local]
+        out, lse = distributed._ring_forward(*local, ring, D**-0.5, causal, KERNELS)
+        grads = distributed._ring_backward(zigzag_shard(dout, r, P), *local, out, lse, ring, D**-0.5, causal, KERNELS)
+        return out, grads
 
     with ThreadPoolExecutor(P) as pool:
         results = list(pool.map(rank_of, range(P)))
