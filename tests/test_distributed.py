@@ -165,6 +165,30 @@ class _ThreadRing(distributed._Ring):
         return lambda: box.get(timeout=120)
 
 
+def _single_gpu(B, N, H, H_kv, D, causal, dtype, seed):
+    """Fresh inputs (q, k, v, dO) on the current GPU, and single-GPU tileattn's O and dq, dk, dv."""
+    import tileattn
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, N, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, N, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    dout = torch.randn(B, N, H, D, device="cuda", dtype=dtype, generator=gen)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = tileattn.flash_attn_func(*full, causal=causal)
+    (ref * dout).sum().backward()
+    return (q, k, v, dout), ref.detach(), [t.grad for t in full]
+
+
+def _assert_shard_matches(r, P, out, grads, ref, ref_grads, dtype):
+    """Rank r's O and gradients against its shard of the single-GPU ones: both round to the
+    inputs' dtype; the ring also merges in float32 in another order than one kernel's softmax."""
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, zigzag_shard(ref, r, P), **tol)
+    for name, mine, theirs in zip("qkv", grads, ref_grads):
+        torch.testing.assert_close(mine, zigzag_shard(theirs, r, P), **tol, msg=lambda m: f"d{name}: {m}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [2, 3])
 @pytest.mark.parametrize(
@@ -180,15 +204,7 @@ def test_ring_kernels_in_threads_match_single_gpu(P, N, H, H_kv, D, causal, dtyp
     import queue
     from concurrent.futures import ThreadPoolExecutor
 
-    import tileattn
-
-    gen = torch.Generator(device="cuda").manual_seed(N + P)
-    q = torch.randn(2, N, H, D, device="cuda", dtype=dtype, generator=gen)
-    k, v = (torch.randn(2, N, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-    dout = torch.randn(2, N, H, D, device="cuda", dtype=dtype, generator=gen)
-    full = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref = tileattn.flash_attn_func(*full, causal=causal)
-    (ref * dout).sum().backward()
+    (q, k, v, dout), ref, ref_grads = _single_gpu(2, N, H, H_kv, D, causal, dtype, seed=N + P)
     mailboxes = [[queue.Queue(), queue.Queue()] for _ in range(P)]
 
     def rank_of(r):
@@ -202,18 +218,11 @@ def test_ring_kernels_in_threads_match_single_gpu(P, N, H, H_kv, D, causal, dtyp
         return out, grads
 
     with ThreadPoolExecutor(P) as pool:
-        results = list(pool.map(rank_of, range(P)))
-    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
-    for r, (out, grads) in enumerate(results):
-        assert not out.isnan().any()
-        torch.testing.assert_close(out, zigzag_shard(ref.detach(), r, P), **tol)
-        for name, mine, theirs in zip("qkv", grads, full):
-            torch.testing.assert_close(mine, zigzag_shard(theirs.grad, r, P), **tol, msg=lambda m: f"d{name}: {m}")
+        for r, (out, grads) in enumerate(pool.map(rank_of, range(P))):
+            _assert_shard_matches(r, P, out, grads, ref, ref_grads, dtype)
 
 
 def _gpu_worker(rank, P, init_file):
-    import tileattn
-
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=P, timeout=_TIMEOUT)
     try:
@@ -224,22 +233,11 @@ def _gpu_worker(rank, P, init_file):
             (4097, 4, 4, 64, "top_left", torch.float32),
             (131072, 8, 2, 128, True, torch.bfloat16),
         ]:
-            gen = torch.Generator(device="cuda").manual_seed(N + D)
-            q = torch.randn(1, N, H, D, device="cuda", dtype=dtype, generator=gen)
-            k, v = (torch.randn(1, N, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-            dout = torch.randn(1, N, H, D, device="cuda", dtype=dtype, generator=gen)
-            full = [t.clone().requires_grad_() for t in (q, k, v)]
-            ref = tileattn.flash_attn_func(*full, causal=causal)
-            (ref * dout).sum().backward()
+            (q, k, v, dout), ref, ref_grads = _single_gpu(1, N, H, H_kv, D, causal, dtype, seed=N + D)
             local = [zigzag_shard(t, rank, P).requires_grad_() for t in (q, k, v)]
             out = ring_flash_attn_func(*local, causal=causal, blocks=KERNELS)
             (out * zigzag_shard(dout, rank, P)).sum().backward()
-            # Both sides round O and the gradients to the inputs' dtype; the ring also merges in
-            # float32 in another order than one kernel's online softmax.
-            tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(out, zigzag_shard(ref.detach(), rank, P), **tol)
-            for mine, theirs in zip(local, full):
-                torch.testing.assert_close(mine.grad, zigzag_shard(theirs.grad, rank, P), **tol)
+            _assert_shard_matches(rank, P, out.detach(), [t.grad for t in local], ref, ref_grads, dtype)
     finally:
         dist.destroy_process_group()
 
