@@ -13,6 +13,7 @@ more for the backward.
 """
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -63,7 +64,9 @@ def _worker(rank, P, init_file, args, out_file):
     from tileattn import bench, distributed
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=P)
+    # A rank that fails leaves the other in a collective: two minutes, not NCCL's default ten.
+    timeout = datetime.timedelta(seconds=120)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=P, timeout=timeout)
     B, N, H, H_kv, D = 1, args.seqlen, 32, 8, 128
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -100,12 +103,10 @@ def _worker(rank, P, init_file, args, out_file):
         rows[f"{P} GPUs ring without transfers, forward"] = _time(
             lambda: distributed._ring_forward(ql, kl, vl, no_transfer, scale, True, distributed.KERNELS)
         )
-    try:
-        heads = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
-        rows[f"{P} GPUs context_parallel SDPA, forward"] = _context_parallel_ms(*heads, P)
-    except Exception as e:  # an experimental API: its failure is a result, not a crash
-        rows[f"{P} GPUs context_parallel SDPA, forward"] = f"failed: {type(e).__name__}: {e}"[:300]
-    if rank == 0:
+
+    def write():  # rank 0's rows so far (kept if the peer below hangs the call)
+        if rank != 0:
+            return
         flops = 4 * B * H * N * N * D / 2
         result = dict(bench.environment(), suite="ring", gpus=P, B=B, N=N, H=H, H_kv=H_kv, D=D,
                       dtype="bfloat16", causal=True, command="python scripts/ring_bench.py " + " ".join(
@@ -116,6 +117,14 @@ def _worker(rank, P, init_file, args, out_file):
                 row["tflops"] = flops * (3.5 if "backward" in name else 1.0) / ms / 1e9
             result["rows"].append(row)
         Path(out_file).write_text(json.dumps(result, indent=1))
+
+    write()
+    try:
+        heads = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+        rows[f"{P} GPUs context_parallel SDPA, forward"] = _context_parallel_ms(*heads, P)
+    except Exception as e:  # an experimental API: its failure is a result, not a crash
+        rows[f"{P} GPUs context_parallel SDPA, forward"] = f"failed: {type(e).__name__}: {e}"[:300]
+    write()
     dist.destroy_process_group()
 
 
@@ -128,7 +137,12 @@ def main():
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (the device's KINDS.md)
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "ring.json")
-        mp.spawn(_worker, args=(args.gpus, os.path.join(tmp, "init"), args, out_file), nprocs=args.gpus)
+        try:
+            mp.spawn(_worker, args=(args.gpus, os.path.join(tmp, "init"), args, out_file), nprocs=args.gpus)
+        except Exception as e:  # the rows measured before a rank failed still count
+            print(f"a rank failed: {e}"[:2000])
+        if not os.path.exists(out_file):
+            raise SystemExit("no rows measured")
         result = json.loads(Path(out_file).read_text())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
