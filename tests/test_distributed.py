@@ -147,6 +147,12 @@ def test_ring_refuses_bad_shards(tmp_path):
         ring_flash_attn_func(q, q, q, causal="diagonal")
     with pytest.raises(ValueError, match="4-D"):
         ring_flash_attn_func(q[0], q, q)
+    # tileattn's blocks where no backward rung takes the head dim: a gradient is never dropped
+    q48 = torch.zeros(1, 4, 2, 48, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no backward pass for float32 at head dim 48"):
+        ring_flash_attn_func(q48, q48, q48, blocks=KERNELS)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="initialized torch.distributed process group"):
+        ring_flash_attn_func(q48, q48, q48, blocks=KERNELS)
 
 
 class _ThreadRing(distributed._Ring):

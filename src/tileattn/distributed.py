@@ -262,8 +262,9 @@ class _RingAttention(torch.autograd.Function):
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
 
 
-def _local_problem(q, k, v, causal) -> ValueError | None:
-    """What is wrong with this rank's arguments on their own, or None."""
+def _local_problem(q, k, v, causal, blocks) -> Exception | None:
+    """What is wrong with this rank's arguments on their own, or None.  An input that requires
+    grad needs a backward rung at its dtype and head dim: a gradient is never dropped silently."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             return ValueError(f"{name} must be a 4-D tensor (B, N_local, H, D), got {getattr(t, 'shape', type(t))}")
@@ -278,6 +279,13 @@ def _local_problem(q, k, v, causal) -> ValueError | None:
         return ValueError(f"q, k, v must share a floating dtype and a device, got {q.dtype}/{k.dtype}/{v.dtype}")
     if causal not in (False, True, "top_left", "bottom_right"):
         return ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    if blocks is KERNELS and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        from .api import _check_backward_exists
+
+        try:
+            _check_backward_exists(q, k, v)
+        except RuntimeError as e:
+            return e
     return None
 
 
@@ -334,7 +342,7 @@ def ring_flash_attn_func(
     Returns O (B, N_local, H, D) in q's dtype (merged in float32, or float64 for float64 inputs),
     and lse if asked.
     """
-    problem = _local_problem(q, k, v, causal)
+    problem = _local_problem(q, k, v, causal, blocks)
     if not dist.is_initialized():
         raise problem or RuntimeError("ring_flash_attn_func needs an initialized torch.distributed process group")
     seqlen = _agree(q, k, problem, group)
