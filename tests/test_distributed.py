@@ -162,8 +162,7 @@ class _ThreadRing(distributed._Ring):
 
     def __init__(self, rank, P, seqlen, mailboxes):
         self.group, self.size, self.rank, self.mailboxes = None, P, rank, mailboxes
-        chunks = zigzag_chunk_sizes(seqlen, P)
-        self.shard_sizes = [(chunks[r], chunks[r] + chunks[2 * P - 1 - r]) for r in range(P)]
+        self.shard_sizes = distributed.zigzag_shard_sizes(seqlen, P)
 
     def exchange(self, tensors, lengths, tag):
         self.mailboxes[(self.rank + 1) % self.size][tag].put(list(tensors))

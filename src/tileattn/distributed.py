@@ -22,8 +22,8 @@ The backward runs the same ring with the forward's final O and lse: dQ stays hom
 shard's dK/dV accumulate in the merge's dtype as they travel with it, one more hop bringing them
 home after the last step.  GQA passes K/V with their own heads (no copies); the block kernels sum
 dK/dV over each group.  The block attention is pluggable (``BlockAttention``): ``KERNELS`` runs
-tileattn's forward and backward rungs on CUDA tensors, ``REFERENCE`` runs float64 PyTorch on any
-device (the CPU tests check the protocol with it on the gloo backend).  Not yet: torch.compile
+tileattn's forward and backward rungs on CUDA tensors, ``REFERENCE`` runs reference.py's float64
+NumPy definitions (the CPU tests check the protocol with it on the gloo backend).  Not yet: torch.compile
 (the autograd function and its point-to-point calls break the graph), windows, softcap, ALiBi.
 """
 
@@ -33,6 +33,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -41,6 +42,12 @@ def zigzag_chunk_sizes(seqlen: int, world_size: int) -> list[int]:
     """The 2P chunk lengths of a sequence of ``seqlen`` tokens (torch.tensor_split's)."""
     n = 2 * world_size
     return [seqlen // n + (i < seqlen % n) for i in range(n)]
+
+
+def zigzag_shard_sizes(seqlen: int, world_size: int) -> list[tuple[int, int]]:
+    """Every rank's (first chunk, shard) lengths: chunks r and 2P - 1 - r of zigzag_chunk_sizes."""
+    chunks = zigzag_chunk_sizes(seqlen, world_size)
+    return [(chunks[r], chunks[r] + chunks[2 * world_size - 1 - r]) for r in range(world_size)]
 
 
 def zigzag_shard(x: torch.Tensor, rank: int, world_size: int, dim: int = 1) -> torch.Tensor:
@@ -55,11 +62,10 @@ def zigzag_shard(x: torch.Tensor, rank: int, world_size: int, dim: int = 1) -> t
 def zigzag_unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
     """The full sequence from every rank's shard (in rank order): zigzag_shard undone."""
     P = len(shards)
-    seqlen = sum(s.shape[dim] for s in shards)
-    sizes = zigzag_chunk_sizes(seqlen, P)
+    sizes = zigzag_shard_sizes(sum(s.shape[dim] for s in shards), P)
     parts = [None] * (2 * P)
-    for r, s in enumerate(shards):
-        parts[r], parts[2 * P - 1 - r] = torch.split(s, [sizes[r], sizes[2 * P - 1 - r]], dim=dim)
+    for r, (s, (first, n)) in enumerate(zip(shards, sizes)):
+        parts[r], parts[2 * P - 1 - r] = torch.split(s, [first, n - first], dim=dim)
     return torch.cat(parts, dim=dim)
 
 
@@ -113,37 +119,31 @@ def _kernel_backward(dout, q, k, v, out, lse, scale, causal):
     return attention_backward(q, k, v, out, lse.contiguous(), dout, scale, mode, "bnhd", float32_grads=True)
 
 
-def _reference_probabilities(q, k, lse, scale, causal):
-    """softmax's P (B, H, Nq, Nk) in float64 given lse; K/V heads repeated over their groups."""
-    kk = k.double().repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-    S = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) * scale
-    if causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool, device=S.device).triu(1), -math.inf)
-    if lse is None:
-        lse = torch.logsumexp(S, dim=-1)
-    P = torch.where(torch.isinf(lse)[..., None], 0.0, torch.exp(S - lse[..., None]))
-    return P, lse, kk
+def _to_numpy(t):  # (B, N, H, D) torch -> (B, H, N, D) float64 NumPy: reference.py's layout
+    return t.detach().cpu().double().numpy().transpose(0, 2, 1, 3)
+
+
+def _from_numpy(x, like):  # reference.py's (B, H, N, D) -> (B, N, H, D) like ``like``
+    return torch.from_numpy(x.transpose(0, 2, 1, 3).copy()).to(like.device, like.dtype)
 
 
 def _reference_forward(q, k, v, scale, causal):
-    P, lse, _ = _reference_probabilities(q, k, None, scale, causal)
-    vv = v.double().repeat_interleave(q.shape[2] // v.shape[2], dim=2)
-    return torch.einsum("bhqk,bkhd->bqhd", P, vv).to(q.dtype), lse.to(_accumulator(q.dtype))
+    from .reference import attention_naive
+
+    O, lse = attention_naive(*map(_to_numpy, (q, k, v)), scale, "top_left" if causal else None)
+    return _from_numpy(O, q), torch.from_numpy(lse).to(q.device, _accumulator(q.dtype))
 
 
 def _reference_backward(dout, q, k, v, out, lse, scale, causal):
-    g = q.shape[2] // k.shape[2]
-    P, _, kk = _reference_probabilities(q, k, lse.double(), scale, causal)
-    vv = v.double().repeat_interleave(g, dim=2)
-    dout = dout.double()
-    dP = torch.einsum("bqhd,bkhd->bhqk", dout, vv)
-    Di = (dout * out.double()).sum(-1).transpose(1, 2)  # rowsum(dO * O): (B, H, Nq)
-    dS = P * (dP - Di[..., None])
-    group_sum = lambda t: t.unflatten(2, (k.shape[2], g)).sum(3)  # (B, Nk, H, D) -> (B, Nk, H_kv, D)
-    dq = torch.einsum("bhqk,bkhd->bqhd", dS, kk) * scale
-    dk = group_sum(torch.einsum("bhqk,bqhd->bkhd", dS, q.double()) * scale)
-    dv = group_sum(torch.einsum("bhqk,bqhd->bkhd", P, dout))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    from .reference import attention_backward_tiled
+
+    # One block of the FA2 loop nest in float64: P rebuilt from the given (final) lse and O.
+    n = max(q.shape[1], k.shape[1], 1)
+    dq, dk, dv = attention_backward_tiled(
+        *map(_to_numpy, (q, k, v, out)), lse.detach().cpu().double().numpy(), _to_numpy(dout), scale,
+        "top_left" if causal else None, Br=n, Bc=n, dtype=np.float64,
+    )  # fmt: skip
+    return _from_numpy(dq, q), _from_numpy(dk, k), _from_numpy(dv, v)
 
 
 KERNELS = BlockAttention(_kernel_forward, _kernel_backward)
@@ -159,8 +159,7 @@ class _Ring:
         self.size, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         self.next = dist.get_global_rank(self.group, (self.rank + 1) % self.size)
         self.prev = dist.get_global_rank(self.group, (self.rank - 1) % self.size)
-        chunks = zigzag_chunk_sizes(seqlen, self.size)
-        self.shard_sizes = [(chunks[r], chunks[r] + chunks[2 * self.size - 1 - r]) for r in range(self.size)]
+        self.shard_sizes = zigzag_shard_sizes(seqlen, self.size)
 
     def exchange(self, tensors, lengths, tag: int) -> Callable[[], list]:
         """Send ``tensors`` on, receive the previous rank's (sequence dim 1 of ``lengths`` rows):
@@ -194,51 +193,51 @@ def _merge(out, lse, o, l):
     lse.copy_(new)
 
 
+def _ring_steps(ring: _Ring, k, v, causal):
+    """The ring's P steps, shared by the forward and the backward: each yields the K/V shard held
+    (k, v), the rows of the local q and of that shard that meet (block_of_step) and the length of
+    the shard arriving next.  The next shard travels while the caller works on the step (it is
+    sent before the yield, received after)."""
+    first_q = ring.shard_sizes[ring.rank][0]
+    for step in range(ring.size):
+        src = (ring.rank - step) % ring.size
+        n_next = ring.shard_sizes[(src - 1) % ring.size][1]
+        last = step + 1 == ring.size
+        if not last:
+            receive = ring.exchange([k, v], (n_next, n_next), tag=0)
+        rows, keys, masked = block_of_step(ring.rank, src, first_q, ring.shard_sizes[src][0], causal)
+        yield k, v, rows, keys, masked, n_next
+        if not last:
+            k, v = receive()
+
+
 def _ring_forward(q, k, v, ring: _Ring, scale, causal, blocks: BlockAttention):
     B, N, H, D = q.shape
     acc = _accumulator(q.dtype)
     out = torch.zeros((B, N, H, D), dtype=acc, device=q.device)
     lse = torch.full((B, H, N), -math.inf, dtype=acc, device=q.device)
-    first_q = ring.shard_sizes[ring.rank][0]
-    kv = [k, v]
-    for step in range(ring.size):
-        src = (ring.rank - step) % ring.size
-        if step + 1 < ring.size:  # the next shard travels while this one is attended to
-            n_next = ring.shard_sizes[(src - 1) % ring.size][1]
-            receive = ring.exchange(kv, (n_next, n_next), tag=0)
-        rows, keys, masked = block_of_step(ring.rank, src, first_q, ring.shard_sizes[src][0], causal)
-        o, l = blocks.forward(q[:, rows], kv[0][:, keys], kv[1][:, keys], scale, masked)
+    for k_s, v_s, rows, keys, masked, _ in _ring_steps(ring, k, v, causal):
+        o, l = blocks.forward(q[:, rows], k_s[:, keys], v_s[:, keys], scale, masked)
         _merge(out[:, rows], lse[:, :, rows], o, l)
-        if step + 1 < ring.size:
-            kv = receive()
     return out.to(q.dtype), lse
 
 
 def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, scale, causal, blocks: BlockAttention):
     zeros = lambda t: torch.zeros(t.shape, dtype=_accumulator(t.dtype), device=t.device)
-    dq, dkv = zeros(q), [zeros(k), zeros(v)]
-    first_q = ring.shard_sizes[ring.rank][0]
-    kv, receive_grads = [k, v], None
-    for step in range(ring.size):
-        src = (ring.rank - step) % ring.size
-        n_next = ring.shard_sizes[(src - 1) % ring.size][1]  # the shard (and its dK/dV) arriving next
-        if step + 1 < ring.size:
-            receive_kv = ring.exchange(kv, (n_next, n_next), tag=0)
-        rows, keys, masked = block_of_step(ring.rank, src, first_q, ring.shard_sizes[src][0], causal)
+    dq, dkv, receive_grads = zeros(q), [zeros(k), zeros(v)], None
+    for k_s, v_s, rows, keys, masked, n_next in _ring_steps(ring, k, v, causal):
         dq_b, dk_b, dv_b = blocks.backward(
-            dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows], lse[:, :, rows], scale, masked
+            dout[:, rows], q[:, rows], k_s[:, keys], v_s[:, keys], out[:, rows], lse[:, :, rows], scale, masked
         )
         dq[:, rows] += dq_b
         if receive_grads is not None:
-            dkv = receive_grads()  # src's dK / dV so far, from the rank that held its shard last
+            dkv = receive_grads()  # this shard's dK / dV so far, from the rank that held it last
         dkv[0][:, keys] += dk_b
         dkv[1][:, keys] += dv_b
-        # On to the rank that holds src's shard next; after the last step, that is its owner (one
+        # On to the rank that holds this shard next; after the last step, that is its owner (one
         # rank alone is its own owner throughout: nothing to send).
         if ring.size > 1:
             receive_grads = ring.exchange(dkv, (n_next, n_next), tag=1)
-        if step + 1 < ring.size:
-            kv = receive_kv()
     dk, dv = receive_grads() if ring.size > 1 else dkv
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
@@ -310,8 +309,7 @@ def _agree(q, k, problem, group) -> int:
     if any(row[2:] != rows[0][2:] for row in rows):
         raise ValueError(f"the ranks' shards disagree on (B, H, H_kv, D, dtype): {[tuple(r[2:]) for r in rows]}")
     seqlen, P, rank = sum(r[1] for r in rows), len(rows), dist.get_rank(group)
-    chunks = zigzag_chunk_sizes(seqlen, P)
-    expected = [chunks[r] + chunks[2 * P - 1 - r] for r in range(P)]
+    expected = [n for _, n in zigzag_shard_sizes(seqlen, P)]
     if [r[1] for r in rows] != expected:
         raise ValueError(
             f"the ranks' shards hold {[r[1] for r in rows]} tokens; the zigzag layout of {seqlen} tokens "
@@ -336,8 +334,8 @@ def ring_flash_attn_func(
             positions).
         return_lse: also return lse (B, H, N_local), natural log, in the merge's dtype (float32;
             float64 for float64 inputs).
-        blocks: the block attention (``KERNELS``: tileattn's rungs, CUDA; ``REFERENCE``: float64
-            PyTorch, any device).
+        blocks: the block attention (``KERNELS``: tileattn's rungs, CUDA; ``REFERENCE``: reference.py's
+            float64 NumPy attention, results back on the inputs' device).
 
     Returns O (B, N_local, H, D) in q's dtype (merged in float32, or float64 for float64 inputs),
     and lse if asked.

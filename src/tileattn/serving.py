@@ -435,9 +435,10 @@ def _launch_packed(
         maps = api._tensor_maps(q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc)
     ptr = lambda t: 0 if t is None else t.data_ptr()
     stream = api._current_stream(q.device.index)
-    BH, Tr = grid[0] * H, -(-grid[1] // Br)
     if cu_seqlens[0] is not None and KERNEL_ENTRIES[kernel].packed_tiles:
-        BH, Tr = H, Nq // Br + grid[0]
+        BH, Tr = H, Nq // Br + grid[0]  # tiles of csrc/common.cuh's packed_tile, by heads
+    else:
+        BH, Tr = grid[0] * H, -(-grid[1] // Br)
     for off in range(0, BH, api._GRID_Y_MAX):
         args = [
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0,
