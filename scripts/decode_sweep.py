@@ -1,7 +1,8 @@
 """One decode shape (issue 12's: bf16, B=16, 32 query heads over 8 K/V heads, one token, 16,384
-cached keys, D=128) across the pipelined rungs' tile (Bc) and the number of splits, beside cuDNN
-in the same run: which of the heuristic's choices and the registered tiles are worth changing.
-Prints a table; writes nothing.  Run on a GPU: python scripts/decode_sweep.py"""
+cached keys, D=128) across the pipelined rungs' tile (Bc), the number of splits and page sizes
+(16, 32, 256 rows, shuffled), beside cuDNN in the same run: which of the heuristic's choices
+and the registered tiles are worth changing.  Prints a table; writes nothing.
+Run on a GPU: python scripts/decode_sweep.py"""
 
 import dataclasses
 
@@ -18,13 +19,35 @@ k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=torch.bfloat16, generat
 gbytes = B * Nk * H_kv * D * 4 / 1e9
 ms = do_bench(_peer_fn("sdpa_cudnn", q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False), rep=200)
 print(f"sdpa_cudnn: {ms:.3f} ms {gbytes / ms:.2f} TB/s")
-for base, tiles in ((versions.DEC_V3, (64,)), (versions.DEC_V4, (32, 48, 64))):
+
+
+def paged(page_size: int):
+    """The same keys in shuffled pages of page_size rows, and the block table."""
+    pages = Nk // page_size
+    perm = torch.randperm(B * pages, device="cuda", generator=gen)
+    kc, vc = (torch.empty(B * pages, page_size, H_kv, D, device="cuda", dtype=k.dtype) for _ in range(2))
+    kc[perm], vc[perm] = (t.reshape(B * pages, page_size, H_kv, D) for t in (k, v))
+    return kc, vc, perm.view(B, pages).to(torch.int32)
+
+
+caches = {None: (k, v, None), **{p: paged(p) for p in (16, 32, 256)}}
+for base, tiles in ((versions.DEC_V3, (64,)), (versions.DEC_V4, (32, 64)), (versions.DEC_V5, (16, 32, 64))):
     for Bc in tiles:
         entry = dataclasses.replace(base, tiles={D: (16, Bc)})
         versions.KERNEL_ENTRIES[entry.name] = entry
         serving.DEC_VERSIONS = tuple(entry if e.name == entry.name else e for e in serving.DEC_VERSIONS)
         api.entry_kernel.cache_clear()
-        for splits in (0, 1, 2):
-            fn = lambda: serving.flash_attn_with_kvcache(q, k, v, num_splits=splits, version=entry.name)
-            ms = do_bench(fn, rep=200)
-            print(f"{entry.name} Bc={Bc} num_splits={splits or 'auto'}: {ms:.3f} ms {gbytes / ms:.2f} TB/s")
+        for page_size, (kc, vc, table) in caches.items():
+            if entry.page_rule == "multiple" and (page_size or 0) % Bc:
+                continue
+            for splits in (0, 1, 2) if page_size is None else (0,):
+                fn = lambda: serving.flash_attn_with_kvcache(
+                    q, kc, vc, cache_seqlens=Nk, block_table=table, num_splits=splits, version=entry.name
+                )
+                ms = do_bench(fn, rep=200)
+                print(
+                    f"{entry.name} Bc={Bc} pages={page_size or '-'} num_splits={splits or 'auto'}: "
+                    f"{ms:.3f} ms {gbytes / ms:.2f} TB/s"
+                )
+ms = do_bench(_peer_fn("sdpa_cudnn", q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False), rep=200)
+print(f"sdpa_cudnn (again): {ms:.3f} ms {gbytes / ms:.2f} TB/s")

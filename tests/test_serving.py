@@ -12,7 +12,7 @@ import torch
 from tileattn import _nvrtc, _params, flash_attn_with_kvcache, reference
 from tileattn.serving import num_splits_heuristic
 from tileattn.testing import assert_serving_output
-from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_V4, DEC_VERSIONS
+from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_V4, DEC_V5, DEC_VERSIONS
 
 INSTANCES = [
     (entry, dtype, D, causal, arch)
@@ -30,25 +30,34 @@ def test_decode_kernels_compile_within_budget(entry, dtype, D, causal, arch):
     budget = entry.spill_bytes.get(D, 0)
     assert res["stack_bytes"] <= budget and res["spill_stores"] <= budget and res["spill_loads"] <= budget, res
     assert _params.smem_bytes(cubin) <= (163 if arch == "sm_80" else 227) * 1024
-    layout = _params.packer(cubin.data, cubin.lowered_name, False, _params.DEC_ARGS, [])
-    assert layout.offsets[0] == 0
+    layout = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps, _params.DEC_ARGS, [])
+    assert layout.offsets[0] == 0 and (layout.tma_offset is not None) == entry.tensor_maps
     sass = _nvrtc.sass(cubin)
     if entry is DEC_V1:  # mma.sync, ldmatrix (.trans for V), cp.async row gathers
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "LDGSTS" in sass
     if entry in (DEC_V2, DEC_V3, DEC_V4):  # the same MMAs and mbarrier waits; rows by the bulk-copy engine / cp.async
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "SYNCS" in sass
         assert ("UBLKCP" in sass) == (entry is DEC_V2) and "LDGSTS" in sass  # (Q by cp.async in all)
+    if entry is DEC_V5:  # K and V by tensor copies (one per 64-column panel of each); Q by cp.async
+        assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and "SYNCS" in sass
+        assert sass.count("UTMALDG") == 2 * D // 64 and "UBLKCP" not in sass
 
 
-def test_warp_tile_decode_is_one_block_per_sm_with_many_stages():
-    """dec_v4: up to ~200 KB of stages, one block per H200 SM, at least two stages per consumer
-    warp (each warp owns a quarter of them, csrc/dec_pipeline.cuh)."""
+@pytest.mark.parametrize("entry", [DEC_V4, DEC_V5], ids=lambda e: e.name)
+def test_warp_tile_decode_is_one_block_per_sm_with_many_stages(entry):
+    """dec_v4, dec_v5: up to ~200 KB of stages, one block per H200 SM, at least two stages per
+    consumer warp (each warp owns a quarter of them, csrc/dec_pipeline.cuh); dec_v5's stages
+    are unpadded swizzled tiles, 1024-byte aligned."""
     for D in (64, 128, 256):
-        cubin = _nvrtc.compile_kernel(DEC_V4.file, DEC_V4.name_expression("bfloat16", D, False), "sm_90")
+        cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression("bfloat16", D, False), "sm_90")
         smem = _params.smem_bytes(cubin)
-        pitch, Bc = 2 * D + 16, DEC_V4.tiles[D][1]
+        pitch, Bc = 2 * D + 16, entry.tiles[D][1]
         assert smem <= 227 * 1024 < 2 * (smem + 1024)
-        assert (smem - 16 * pitch) // (2 * Bc * pitch) >= 8
+        if entry.tensor_maps:
+            head = -(-(64 + 16 * pitch) // 1024) * 1024  # barriers and Q, then the aligned stages
+            assert (smem - head) % (4 * D * Bc) == 0 and (smem - head) // (4 * D * Bc) >= 8
+        else:
+            assert (smem - 16 * pitch) // (2 * Bc * pitch) >= 8
 
 
 @pytest.mark.parametrize("entry", [DEC_V2, DEC_V3], ids=lambda e: e.name)
@@ -140,6 +149,13 @@ def _versions():
     return [e.name for e in DEC_VERSIONS if e.min_arch <= cc[0] * 10 + cc[1]]
 
 
+def _skip_unless_pages_fit(version: str, D: int, page_size) -> None:
+    """dec_v5 raises for pages that are not a multiple of its tile (tested on the CPU above)."""
+    entry = next(e for e in DEC_VERSIONS if e.name == version)
+    if entry.page_rule == "multiple" and (page_size or 0) % entry.tiles[D][1]:
+        pytest.skip(f"{version} takes pages of a multiple of {entry.tiles[D][1]} rows, not {page_size}")
+
+
 def _expected(q, k_seqs, v_seqs, scale, causal, **variants):
     """float64 (O, lse) per sequence from the NumPy reference (reference.attention_serving): q
     (B, Nq, H, D), k_seqs[b] (seqlen_b, H_kv, D); an empty cache gives O = 0 and lse -inf."""
@@ -203,6 +219,7 @@ def _build_cache(k_seqs, v_seqs, Nk, page_size, gen_seed=1):
 def test_decode_matches_float64(version, dtype, D, H, H_kv, Nq, causal, page_size, num_splits):
     if D not in next(e for e in DEC_VERSIONS if e.name == version).tiles:
         pytest.skip(f"{version} has no head dim {D}")
+    _skip_unless_pages_fit(version, D, page_size)
     gen = torch.Generator(device="cuda").manual_seed(D + Nq)
     lens = [0, 1, 77, 300, 1023]  # a sequence with an empty cache, one with one key
     B, Nk = len(lens), 1100
@@ -238,9 +255,10 @@ VARIANTS = [
 @pytest.mark.parametrize("version", _versions())
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
-@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("page_size", [None, 16, 64])
 def test_variants_match_float64(version, causal, variant, page_size):
     dtype, D, H, H_kv, Nq = torch.bfloat16, 128, 8, 2, 3
+    _skip_unless_pages_fit(version, D, page_size)
     gen = torch.Generator(device="cuda").manual_seed(7)
     lens = [0, 1, 150, 700]
     B, Nk = len(lens), 720
@@ -272,6 +290,7 @@ def test_append_then_attend(version, page_size, Nnew):
     """k, v land in the cache at cache_seqlens (every other row untouched), and the new tokens
     attend causally to the cache plus themselves; cache_seqlens is not changed."""
     dtype, D, H, H_kv = torch.float16, 64, 8, 4
+    _skip_unless_pages_fit(version, D, page_size)
     gen = torch.Generator(device="cuda").manual_seed(Nnew)
     lens = [0, 1, 255, 300]
     B, Nk = len(lens), 320
@@ -316,14 +335,21 @@ def test_kvcache_awkward_inputs():
 
 
 def test_decode_rung_choice_by_page_size(monkeypatch):
-    """Hopper's default decode rung: dec_v4, except pages shorter than its tile (dec_v3 there);
-    a rung named by version= runs whatever the pages."""
+    """Hopper's default decode rung: dec_v5 for contiguous caches and pages of a multiple of its
+    tile, dec_v4 for other pages of at least its tile, dec_v3 below; a rung named by version=
+    runs whatever the pages, except dec_v5, which raises for pages its tensor copies cannot take."""
     from tileattn import _nvrtc, serving
 
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (9, 0))
-    pick = lambda page_size, version=None: serving._decode_entry("bfloat16", 128, 0, version, page_size).name
-    assert pick(0) == pick(256) == pick(32) == "dec_v4"
+    pick = lambda page_size, version=None, tc=True: (
+        serving._decode_entry("bfloat16", 128, 0, version, page_size, tc).name
+    )
+    assert pick(0) == pick(256) == pick(32) == pick(64) == "dec_v5"
+    assert pick(48) == pick(0, tc=False) == pick(256, tc=False) == "dec_v4"
     assert pick(1) == pick(16) == "dec_v3"
-    assert pick(16, "dec_v4") == "dec_v4"
+    assert pick(16, "dec_v4") == "dec_v4" and pick(64, "dec_v5") == "dec_v5"
+    for page_size, tc in ((16, True), (48, True), (0, False)):
+        with pytest.raises(ValueError, match="dec_v5 copies tiles of 32 rows"):
+            pick(page_size, "dec_v5", tc)
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (8, 0))
     assert pick(16) == pick(0) == "dec_v1"

@@ -741,10 +741,12 @@ DECODE_PEERS = ("sdpa_flash", "sdpa_cudnn", "flex_attention")  # on the contiguo
 _FLEX_DECODE_NK = (16384,)  # FlexAttention compiles per shape (seconds each): timed at these Nk only
 
 
-def _decode_impls() -> list[str]:
+def _decode_impls(page_size=None, D: int = 128) -> list[str]:
+    """The decode kernels this GPU runs that take this page size (dec_v5: multiples of its tile)."""
     from .versions import DEC_VERSIONS
 
-    return [e.name for e in DEC_VERSIONS if e.min_arch <= _arch()]
+    fits = lambda e: e.page_rule != "multiple" or (page_size or 0) % e.tiles[D][1] == 0
+    return [e.name for e in DEC_VERSIONS if e.min_arch <= _arch() and fits(e)]
 
 
 def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
@@ -776,7 +778,7 @@ def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
             table = perm.view(B, pages).to(torch.int32)
         impls = {
             name: functools.partial(flash_attn_with_kvcache, q, kc, vc, None, None, seqlens, table, version=name)
-            for name in _decode_impls()
+            for name in _decode_impls(page_size, D)
         }
         if page_size is None:
             for name in DECODE_PEERS:
@@ -813,8 +815,10 @@ def _decode_ratios(rows: list[dict]) -> None:
 
 
 def decode_steps(cases=DECODE_CASES) -> int:
-    impls = len(_decode_impls())
-    return sum(impls + (2 + (Nk in _FLEX_DECODE_NK) if page_size is None else 0) for _, _, _, Nk, page_size in cases)
+    return sum(
+        len(_decode_impls(page_size)) + (2 + (Nk in _FLEX_DECODE_NK) if page_size is None else 0)
+        for _, _, _, Nk, page_size in cases
+    )
 
 
 def _result_rows(columns: list[str], rows: list[dict], leading, rate: tuple[str, str], ratios: list[str]) -> str:

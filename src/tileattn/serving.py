@@ -2,8 +2,9 @@
 
 ``flash_attn_with_kvcache``: flash-attn's signature.  Attention of a few query tokens per
 sequence over a KV cache, contiguous or paged with any page size, after appending the new keys
-and values in place, by split-KV decoding (csrc/dec_common.cuh; dec_v4 on Hopper, dec_v3 for
-pages shorter than its tile, dec_v1 on sm_80+; reference.attention_split_kv is their loop nest).
+and values in place, by split-KV decoding (csrc/dec_common.cuh; on Hopper dec_v5 for contiguous
+caches and pages of a multiple of its tile, dec_v4 for other pages of at least its tile, dec_v3
+below; dec_v1 on sm_80+; reference.attention_split_kv is their loop nest).
 Layouts as flash-attn: q (B, Nq, H, D); a contiguous cache (B, Nk, H_kv, D), or a paged one
 (num_pages, page_size, H_kv, D) with block_table (B, max_pages) int32.
 
@@ -27,7 +28,7 @@ import operator
 import numpy as np
 import torch
 
-from . import api
+from . import _params, api
 from .versions import DEC_COMBINE, DEC_COMBINE_ROWS, DEC_VERSIONS
 
 _MAX_SPLITS = 128
@@ -62,18 +63,37 @@ def _entries(version):
     return [e for e in DEC_VERSIONS if version in (None, e.name)]
 
 
-def _decode_entry(dtype: str, D: int, device_index: int, version=None, page_size: int = 0):
-    """The newest decode kernel (or the one named) this device runs at this head dim, or None.
-    Pages shorter than dec_v4's tile go to the rung before it: at 16-token pages dec_v4 ran at
-    0.86x its contiguous speed where dec_v3 keeps 0.97x (H200, bf16, B=16, GQA 32:8, 16k keys,
-    D=128; measured, not yet explained: both look the block table up per row)."""
+def _takes_pages(entry, D: int, page_size: int, tensor_copies: bool) -> bool:
+    """Whether entry's page rule (versions.KernelEntry.page_rule) lets the default choice run it
+    at this page size (0: a contiguous cache).  tensor_copies: the caches can be described to
+    the copy engine (strides > 0)."""
+    Bc = entry.tiles[D][1]
+    if entry.page_rule == "multiple":
+        return tensor_copies and page_size % Bc == 0
+    return not (entry.page_rule == "tile" and 0 < page_size < Bc)
+
+
+def _decode_entry(dtype: str, D: int, device_index: int, version=None, page_size: int = 0, tensor_copies=True):
+    """The newest decode kernel (or the one named) this device runs at this head dim whose page
+    rule takes page_size, or None.  dec_v5's tensor copies take contiguous caches and pages of a
+    multiple of its tile; other pages go to dec_v4, and pages shorter than dec_v4's tile to
+    dec_v3: at 16-token pages dec_v4 ran at 0.86x its contiguous speed where dec_v3 keeps 0.97x
+    (H200, bf16, B=16, GQA 32:8, 16k keys, D=128; measured, not yet explained: both look the
+    block table up per row).  A kernel named by version runs unless its rule is "multiple" and
+    the pages are not (ValueError)."""
     from . import _nvrtc
 
     cc = _nvrtc.device_arch(device_index)
     arch = cc[0] * 10 + cc[1]
     fits = [e for e in _entries(version) if dtype in e.dtypes and D in e.tiles and e.min_arch <= arch]
-    if version is None and len(fits) > 1 and 0 < page_size < fits[-1].tiles[D][1]:
-        fits.pop()
+    if version is None:
+        fits = [e for e in fits if _takes_pages(e, D, page_size, tensor_copies)] or fits[:1]
+    elif fits and fits[-1].page_rule == "multiple" and not _takes_pages(fits[-1], D, page_size, tensor_copies):
+        Bc = fits[-1].tiles[D][1]
+        raise ValueError(
+            f"{version} copies tiles of {Bc} rows of one page: it needs a contiguous cache or a page size that is a "
+            f"multiple of {Bc}, and cache strides > 0; got page_size={page_size}"
+        )
     return fits[-1] if fits else None
 
 
@@ -208,8 +228,9 @@ def flash_attn_with_kvcache(
         num_splits: 0 picks from the SM count and the work; n > 0 cuts each sequence's keys into
             n chunks merged through their log-sum-exp.
         return_lse: also return the float32 log-sum-exp, (B, H, Nq); -inf for a row with no key.
-        version: a decode kernel by name ("dec_v1" .. "dec_v4"); default the newest this GPU runs
-            (dec_v3 rather than dec_v4 for pages shorter than dec_v4's tile).
+        version: a decode kernel by name ("dec_v1" .. "dec_v5"); default the newest this GPU runs
+            that takes the pages (dec_v5: a contiguous cache or pages of a multiple of its tile, 32
+            rows, 16 at D=256; dec_v4 other pages of at least its tile; dec_v3 shorter ones).
 
     Not differentiable: an input that requires grad while grad mode is on raises.
     """
@@ -275,7 +296,8 @@ def flash_attn_with_kvcache(
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
     if q.device.type != "cuda":
         raise ValueError(f"q, k_cache and v_cache must be CUDA tensors, got {q.device}")
-    entry = _decode_entry(dtype, D, q.device.index, version, page_size)
+    tensor_copies = all(s > 0 for s in k_cache.stride()[:3] + v_cache.stride()[:3])
+    entry = _decode_entry(dtype, D, q.device.index, version, page_size, tensor_copies)
     if entry is None:
         cc = torch.cuda.get_device_capability(q.device)
         raise ValueError(
@@ -317,6 +339,22 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size):
     k_cache.index_put_(where, k)
     v_cache.index_put_(where, v)
     return cache_seqlens + Nnew
+
+
+def _cache_maps(k_cache, v_cache, Bc: int) -> bytes:
+    """The TmaMaps of a decode kernel with tensor copies: K at map 1 and V at map 2 (map 0, q's
+    slot, repeats K), boxes of Bc rows; zeros for an empty cache (no tile is copied)."""
+    if k_cache.numel() == 0:
+        return bytes(_params.TMA_MAPS_BYTES)
+    layout = lambda t: ((t.shape[0], t.shape[2], t.shape[1], t.shape[3]), (t.stride(0), t.stride(2), t.stride(1)))
+    return _tensor_maps(
+        k_cache.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), layout(k_cache), layout(k_cache),
+        layout(v_cache), api._DTYPES[k_cache.dtype], k_cache.element_size(), Bc, Bc,
+    )  # fmt: skip
+
+
+# Descriptors depend on the pointer and the layout alone, and a decode step reuses the same caches.
+_tensor_maps = functools.lru_cache(maxsize=256)(api._tensor_maps)
 
 
 def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, Nk, page_size, scale, window,
@@ -365,8 +403,11 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
             *(q.stride()[:3]), *(k_cache.stride()[:3]), *(v_cache.stride()[:3]), *(out.stride()[:3]),
             scale, softcap,
         ]  # fmt: skip
+        maps = None
+        if kern.layout.tma_offset is not None:  # dec_v5: K and V as (batch or page, head, row, column)
+            maps = _cache_maps(k_cache, v_cache, Bc)
         stream = api._current_stream(device_index)
-        kern.launch(stream, num_splits, blocks, args)
+        kern.launch(stream, num_splits, blocks, args, maps)
         if parts:  # dec_common.cuh's DecSink
             combine.launch(stream, -(-B * H * Nq // DEC_COMBINE_ROWS), 1, args)
     return (out, lse) if return_lse else out

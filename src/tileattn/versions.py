@@ -320,6 +320,10 @@ class KernelEntry:
     max_arch: int | None = None  # as Version: wgmma kernels run on sm_90 only
     arch_specific: bool = False  # compiled for sm_XYa (wgmma, setmaxnreg)
     tensor_maps: bool = False  # takes a TmaMaps parameter after its fields
+    # Decode kernels and page sizes: "any"; "tile" (runs any, but the default choice skips it for
+    # pages shorter than its tile: slower there, serving._decode_entry); "multiple" (its tensor
+    # copies take Bc rows of one page: pages of a multiple of Bc, or a contiguous cache, only).
+    page_rule: str = "any"
     # Packed sequences (cu_seqlens) launch as (total_q // Br + sequences, heads): a tile per
     # (sequence, Q block), csrc/common.cuh's packed_tile; otherwise (longest sequence's Q blocks,
     # sequences x heads).
@@ -440,8 +444,19 @@ DEC_V4 = dataclasses.replace(
     tiles={64: (16, 32), 128: (16, 32), 256: (16, 16)},
     summary="dec_v3's cp.async producers with small stages, each taken whole by one consumer warp: "
     "many tiles in flight, each consumer waiting only for its own",
+    page_rule="tile",
 )
-DEC_VERSIONS = (DEC_V1, DEC_V2, DEC_V3, DEC_V4)
+DEC_V5 = dataclasses.replace(
+    DEC_V4,  # its stages and consumers; the copy engine fills them
+    name="dec_v5",
+    file="dec_v5_tma.cu",
+    kernel="dec_v5",
+    summary="dec_v4's warp-owned stages filled by one thread's tensor copies (TMA, 128-byte swizzle) "
+    "instead of 128 threads of cp.async; contiguous caches and pages of a multiple of its tile",
+    tensor_maps=True,
+    page_rule="multiple",
+)
+DEC_VERSIONS = (DEC_V1, DEC_V2, DEC_V3, DEC_V4, DEC_V5)
 DEC_COMBINE_ROWS = 8
 DEC_COMBINE = KernelEntry(
     name="dec_combine",

@@ -48,7 +48,8 @@ namespace tileattn {
 // Where one block works: batch b, K/V head hk, query rows qr0 .. qr0 + Br - 1 of that head, and
 // its split's keys [kv_begin, kv_end), whole Bc tiles, the same number per split, inside the
 // keys some row of the block may see (causal and window bounds: blocks outside are skipped, not
-// masked).  pos_lo / pos_hi: the first and last token's key position.
+// masked).  ALIGN: the first tile starts at a multiple of Bc (the keys before the window's first
+// are masked), so that tensor copies of Bc rows never straddle a page (dec_pipeline.cuh's TMA).
 struct DecBlock {
   int b, hk, qr0, rows, seqlen, kv_begin, kv_end;
   // Key j's row of a cache: contiguous (batch b), or row j % page_size of page
@@ -69,7 +70,7 @@ struct DecBlock {
   }
 };
 __host__ __device__ constexpr int clamp_int(int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; }
-template <int Br, int Bc, bool CAUSAL>
+template <int Br, int Bc, bool CAUSAL, bool ALIGN = false>
 __device__ __forceinline__ DecBlock dec_block(const int* cache_seqlens, int Nq, int H, int h_per_kv, int Nk,
                                               int num_splits, int window_left, int window_right) {
   DecBlock blk;
@@ -87,6 +88,7 @@ __device__ __forceinline__ DecBlock dec_block(const int* cache_seqlens, int Nq, 
   const int off = blk.seqlen - Nq;
   int lo = 0, hi = blk.seqlen;
   if (window_left >= 0) lo = max(0, tok_lo + off - window_left);
+  if (ALIGN) lo = lo / Bc * Bc;
   if (CAUSAL) hi = min(hi, max(0, tok_hi + off + 1));
   if (window_right >= 0) hi = min(hi, max(0, tok_hi + off + window_right + 1));
   const int tiles = hi > lo ? (hi - lo + Bc - 1) / Bc : 0;

@@ -1,15 +1,17 @@
-// The warp-specialised decode pipeline of dec_v2, dec_v3 and dec_v4 (sm_90+): producer warps copy
+// The warp-specialised decode pipeline of dec_v2 .. dec_v5 (sm_90+): producer warps copy
 // K/V tiles of Bc keys into STAGES shared-memory stages; four consumer warps (their own online
 // softmax each, no barrier between them) take Bc / 4 keys of every tile (dec_v2, dec_v3) or whole
-// tiles in turn (dec_v4, DecTiles) and release the stage on its `empty` mbarrier; the rows, splits,
-// variants and merges are dec_common.cuh's.  dec_v2 and dec_v3 differ in how the producers copy
-// (DecCopy).
+// tiles in turn (dec_v4, dec_v5: DecTiles) and release the stage on its `empty` mbarrier; the rows,
+// splits, variants and merges are dec_common.cuh's.  The rungs differ in how the producers copy
+// (DecCopy) and who consumes a tile (DecTiles).
 //
-// Rows are padded to 2 D + 16 bytes instead of swizzled (a bulk copy lands a row as it is):
-// eight consecutive rows then start 16 bytes apart modulo 128, so every ldmatrix phase hits
-// eight distinct bank groups.  Rows of a partial last tile are copies of the chunk's last key
-// (finite data, masked to P = 0), so every stage's copy is the same size and nothing is
-// zero-filled.
+// Row copies (BULK, CP_ASYNC): rows are padded to 2 D + 16 bytes instead of swizzled (a bulk copy
+// lands a row as it is): eight consecutive rows then start 16 bytes apart modulo 128, so every
+// ldmatrix phase hits eight distinct bank groups.  Rows of a partial last tile are copies of the
+// chunk's last key (finite data, masked to P = 0), so every stage's copy is the same size and
+// nothing is zero-filled.  Tensor copies (TMA): a stage holds K and V as SwizzledTiles (mma.cuh;
+// 64-column panels, the copy engine's 128-byte swizzle), 1024-byte aligned; rows past the
+// sequence's last key are zeroed in shared memory by the consumer (DecRowZero below).
 #pragma once
 
 #include "dec_common.cuh"
@@ -23,23 +25,37 @@ constexpr int DEC_CONSUMERS = 4;  // warps 0..3 compute; the warps after them co
 // dec_v3): as many stages as fit in ~104 KB (two blocks per SM up to D=128), 2 to 4.  Warp tiles
 // (dec_v4): as many small stages as fit in ~200 KB (one block per SM), a multiple of 4 (each
 // consumer warp owns a quarter of them), 4 to 32.  The warps' merge reuses the stage area.
+// Swizzled (TMA) stages: rows of exactly 2 D bytes, the stage area 1024-byte aligned (the copy
+// engine's 128-byte swizzle repeats every 8 rows of 128 bytes: SwizzledTile's pattern holds for
+// tiles at multiples of 1024).
 __host__ __device__ constexpr int dec_pipe_pitch(int D) { return 2 * D + 16; }
-__host__ __device__ constexpr int dec_pipe_stage_bytes(int D, int Bc) { return 2 * Bc * dec_pipe_pitch(D); }
-__host__ __device__ constexpr int dec_pipe_stages(int D, int Bc, bool warp_tiles = false) {
-  return warp_tiles ? clamp_int(200 * 1024 / dec_pipe_stage_bytes(D, Bc) / 4 * 4, 4, 32)
+__host__ __device__ constexpr int dec_pipe_stage_bytes(int D, int Bc, bool swizzled = false) {
+  return 2 * Bc * (swizzled ? 2 * D : dec_pipe_pitch(D));
+}
+__host__ __device__ constexpr int dec_pipe_stages(int D, int Bc, bool warp_tiles = false, bool swizzled = false) {
+  return warp_tiles ? clamp_int(200 * 1024 / dec_pipe_stage_bytes(D, Bc, swizzled) / 4 * 4, 4, 32)
                     : clamp_int((D <= 128 ? 104 : 200) * 1024 / dec_pipe_stage_bytes(D, Bc), 2, 4);
 }
 __host__ __device__ constexpr int dec_pipe_bar_bytes(int stages) { return (16 * stages + 63) / 64 * 64; }
-__host__ __device__ constexpr int dec_pipe_smem(int D, int Br, int Bc, bool warp_tiles = false) {
-  return dec_pipe_bar_bytes(dec_pipe_stages(D, Bc, warp_tiles)) + Br * dec_pipe_pitch(D) +
-         dec_pipe_stages(D, Bc, warp_tiles) * dec_pipe_stage_bytes(D, Bc);
+__host__ __device__ constexpr int dec_pipe_stages_offset(int D, int Br, int stages, bool swizzled) {
+  return swizzled ? (dec_pipe_bar_bytes(stages) + Br * dec_pipe_pitch(D) + 1023) / 1024 * 1024
+                  : dec_pipe_bar_bytes(stages) + Br * dec_pipe_pitch(D);
+}
+__host__ __device__ constexpr int dec_pipe_smem(int D, int Br, int Bc, bool warp_tiles = false, bool swizzled = false) {
+  return dec_pipe_stages_offset(D, Br, dec_pipe_stages(D, Bc, warp_tiles, swizzled), swizzled) +
+         dec_pipe_stages(D, Bc, warp_tiles, swizzled) * dec_pipe_stage_bytes(D, Bc, swizzled);
 }
 
 // How the producer warps move a tile's rows.  BULK: one cp.async.bulk per row from one lane,
 // counted on the stage's full mbarrier by bytes (one arrival, with the byte count).  CP_ASYNC:
 // 16 bytes per cp.async from every producer thread, each thread's copies arriving on the full
-// mbarrier when they land (cp.async.mbarrier.arrive.noinc: 32 x PRODUCERS arrivals).
-enum class DecCopy { BULK, CP_ASYNC };
+// mbarrier when they land (cp.async.mbarrier.arrive.noinc: 32 x PRODUCERS arrivals).  TMA: one
+// thread issues a tensor copy per 64-column panel of K and of V (Bc rows each, through the
+// kernel's TmaMaps: K at map 1, V at map 2, as (batch or page, K/V head, row, column)), counted on
+// the full mbarrier by bytes (two arrivals: K's and V's).  A tile is then Bc consecutive rows of
+// one batch or one page: the host picks TMA only for contiguous caches and pages of a multiple
+// of Bc rows, and the tiles start at multiples of Bc (dec_block's ALIGN).
+enum class DecCopy { BULK, CP_ASYNC, TMA };
 
 // Who consumes a tile.  SHARED (dec_v2, dec_v3): all four consumer warps, Bc / 4 keys each, and
 // the stage is free once all four release it.  WARP (dec_v4): one warp takes the whole tile
@@ -52,17 +68,21 @@ enum class DecTiles { SHARED, WARP };
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, DecCopy COPY, int PRODUCERS,
           DecTiles TILES = DecTiles::SHARED>
-__device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
-  constexpr bool WARP_TILES = TILES == DecTiles::WARP;
+__device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T), const TmaMaps* tmaps = nullptr) {
+  constexpr bool WARP_TILES = TILES == DecTiles::WARP, SWIZZLED = COPY == DecCopy::TMA;
+  using Tile = SwizzledTile<Bc, HEAD_DIM>;  // one stage's K (and then V) when SWIZZLED
   static_assert(sizeof(T) == 2, "16-bit (fp16 / bf16) inputs");
   static_assert(Br == 16, "one m16 row tile per block");
   static_assert(HEAD_DIM % 16 == 0 && Bc % (16 * (WARP_TILES ? 1 : DEC_CONSUMERS)) == 0, "whole k-steps of 16 per warp");
-  constexpr int STAGES = dec_pipe_stages(HEAD_DIM, Bc, WARP_TILES), PITCH = dec_pipe_pitch(HEAD_DIM);
+  static_assert(!SWIZZLED || (HEAD_DIM % 64 == 0 && Bc % 8 == 0), "TMA: whole 64-column panels, 8-row swizzle");
+  constexpr int STAGES = dec_pipe_stages(HEAD_DIM, Bc, WARP_TILES, SWIZZLED), PITCH = dec_pipe_pitch(HEAD_DIM);
+  constexpr int STAGE_BYTES = dec_pipe_stage_bytes(HEAD_DIM, Bc, SWIZZLED);
   constexpr int KEYS = WARP_TILES ? Bc : Bc / DEC_CONSUMERS, DT = HEAD_DIM / 8;
-  static_assert(STAGES * dec_pipe_stage_bytes(HEAD_DIM, Bc) >= dec_merge_bytes(HEAD_DIM, Br, DEC_CONSUMERS),
+  static_assert(STAGES * STAGE_BYTES >= dec_merge_bytes(HEAD_DIM, Br, DEC_CONSUMERS),
                 "the merge reuses the stages");
   static_assert(!WARP_TILES || STAGES % DEC_CONSUMERS == 0, "each consumer warp owns STAGES / 4 stages");
-  static_assert(dec_pipe_smem(HEAD_DIM, Br, Bc, WARP_TILES) <= 227 * 1024, "a tile this large leaves too few stages");
+  static_assert(dec_pipe_smem(HEAD_DIM, Br, Bc, WARP_TILES, SWIZZLED) <= 227 * 1024,
+                "a tile this large leaves too few stages");
   // Tile n's stage and its use number there (the parity of the barriers' phase).
   constexpr int RING = WARP_TILES ? STAGES / DEC_CONSUMERS : STAGES;  // the stages one tile sequence cycles through
   const auto stage_of = [](int n) {
@@ -70,19 +90,21 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   };
   const auto use_of = [](int n) { return WARP_TILES ? n / DEC_CONSUMERS / RING : n / STAGES; };
 
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
   const auto addr = [](const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); };
   const unsigned bars = addr(smem);
   const auto full = [=](int s) { return bars + 8 * s; };
   const auto empty = [=](int s) { return bars + 8 * (STAGES + s); };
   unsigned char* Qs = smem + dec_pipe_bar_bytes(STAGES);
-  unsigned char* stages = Qs + Br * PITCH;  // stage s: K rows at stages + s * stage bytes, V rows after them
+  // stage s: K rows at stages + s * STAGE_BYTES, V rows after them
+  unsigned char* stages = smem + dec_pipe_stages_offset(HEAD_DIM, Br, STAGES, SWIZZLED);
   const unsigned stages_addr = addr(stages);
-  const auto K_at = [=](int s) { return stages_addr + s * dec_pipe_stage_bytes(HEAD_DIM, Bc); };
+  const auto K_at = [=](int s) { return stages_addr + s * STAGE_BYTES; };
+  constexpr int V_OFFSET = SWIZZLED ? Tile::BYTES : Bc * PITCH;  // V's rows after K's in a stage
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const DecBlock blk = dec_block<Br, Bc, CAUSAL>(cache_seqlens, Nq, H, h_per_kv, Nk, num_splits, window_left,
-                                                 window_right);
+  const DecBlock blk = dec_block<Br, Bc, CAUSAL, SWIZZLED>(cache_seqlens, Nq, H, h_per_kv, Nk, num_splits,
+                                                           window_left, window_right);
   const int b = blk.b, hk = blk.hk, qr0 = blk.qr0, kv_begin = blk.kv_begin, kv_end = blk.kv_end;
   const int tiles = kv_end > kv_begin ? (kv_end - kv_begin + Bc - 1) / Bc : 0;
 
@@ -96,7 +118,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   cp_async_commit();
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full(s), COPY == DecCopy::BULK ? 1 : 32 * PRODUCERS);
+      mbar_init(full(s), COPY == DecCopy::BULK ? 1 : COPY == DecCopy::TMA ? 2 : 32 * PRODUCERS);
       mbar_init(empty(s), WARP_TILES ? 1 : DEC_CONSUMERS);
     }
     mbar_fence_init();
@@ -104,6 +126,18 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   cp_async_wait<0>();
   __syncthreads();
 
+  if (warp >= DEC_CONSUMERS && SWIZZLED) {  // the producer: one thread, a tensor copy per panel
+    if (tid != 32 * DEC_CONSUMERS) return;
+    for (int n = 0; n < tiles; ++n) {
+      const int s = stage_of(n), j0 = kv_begin + n * Bc;  // j0 % Bc == 0, so the tile is in one page
+      const int row = block_table ? j0 % page_size : j0;
+      const int batch = block_table ? block_table[b * bt_stride + j0 / page_size] : b;
+      if (use_of(n) > 0) mbar_wait(empty(s), (use_of(n) + 1) & 1);  // its release number use_of(n) - 1
+      tma_tile_load<HEAD_DIM>(tmaps, 1, K_at(s), full(s), Bc, row, hk, batch);
+      tma_tile_load<HEAD_DIM>(tmaps, 2, K_at(s) + V_OFFSET, full(s), Bc, row, hk, batch);
+    }
+    return;
+  }
   if (warp >= DEC_CONSUMERS) {  // the producer warps
     const int ptid = tid - 32 * DEC_CONSUMERS;
     const auto kv_row = [=](const T* cache, long long sb, long long sn, long long sh, int j) {
@@ -135,7 +169,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
       for (int i = 0; i < ROWS; ++i) {
         const int r = row0 + ROW_STEP * i;
         if (r < Bc) {
-          const unsigned k_dst = K_at(s) + r * PITCH + chunk * 16, v_dst = k_dst + Bc * PITCH;
+          const unsigned k_dst = K_at(s) + r * PITCH + chunk * 16, v_dst = k_dst + V_OFFSET;
           if constexpr (COPY == DecCopy::BULK) {
             bulk_load(k_dst, k_src[i], HEAD_DIM * 2, full(s));
             bulk_load(v_dst, v_src[i], HEAD_DIM * 2, full(s));
@@ -181,13 +215,37 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T)) {
   const int key0 = WARP_TILES ? 0 : warp * KEYS;
 
   for (int n = WARP_TILES ? warp : 0; n < tiles; n += WARP_TILES ? DEC_CONSUMERS : 1) {
-    const int s = stage_of(n);
+    const int s = stage_of(n), j0 = kv_begin + n * Bc;
     mbar_wait(full(s), use_of(n) & 1);
-    const unsigned K_addr = K_at(s) + key0 * PITCH, V_addr = K_at(s) + (Bc + key0) * PITCH;
-    dec_tile<T, HEAD_DIM, KEYS>(
-        acc, m_i, l_i, q_frag, [=](int np, int ks) { return K_addr + (16 * np + k_r) * PITCH + (2 * ks + k_c) * 16; },
-        [=](int kk, int dp) { return V_addr + (16 * kk + v_r) * PITCH + (2 * dp + v_c) * 16; }, rows,
-        kv_begin + n * Bc + key0, variants, folded_scale(softmax_scale), softcap, scale_log2);
+    if constexpr (SWIZZLED) {
+      // The tile's rows past the sequence's last key hold whatever the cache holds there (NaN
+      // in an unused page, say), and 0 x NaN would reach O through P V: zero them (whole rows,
+      // so the swizzle does not matter).  Only a sequence's last tile has such rows.
+      const int valid = blk.seqlen - j0;
+      if (valid < Bc) {
+        for (int i = lane; i < 2 * (Bc - valid) * (HEAD_DIM / 8); i += 32) {
+          const int kv = i / ((Bc - valid) * (HEAD_DIM / 8)), rest = i % ((Bc - valid) * (HEAD_DIM / 8));
+          const int r = valid + rest / (HEAD_DIM / 8), c = rest % (HEAD_DIM / 8);
+          st_shared_zero16(K_at(s) + kv * V_OFFSET + Tile::offset(r, c));
+        }
+        __syncwarp();
+      }
+      const unsigned K_addr = K_at(s), V_addr = K_at(s) + V_OFFSET;
+      dec_tile<T, HEAD_DIM, KEYS>(
+          acc, m_i, l_i, q_frag, [=](int np, int ks) { return K_addr + Tile::ldsm_offset(k_r, k_c, 16 * np, ks); },
+          [=](int kk, int dp) { return V_addr + Tile::ldsm_offset(v_r, v_c, 16 * kk, dp); }, rows, j0, variants,
+          folded_scale(softmax_scale), softcap, scale_log2);
+      // Those zeros were generic-proxy writes; the stage's next tensor copy is an async-proxy
+      // write of the same bytes, so order them first.
+      if (valid < Bc) fence_proxy_async_smem();
+    } else {
+      const unsigned K_addr = K_at(s) + key0 * PITCH, V_addr = K_at(s) + (Bc + key0) * PITCH;
+      dec_tile<T, HEAD_DIM, KEYS>(
+          acc, m_i, l_i, q_frag,
+          [=](int np, int ks) { return K_addr + (16 * np + k_r) * PITCH + (2 * ks + k_c) * 16; },
+          [=](int kk, int dp) { return V_addr + (16 * kk + v_r) * PITCH + (2 * dp + v_c) * 16; }, rows, j0 + key0,
+          variants, folded_scale(softmax_scale), softcap, scale_log2);
+    }
     __syncwarp();  // the warp's reads of stage s are done ...
     if (lane == 0) mbar_arrive(empty(s));  // ... so the producer may refill it
   }

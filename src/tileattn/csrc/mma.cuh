@@ -207,6 +207,14 @@ __device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// Generic-proxy shared-memory writes (st.shared) ordered before the async proxy's accesses to
+// the same bytes (wgmma's operand reads, a later TMA copy into them): each writing thread fences
+// before it signals the consumer.
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// 16 zero bytes at shared address addr.
+__device__ __forceinline__ void st_shared_zero16(unsigned addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
 // A plain arrival on a CTA-local mbarrier (release): one of the `count` the phase waits for.
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");

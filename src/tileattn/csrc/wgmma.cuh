@@ -106,9 +106,6 @@ __device__ __forceinline__ void fence_operands(unsigned (&x)[K][4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(x[k][i])::"memory");
 }
-// Generic-proxy shared-memory writes (st.shared) made visible to the async proxy (wgmma's operand
-// reads): each writing thread fences before it signals the consumer.
-__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Register reallocation between warpgroups (sm_90a): every warp of a warpgroup lowers (dec) or
 // raises (inc, waiting until the CTA's pool has them) its per-thread register count to N, a
