@@ -5,11 +5,12 @@ and the registered tiles are worth changing.  Prints a table; writes nothing.
 Run on a GPU: python scripts/decode_sweep.py"""
 
 import dataclasses
+import functools
 
 import torch
 from triton.testing import do_bench
 
-from tileattn import api, serving, versions
+from tileattn import _nvrtc, api, serving, versions
 from tileattn.bench import _peer_fn
 
 B, H, H_kv, Nk, D = 16, 32, 8, 16384, 128
@@ -49,5 +50,13 @@ for base, tiles in ((versions.DEC_V3, (64,)), (versions.DEC_V4, (32, 64)), (vers
                     f"{entry.name} Bc={Bc} pages={page_size or '-'} num_splits={splits or 'auto'}: "
                     f"{ms:.3f} ms {gbytes / ms:.2f} TB/s"
                 )
+# dec_v5's tensor maps: how many bytes each L2 miss fills (the forward's 128 so far).
+tensor_map_4d = _nvrtc.tensor_map_4d
+for promotion in (0, 64, 256):
+    _nvrtc.tensor_map_4d = functools.partial(tensor_map_4d, l2_promotion=promotion)
+    serving._tensor_maps.cache_clear()
+    ms = do_bench(lambda: serving.flash_attn_with_kvcache(q, k, v, version="dec_v5"), rep=200)
+    print(f"dec_v5 Bc=64 L2 promotion {promotion} bytes: {ms:.3f} ms {gbytes / ms:.2f} TB/s")
+_nvrtc.tensor_map_4d = tensor_map_4d
 ms = do_bench(_peer_fn("sdpa_cudnn", q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False), rep=200)
 print(f"sdpa_cudnn (again): {ms:.3f} ms {gbytes / ms:.2f} TB/s")

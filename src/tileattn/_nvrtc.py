@@ -492,17 +492,24 @@ def _tma_enums():
 
 
 def tensor_map_4d(
-    ptr: int, dtype: str, dims: tuple[int, ...], strides_bytes: tuple[int, ...], box: tuple[int, int]
+    ptr: int,
+    dtype: str,
+    dims: tuple[int, ...],
+    strides_bytes: tuple[int, ...],
+    box: tuple[int, int],
+    l2_promotion: int = 128,
 ) -> bytes:
     """The 128-byte CUtensorMap (TMA descriptor) of a 4-d 16-bit tensor: dims innermost first
     (columns, rows, heads, batch), strides in bytes of dims 1..3, box = (columns, rows) of one copy
     with 64, 32 or 16 columns, swizzled over 128, 64 or 32 bytes (SwizzledTile's panel layouts),
-    zeros for elements outside the tensor.  Host bytes only (api._tensor_maps caches them per
-    layout): they travel to the kernel by value, as a __grid_constant__ parameter, never through a
-    device buffer that a later call could free or overwrite under a running kernel."""
+    zeros for elements outside the tensor, L2 fills of l2_promotion bytes (0, 64, 128, 256) per
+    miss.  Host bytes only (api._tensor_maps caches them per layout): they travel to the kernel
+    by value, as a __grid_constant__ parameter, never through a device buffer that a later call
+    could free or overwrite under a running kernel."""
     from cuda.bindings import driver
 
     u64, u32, data_types, swizzles = _tma_enums()
+    promotion = f"L2_{l2_promotion}B" if l2_promotion else "NONE"
     err, tmap = driver.cuTensorMapEncodeTiled(
         data_types[dtype],
         4,
@@ -513,7 +520,7 @@ def tensor_map_4d(
         [u32(1)] * 4,
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         swizzles[box[0]],
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        getattr(driver.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{promotion}"),
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     )
     if err != driver.CUresult.CUDA_SUCCESS:

@@ -108,8 +108,9 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T), const TmaMa
   const int b = blk.b, hk = blk.hk, qr0 = blk.qr0, kv_begin = blk.kv_begin, kv_end = blk.kv_end;
   const int tiles = kv_end > kv_begin ? (kv_end - kv_begin + Bc - 1) / Bc : 0;
 
-  // Q, all threads, 16 bytes each (zeros for rows past the block's); the barriers, thread 0.
-  for (int i = tid; i < Br * HEAD_DIM / 8; i += 32 * (DEC_CONSUMERS + PRODUCERS)) {
+  // Q by the consumers, 16 bytes a thread (zeros for rows past the block's); the barriers, thread
+  // 0.  The producers start once the barriers exist, without waiting for Q's copies.
+  for (int i = tid; i < (warp < DEC_CONSUMERS ? Br * HEAD_DIM / 8 : 0); i += 32 * DEC_CONSUMERS) {
     const int r = i / (HEAD_DIM / 8), c = i % (HEAD_DIM / 8), qr = qr0 + r;
     const bool ok = r < blk.rows;
     const T* src = q + b * q_sb + (ok ? (qr % Nq) * q_sn + (hk * h_per_kv + qr / Nq) * q_sh + c * 8 : 0);
@@ -123,7 +124,6 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T), const TmaMa
     }
     mbar_fence_init();
   }
-  cp_async_wait<0>();
   __syncthreads();
 
   if (warp >= DEC_CONSUMERS && SWIZZLED) {  // the producer: one thread, a tensor copy per panel
@@ -185,7 +185,10 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T), const TmaMa
   }
 
   // Consumers: warp w takes keys w KEYS .. (w + 1) KEYS - 1 of every tile (SHARED), or tiles
-  // w, w + 4, w + 8, ... whole (WARP).
+  // w, w + 4, w + 8, ... whole (WARP).  First Q, every consumer's copies.
+  const auto consumers_sync = [] { named_barrier_sync<32 * DEC_CONSUMERS>(1); };
+  cp_async_wait<0>();
+  consumers_sync();
   const LdsmLane ln = ldsm_lane(lane);  // (a named struct: lambdas cannot capture structured bindings)
   const int q_r = ln.a_r, q_c = ln.a_c, k_r = ln.b_r, k_c = ln.b_c, v_r = ln.bt_r, v_c = ln.bt_c;
   const unsigned Q_addr = addr(Qs);
@@ -251,7 +254,6 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T), const TmaMa
   }
 
   // Every tile was waited for by a consumer, so every copy has landed: the stages are free.
-  const auto consumers_sync = [] { named_barrier_sync<32 * DEC_CONSUMERS>(1); };
   consumers_sync();
   const int split = blockIdx.x;
   dec_merge_warps<HEAD_DIM, Br, DEC_CONSUMERS>(reinterpret_cast<float*>(stages), acc, m_i, l_i, blk.rows,
