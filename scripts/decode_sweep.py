@@ -39,7 +39,7 @@ for base, tiles in ((versions.DEC_V3, (64,)), (versions.DEC_V4, (32, 64)), (vers
         serving.DEC_VERSIONS = tuple(entry if e.name == entry.name else e for e in serving.DEC_VERSIONS)
         api.entry_kernel.cache_clear()
         for page_size, (kc, vc, table) in caches.items():
-            if entry.page_rule == "multiple" and (page_size or 0) % Bc:
+            if not serving._takes_pages(entry, D, page_size or 0, True):
                 continue
             for splits in (0, 1, 2) if page_size is None else (0,):
                 fn = lambda: serving.flash_attn_with_kvcache(

@@ -150,10 +150,12 @@ def _versions():
 
 
 def _skip_unless_pages_fit(version: str, D: int, page_size) -> None:
-    """dec_v5 raises for pages that are not a multiple of its tile (tested on the CPU above)."""
+    """dec_v5 raises for pages its tensor copies cannot take (tested on the CPU below)."""
+    from tileattn import serving
+
     entry = next(e for e in DEC_VERSIONS if e.name == version)
-    if entry.page_rule == "multiple" and (page_size or 0) % entry.tiles[D][1]:
-        pytest.skip(f"{version} takes pages of a multiple of {entry.tiles[D][1]} rows, not {page_size}")
+    if entry.page_rule == "copy_engine" and not serving._takes_pages(entry, D, page_size or 0, True):
+        pytest.skip(f"{version}'s tensor copies take no pages of {page_size} rows at D={D}")
 
 
 def _expected(q, k_seqs, v_seqs, scale, causal, **variants):
@@ -335,21 +337,22 @@ def test_kvcache_awkward_inputs():
 
 
 def test_decode_rung_choice_by_page_size(monkeypatch):
-    """Hopper's default decode rung: dec_v5 for contiguous caches and pages of a multiple of its
-    tile, dec_v4 for other pages of at least its tile, dec_v3 below; a rung named by version=
-    runs whatever the pages, except dec_v5, which raises for pages its tensor copies cannot take."""
+    """Hopper's default decode rung: dec_v5 for contiguous caches, pages of a multiple of its tile
+    and pages of a multiple of 8 rows dividing it; dec_v4 for other pages of at least its tile,
+    dec_v3 below; a rung named by version= runs whatever the pages, except dec_v5, which raises
+    for pages its tensor copies cannot take."""
     from tileattn import _nvrtc, serving
 
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (9, 0))
     pick = lambda page_size, version=None, tc=True: (
         serving._decode_entry("bfloat16", 128, 0, version, page_size, tc).name
     )
-    assert pick(0) == pick(256) == pick(32) == pick(64) == "dec_v5"
+    assert pick(0) == pick(256) == pick(32) == pick(64) == pick(16) == pick(8) == "dec_v5"
     assert pick(48) == pick(0, tc=False) == pick(256, tc=False) == "dec_v4"
-    assert pick(1) == pick(16) == "dec_v3"
-    assert pick(16, "dec_v4") == "dec_v4" and pick(64, "dec_v5") == "dec_v5"
-    for page_size, tc in ((16, True), (48, True), (0, False)):
-        with pytest.raises(ValueError, match="dec_v5 copies tiles of 32 rows"):
+    assert pick(1) == pick(4) == pick(24) == pick(16, tc=False) == "dec_v3"
+    assert pick(16, "dec_v4") == "dec_v4" and pick(64, "dec_v5") == pick(16, "dec_v5") == "dec_v5"
+    for page_size, tc in ((4, True), (24, True), (48, True), (0, False)):
+        with pytest.raises(ValueError, match=r"dec_v5 copies tiles of 32 rows .* one of \[8, 16\]"):
             pick(page_size, "dec_v5", tc)
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (8, 0))
     assert pick(16) == pick(0) == "dec_v1"

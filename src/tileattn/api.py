@@ -450,7 +450,9 @@ def panel_widths(head_dim: int) -> list[int]:
     return ([64] if d_smem >= 64 else []) + ([d_smem % 64] if d_smem % 64 else [])
 
 
-def _tensor_maps(q_ptr, k_ptr, v_ptr, q_layout, k_layout, v_layout, dtype: str, esize: int, Br: int, Bc: int) -> bytes:
+def _tensor_maps(
+    q_ptr, k_ptr, v_ptr, q_layout, k_layout, v_layout, dtype: str, esize: int, Br: int, Bc: int, l2_promotion=128
+) -> bytes:
     """The kernel's TmaMaps argument (common.cuh): the TMA descriptors of q, k, v ((B, H, N, D)
     views given as pointer and (shape, strides)) with boxes of 64 columns x Br or Bc rows, then,
     when the padded head dim is not a multiple of 64, q, k, v with the last panel's 32 or 16
@@ -468,6 +470,7 @@ def _tensor_maps(q_ptr, k_ptr, v_ptr, q_layout, k_layout, v_layout, dtype: str, 
                     dims=tuple(reversed(shape)),
                     strides_bytes=tuple(s * esize for s in reversed(stride[:3])),
                     box=(w, rows),
+                    l2_promotion=l2_promotion,
                 )
             )
     return b"".join(maps)

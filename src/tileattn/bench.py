@@ -742,10 +742,11 @@ _FLEX_DECODE_NK = (16384,)  # FlexAttention compiles per shape (seconds each): t
 
 
 def _decode_impls(page_size=None, D: int = 128) -> list[str]:
-    """The decode kernels this GPU runs that take this page size (dec_v5: multiples of its tile)."""
+    """The decode kernels this GPU runs that take this page size (serving._takes_pages)."""
+    from .serving import _takes_pages
     from .versions import DEC_VERSIONS
 
-    fits = lambda e: e.page_rule != "multiple" or (page_size or 0) % e.tiles[D][1] == 0
+    fits = lambda e: e.page_rule != "copy_engine" or _takes_pages(e, D, page_size or 0, True)
     return [e.name for e in DEC_VERSIONS if e.min_arch <= _arch() and fits(e)]
 
 

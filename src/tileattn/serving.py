@@ -68,19 +68,19 @@ def _takes_pages(entry, D: int, page_size: int, tensor_copies: bool) -> bool:
     at this page size (0: a contiguous cache).  tensor_copies: the caches can be described to
     the copy engine (strides > 0)."""
     Bc = entry.tiles[D][1]
-    if entry.page_rule == "multiple":
-        return tensor_copies and page_size % Bc == 0
+    if entry.page_rule == "copy_engine":
+        return tensor_copies and (page_size % Bc == 0 or (page_size % 8 == 0 and Bc % page_size == 0))
     return not (entry.page_rule == "tile" and 0 < page_size < Bc)
 
 
 def _decode_entry(dtype: str, D: int, device_index: int, version=None, page_size: int = 0, tensor_copies=True):
     """The newest decode kernel (or the one named) this device runs at this head dim whose page
-    rule takes page_size, or None.  dec_v5's tensor copies take contiguous caches and pages of a
-    multiple of its tile; other pages go to dec_v4, and pages shorter than dec_v4's tile to
-    dec_v3: at 16-token pages dec_v4 ran at 0.86x its contiguous speed where dec_v3 keeps 0.97x
-    (H200, bf16, B=16, GQA 32:8, 16k keys, D=128; measured, not yet explained: both look the
-    block table up per row).  A kernel named by version runs unless its rule is "multiple" and
-    the pages are not (ValueError)."""
+    rule takes page_size, or None.  dec_v5's tensor copies take contiguous caches, pages of a
+    multiple of its tile and pages of a multiple of 8 rows that divide it; other pages go to
+    dec_v4, and pages shorter than dec_v4's tile to dec_v3: at 16-token pages dec_v4 ran at
+    0.86x its contiguous speed where dec_v3 keeps 0.97x (H200, bf16, B=16, GQA 32:8, 16k keys,
+    D=128; measured, not yet explained: both look the block table up per row).  A kernel named
+    by version runs unless its rule is "copy_engine" and it cannot take the pages (ValueError)."""
     from . import _nvrtc
 
     cc = _nvrtc.device_arch(device_index)
@@ -88,11 +88,13 @@ def _decode_entry(dtype: str, D: int, device_index: int, version=None, page_size
     fits = [e for e in _entries(version) if dtype in e.dtypes and D in e.tiles and e.min_arch <= arch]
     if version is None:
         fits = [e for e in fits if _takes_pages(e, D, page_size, tensor_copies)] or fits[:1]
-    elif fits and fits[-1].page_rule == "multiple" and not _takes_pages(fits[-1], D, page_size, tensor_copies):
+    elif fits and fits[-1].page_rule == "copy_engine" and not _takes_pages(fits[-1], D, page_size, tensor_copies):
         Bc = fits[-1].tiles[D][1]
+        divisors = [p for p in range(8, Bc, 8) if Bc % p == 0]
         raise ValueError(
-            f"{version} copies tiles of {Bc} rows of one page: it needs a contiguous cache or a page size that is a "
-            f"multiple of {Bc}, and cache strides > 0; got page_size={page_size}"
+            f"{version} copies tiles of {Bc} rows through the copy engine: it needs cache strides > 0 and a "
+            f"contiguous cache or a page size that is a multiple of {Bc} or one of {divisors}; got page_size="
+            f"{page_size}{'' if tensor_copies else ' and a cache stride of 0'}"
         )
     return fits[-1] if fits else None
 
@@ -229,8 +231,9 @@ def flash_attn_with_kvcache(
             n chunks merged through their log-sum-exp.
         return_lse: also return the float32 log-sum-exp, (B, H, Nq); -inf for a row with no key.
         version: a decode kernel by name ("dec_v1" .. "dec_v5"); default the newest this GPU runs
-            that takes the pages (dec_v5: a contiguous cache or pages of a multiple of its tile, 32
-            rows, 16 at D=256; dec_v4 other pages of at least its tile; dec_v3 shorter ones).
+            that takes the pages (dec_v5: a contiguous cache, pages of a multiple of its tile of 32
+            rows (16 at D=256) or of 8 or 16 rows; dec_v4 other pages of at least its tile;
+            dec_v3 shorter ones).
 
     Not differentiable: an input that requires grad while grad mode is on raises.
     """
@@ -341,15 +344,17 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size):
     return cache_seqlens + Nnew
 
 
-def _cache_maps(k_cache, v_cache, Bc: int) -> bytes:
+def _cache_maps(k_cache, v_cache, rows: int) -> bytes:
     """The TmaMaps of a decode kernel with tensor copies: K at map 1 and V at map 2 (map 0, q's
-    slot, repeats K), boxes of Bc rows; zeros for an empty cache (no tile is copied)."""
+    slot, repeats K), boxes of `rows` rows (its tile, or a page shorter than the tile), no L2
+    promotion (4.32 against 4.29 TB/s with the 128-byte fills, scripts/decode_sweep.py); zeros
+    for an empty cache (no tile is copied)."""
     if k_cache.numel() == 0:
         return bytes(_params.TMA_MAPS_BYTES)
     layout = lambda t: ((t.shape[0], t.shape[2], t.shape[1], t.shape[3]), (t.stride(0), t.stride(2), t.stride(1)))
     return _tensor_maps(
         k_cache.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), layout(k_cache), layout(k_cache),
-        layout(v_cache), api._DTYPES[k_cache.dtype], k_cache.element_size(), Bc, Bc,
+        layout(v_cache), api._DTYPES[k_cache.dtype], k_cache.element_size(), rows, rows, l2_promotion=0,
     )  # fmt: skip
 
 
@@ -405,7 +410,7 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
         ]  # fmt: skip
         maps = None
         if kern.layout.tma_offset is not None:  # dec_v5: K and V as (batch or page, head, row, column)
-            maps = _cache_maps(k_cache, v_cache, Bc)
+            maps = _cache_maps(k_cache, v_cache, Bc if block_table is None else min(Bc, page_size))
         stream = api._current_stream(device_index)
         kern.launch(stream, num_splits, blocks, args, maps)
         if parts:  # dec_common.cuh's DecSink

@@ -321,8 +321,9 @@ class KernelEntry:
     arch_specific: bool = False  # compiled for sm_XYa (wgmma, setmaxnreg)
     tensor_maps: bool = False  # takes a TmaMaps parameter after its fields
     # Decode kernels and page sizes: "any"; "tile" (runs any, but the default choice skips it for
-    # pages shorter than its tile: slower there, serving._decode_entry); "multiple" (its tensor
-    # copies take Bc rows of one page: pages of a multiple of Bc, or a contiguous cache, only).
+    # pages shorter than its tile: slower there, serving._decode_entry); "copy_engine" (its tensor
+    # copies take whole boxes of one page: a contiguous cache, pages of a multiple of Bc, or of a
+    # multiple of 8 rows that divides Bc; serving._takes_pages).
     page_rule: str = "any"
     # Packed sequences (cu_seqlens) launch as (total_q // Br + sequences, heads): a tile per
     # (sequence, Q block), csrc/common.cuh's packed_tile; otherwise (longest sequence's Q blocks,
@@ -452,9 +453,10 @@ DEC_V5 = dataclasses.replace(
     file="dec_v5_tma.cu",
     kernel="dec_v5",
     summary="dec_v4's warp-owned stages filled by one thread's tensor copies (TMA, 128-byte swizzle) "
-    "instead of 128 threads of cp.async; contiguous caches and pages of a multiple of its tile",
+    "instead of 128 threads of cp.async; contiguous caches, pages of a multiple of its tile or of 8 "
+    "rows dividing it",
     tensor_maps=True,
-    page_rule="multiple",
+    page_rule="copy_engine",
 )
 DEC_VERSIONS = (DEC_V1, DEC_V2, DEC_V3, DEC_V4, DEC_V5)
 DEC_COMBINE_ROWS = 8

@@ -50,11 +50,11 @@ __host__ __device__ constexpr int dec_pipe_smem(int D, int Br, int Bc, bool warp
 // counted on the stage's full mbarrier by bytes (one arrival, with the byte count).  CP_ASYNC:
 // 16 bytes per cp.async from every producer thread, each thread's copies arriving on the full
 // mbarrier when they land (cp.async.mbarrier.arrive.noinc: 32 x PRODUCERS arrivals).  TMA: one
-// thread issues a tensor copy per 64-column panel of K and of V (Bc rows each, through the
-// kernel's TmaMaps: K at map 1, V at map 2, as (batch or page, K/V head, row, column)), counted on
-// the full mbarrier by bytes (two arrivals: K's and V's).  A tile is then Bc consecutive rows of
-// one batch or one page: the host picks TMA only for contiguous caches and pages of a multiple
-// of Bc rows, and the tiles start at multiples of Bc (dec_block's ALIGN).
+// thread issues tensor copies per 64-column panel of K and of V (through the kernel's TmaMaps: K
+// at map 1, V at map 2, as (batch or page, K/V head, row, column)), counted on the full mbarrier
+// by bytes (one arrival with the tile's byte count).  The copies are whole boxes of rows of one
+// batch or one page: the host picks TMA for contiguous caches, pages of a multiple of Bc rows
+// (tiles start at multiples of Bc: dec_block's ALIGN) and pages of 8 or 16 rows that divide Bc.
 enum class DecCopy { BULK, CP_ASYNC, TMA };
 
 // Who consumes a tile.  SHARED (dec_v2, dec_v3): all four consumer warps, Bc / 4 keys each, and
@@ -119,22 +119,47 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T), const TmaMa
   cp_async_commit();
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full(s), COPY == DecCopy::BULK ? 1 : COPY == DecCopy::TMA ? 2 : 32 * PRODUCERS);
+      mbar_init(full(s), COPY == DecCopy::CP_ASYNC ? 32 * PRODUCERS : 1);
       mbar_init(empty(s), WARP_TILES ? 1 : DEC_CONSUMERS);
     }
     mbar_fence_init();
   }
   __syncthreads();
 
-  if (warp >= DEC_CONSUMERS && SWIZZLED) {  // the producer: one thread, a tensor copy per panel
-    if (tid != 32 * DEC_CONSUMERS) return;
-    for (int n = 0; n < tiles; ++n) {
-      const int s = stage_of(n), j0 = kv_begin + n * Bc;  // j0 % Bc == 0, so the tile is in one page
-      const int row = block_table ? j0 % page_size : j0;
-      const int batch = block_table ? block_table[b * bt_stride + j0 / page_size] : b;
-      if (use_of(n) > 0) mbar_wait(empty(s), (use_of(n) + 1) & 1);  // its release number use_of(n) - 1
-      tma_tile_load<HEAD_DIM>(tmaps, 1, K_at(s), full(s), Bc, row, hk, batch);
-      tma_tile_load<HEAD_DIM>(tmaps, 2, K_at(s) + V_OFFSET, full(s), Bc, row, hk, batch);
+  if (warp >= DEC_CONSUMERS && SWIZZLED) {  // the producer warp: lane 0 issues the tensor copies
+    // A tile is Bc / R copies of R rows per 64-column panel: R = Bc for a contiguous cache and
+    // pages of a multiple of Bc (the tile inside one page: tiles start at multiples of Bc), else
+    // R = page_size (a divisor of Bc, a multiple of 8 rows: each copy one whole page, landing at
+    // a multiple of 1024 bytes in the panel, where the swizzle pattern restarts).  The host's
+    // maps have boxes of R rows.
+    const int R = block_table && page_size < Bc ? page_size : Bc, per_tile = Bc / R, copies = tiles * per_tile;
+    const auto first_key = [=](int u) { return kv_begin + u / per_tile * Bc + u % per_tile * R; };
+    // Copy u's batch (contiguous) or page: lane l looks up copy u0 + l, one chunk of 32 ahead, so
+    // the block table's latency is paid once per 32 copies instead of before each one.
+    const auto source = [=](int u) {
+      return block_table && u < copies ? block_table[b * bt_stride + first_key(u) / page_size] : b;
+    };
+    int next = source(lane);
+    for (int u0 = 0; u0 < copies; u0 += 32) {
+      const int mine = next;
+      next = source(u0 + 32 + lane);
+      for (int i = 0; i < min(32, copies - u0); ++i) {
+        const int u = u0 + i, n = u / per_tile, k = u % per_tile, s = stage_of(n);
+        const int batch = __shfl_sync(0xffffffffu, mine, i), j = first_key(u);
+        if (lane == 0) {
+          if (k == 0) {
+            if (use_of(n) > 0) mbar_wait(empty(s), (use_of(n) + 1) & 1);  // its release number use_of(n) - 1
+            mbar_arrive_expect_tx(full(s), 2 * Tile::BYTES);               // the whole tile, K and V
+          }
+          const int row = block_table ? j % page_size : j;
+#pragma unroll
+          for (int p = 0; p < HEAD_DIM / 64; ++p) {
+            const unsigned dst = K_at(s) + p * Bc * 128 + k * R * 128;
+            tma_load_4d(dst, tmaps->desc[1], 64 * p, row, hk, batch, full(s));
+            tma_load_4d(dst + V_OFFSET, tmaps->desc[2], 64 * p, row, hk, batch, full(s));
+          }
+        }
+      }
     }
     return;
   }
