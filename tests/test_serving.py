@@ -45,9 +45,10 @@ def test_decode_kernels_compile_within_budget(entry, dtype, D, causal, arch):
 
 @pytest.mark.parametrize("entry", [DEC_V4, DEC_V5], ids=lambda e: e.name)
 def test_warp_tile_decode_is_one_block_per_sm_with_many_stages(entry):
-    """dec_v4, dec_v5: up to ~200 KB of stages, one block per H200 SM, at least two stages per
-    consumer warp (each warp owns a quarter of them, csrc/dec_pipeline.cuh); dec_v5's stages
-    are unpadded swizzled tiles, 1024-byte aligned."""
+    """dec_v4, dec_v5: up to ~200 KB of stages, one block per H200 SM, each consumer warp owning a
+    quarter of them (csrc/dec_pipeline.cuh): at least two per warp for dec_v4; dec_v5's stages
+    are unpadded swizzled tiles, 1024-byte aligned, at least 128 KB of them (its 64-key tiles
+    leave one stage per warp at D=128: measured as fast as 12 stages of 32 keys)."""
     for D in (64, 128, 256):
         cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression("bfloat16", D, False), "sm_90")
         smem = _params.smem_bytes(cubin)
@@ -55,7 +56,8 @@ def test_warp_tile_decode_is_one_block_per_sm_with_many_stages(entry):
         assert smem <= 227 * 1024 < 2 * (smem + 1024)
         if entry.tensor_maps:
             head = -(-(64 + 16 * pitch) // 1024) * 1024  # barriers and Q, then the aligned stages
-            assert (smem - head) % (4 * D * Bc) == 0 and (smem - head) // (4 * D * Bc) >= 8
+            assert (smem - head) % (4 * D * Bc) == 0 and (smem - head) // (4 * D * Bc) >= 4
+            assert smem - head >= 128 * 1024
         else:
             assert (smem - 16 * pitch) // (2 * Bc * pitch) >= 8
 
@@ -352,7 +354,7 @@ def test_decode_rung_choice_by_page_size(monkeypatch):
     assert pick(1) == pick(4) == pick(24) == pick(16, tc=False) == "dec_v3"
     assert pick(16, "dec_v4") == "dec_v4" and pick(64, "dec_v5") == pick(16, "dec_v5") == "dec_v5"
     for page_size, tc in ((4, True), (24, True), (48, True), (0, False)):
-        with pytest.raises(ValueError, match=r"dec_v5 copies tiles of 32 rows .* one of \[8, 16\]"):
+        with pytest.raises(ValueError, match=r"dec_v5 copies tiles of 64 rows .* one of \[8, 16, 32\]"):
             pick(page_size, "dec_v5", tc)
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (8, 0))
     assert pick(16) == pick(0) == "dec_v1"
