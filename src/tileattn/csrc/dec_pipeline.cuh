@@ -75,6 +75,7 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T), const TmaMa
   static_assert(Br == 16, "one m16 row tile per block");
   static_assert(HEAD_DIM % 16 == 0 && Bc % (16 * (WARP_TILES ? 1 : DEC_CONSUMERS)) == 0, "whole k-steps of 16 per warp");
   static_assert(!SWIZZLED || (HEAD_DIM % 64 == 0 && Bc % 8 == 0), "TMA: whole 64-column panels, 8-row swizzle");
+  static_assert(!SWIZZLED || (WARP_TILES && DEC_CONSUMERS % PRODUCERS == 0), "TMA: each producer a whole warp's tiles");
   constexpr int STAGES = dec_pipe_stages(HEAD_DIM, Bc, WARP_TILES, SWIZZLED), PITCH = dec_pipe_pitch(HEAD_DIM);
   constexpr int STAGE_BYTES = dec_pipe_stage_bytes(HEAD_DIM, Bc, SWIZZLED);
   constexpr int KEYS = WARP_TILES ? Bc : Bc / DEC_CONSUMERS, DT = HEAD_DIM / 8;
@@ -126,32 +127,48 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T), const TmaMa
   }
   __syncthreads();
 
-  if (warp >= DEC_CONSUMERS && SWIZZLED) {  // the producer: one thread issues the tensor copies
-    if (tid != 32 * DEC_CONSUMERS) return;
+  if (warp >= DEC_CONSUMERS && SWIZZLED) {  // the producers: lane 0 of each issues tensor copies
+    if (lane != 0) return;
+    // Producer pw fills tiles pw, pw + PRODUCERS, ... (with four, the tiles of consumer warp pw):
+    // one thread's integer work per copy is what limits the copy issue (below), so each
+    // producer warp's thread issues its own share in parallel with the others.
+    const int pw = warp - DEC_CONSUMERS;
     // A tile is Bc / R copies of R rows per 64-column panel: R = Bc for a contiguous cache and
     // pages of a multiple of Bc (the tile inside one page: tiles start at multiples of Bc), else
     // R = page_size (a divisor of Bc, a multiple of 8 rows: each copy one whole page, landing at
     // a multiple of 1024 bytes in the panel, where the swizzle pattern restarts).  The host's
     // maps have boxes of R rows.
-    const int R = block_table && page_size < Bc ? page_size : Bc, per_tile = Bc / R, copies = tiles * per_tile;
-    // Copy u starts at key kv_begin + u R.  Its batch (contiguous) or page is looked up AHEAD
-    // copies early, the next group's loads in flight while this group's copies are issued, so
-    // the block table's latency is not paid before each copy.  Rows and table indices advance
-    // by R a copy, never divided by the runtime page size: this one thread's integer arithmetic
-    // is the copy issue's cost (with a division or two per copy, 16-row tiles of paged caches
-    // ran at 2.1-3.1 TB/s against 4.1 contiguous, H200).
+    const int R = block_table && page_size < Bc ? page_size : Bc, per_tile = Bc / R;
+    const int copies = (tiles > pw ? (tiles - pw + PRODUCERS - 1) / PRODUCERS : 0) * per_tile;
+    // A walk over this producer's copies: the block-table index (paged) and the row in the page,
+    // or the row in the batch, advanced by R a copy and past the other producers' tiles at each
+    // tile's end, never dividing by the runtime page size in the loop (with a division or two
+    // per copy, 16-row tiles of paged caches ran at 2.1-3.1 TB/s against 4.1 contiguous, H200).
+    struct Walk {
+      int idx, row, k;  // k: the copy's part of its tile
+    };
+    const int first = kv_begin + pw * Bc;
+    const auto step = [=](Walk& w) {
+      w.row += R;
+      if (++w.k == per_tile) w.k = 0, w.row += (PRODUCERS - 1) * Bc;
+      if (block_table)
+        while (w.row >= page_size) w.row -= page_size, ++w.idx;
+    };
+    // Copy u's batch (contiguous) or page, looked up AHEAD copies early, the next group's loads
+    // in flight while this group's copies are issued.
     constexpr int AHEAD = 8;
-    int look_idx = block_table ? kv_begin / page_size : 0, look_row = block_table ? kv_begin % page_size : 0;
-    const auto look_up = [&](int u) {  // copy u's source, for u = 0, 1, 2, ... in turn
+    Walk look{block_table ? first / page_size : 0, block_table ? first % page_size : first, 0};
+    const auto look_up = [&](int u) {  // u = 0, 1, 2, ... in turn
       if (!block_table || u >= copies) return b;
-      const int page = block_table[b * bt_stride + look_idx];
-      if ((look_row += R) == page_size) look_row = 0, ++look_idx;
+      const int page = block_table[b * bt_stride + look.idx];
+      step(look);
       return page;
     };
     int cur[AHEAD], nxt[AHEAD];
 #pragma unroll
     for (int i = 0; i < AHEAD; ++i) cur[i] = look_up(i);
-    int n = 0, k = 0, row = block_table ? kv_begin % page_size : kv_begin;  // copy u's tile, part, first row
+    Walk at{0, block_table ? first % page_size : first, 0};
+    int n = pw;  // the copy's tile
     for (int u0 = 0; u0 < copies; u0 += AHEAD) {
 #pragma unroll
       for (int i = 0; i < AHEAD; ++i) nxt[i] = look_up(u0 + AHEAD + i);
@@ -159,19 +176,18 @@ __device__ __forceinline__ void dec_pipeline(TILEATTN_DEC_PARAMS(T), const TmaMa
       for (int i = 0; i < AHEAD; ++i) {
         if (u0 + i >= copies) break;
         const int s = stage_of(n);
-        if (k == 0) {
+        if (at.k == 0) {
           if (use_of(n) > 0) mbar_wait(empty(s), (use_of(n) + 1) & 1);  // its release number use_of(n) - 1
           mbar_arrive_expect_tx(full(s), 2 * Tile::BYTES);               // the whole tile, K and V
         }
 #pragma unroll
         for (int p = 0; p < HEAD_DIM / 64; ++p) {
-          const unsigned dst = K_at(s) + p * Bc * 128 + k * R * 128;
-          tma_load_4d(dst, tmaps->desc[1], 64 * p, row, hk, cur[i], full(s));
-          tma_load_4d(dst + V_OFFSET, tmaps->desc[2], 64 * p, row, hk, cur[i], full(s));
+          const unsigned dst = K_at(s) + p * Bc * 128 + at.k * R * 128;
+          tma_load_4d(dst, tmaps->desc[1], 64 * p, at.row, hk, cur[i], full(s));
+          tma_load_4d(dst + V_OFFSET, tmaps->desc[2], 64 * p, at.row, hk, cur[i], full(s));
         }
-        if (++k == per_tile) k = 0, ++n;
-        row += R;
-        if (block_table && row == page_size) row = 0;
+        if (at.k == per_tile - 1) n += PRODUCERS;
+        step(at);
       }
 #pragma unroll
       for (int i = 0; i < AHEAD; ++i) cur[i] = nxt[i];

@@ -21,10 +21,12 @@
 
 namespace tileattn {
 
+constexpr int DEC5_PRODUCERS = 4;  // one per consumer warp, each lane 0 issuing that warp's tiles
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(32 * (DEC_CONSUMERS + 1))
+__global__ void __launch_bounds__(32 * (DEC_CONSUMERS + DEC5_PRODUCERS))
     dec_v5(TILEATTN_DEC_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  dec_pipeline<T, HEAD_DIM, Br, Bc, CAUSAL, DecCopy::TMA, 1, DecTiles::WARP>(TILEATTN_DEC_ARGS, &tmaps);
+  dec_pipeline<T, HEAD_DIM, Br, Bc, CAUSAL, DecCopy::TMA, DEC5_PRODUCERS, DecTiles::WARP>(TILEATTN_DEC_ARGS, &tmaps);
 }
 
 TILEATTN_SMEM_BYTES(dec_v5, dec_pipe_smem(HEAD_DIM, Br, Bc, true, true));
