@@ -114,6 +114,18 @@ def _cpu_worker(rank, P, init_file):
             for name, mine, theirs in zip("qkv", local, full):
                 torch.testing.assert_close(mine.grad, shard(theirs.grad), **tol, msg=lambda m: f"d{name}: {m}")
 
+        # torch.compile(fullgraph=True) keeps the ring's custom ops in its graph: the same O and
+        # gradients as eager (aot_eager: dynamo and AOT autograd's tracing, no C++ build).
+        gen = torch.Generator().manual_seed(5)  # the same full tensors on every rank
+        shapes = ((1, 13, 4, 8), (1, 13, 2, 8), (1, 13, 2, 8))
+        q, k, v = (zigzag_shard(torch.randn(shape, generator=gen, dtype=torch.float64), rank, P) for shape in shapes)
+        loss = lambda q, k, v: ring_flash_attn_func(q, k, v, causal=True, blocks=REFERENCE).sin().sum()
+        eager, compiled = ([t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2))
+        loss(*eager).backward()
+        torch.compile(loss, fullgraph=True, backend="aot_eager")(*compiled).backward()
+        for a, b in zip(eager, compiled):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)
+
         # The full sequence back from uneven shards (13 tokens: 4 + 3, or 3 + 2, 2 + 2, 2 + 2).
         x = torch.arange(13 * 2, dtype=torch.float64).view(1, 13, 2)
         torch.testing.assert_close(zigzag_gather(zigzag_shard(x, rank, P)), x, rtol=0, atol=0)
@@ -130,8 +142,9 @@ def _cpu_worker(rank, P, init_file):
 def test_ring_protocol_matches_unsharded_attention(P, tmp_path):
     """P gloo processes with the float64 reference as the block attention: O, lse and dq, dk, dv of
     each rank's shard equal unsharded attention's and its autograd gradients (zigzag layout,
-    causal and not, GQA and MQA, lengths that do not split evenly); zigzag_gather of uneven shards;
-    one rank's bad argument raising on every rank."""
+    causal and not, GQA and MQA, lengths that do not split evenly); the same under
+    torch.compile(fullgraph=True); zigzag_gather of uneven shards; one rank's bad argument raising
+    on every rank."""
     mp.spawn(_cpu_worker, args=(P, str(tmp_path / "init")), nprocs=P)
 
 

@@ -23,8 +23,13 @@ shard's dK/dV accumulate in the merge's dtype as they travel with it, one more h
 home after the last step.  GQA passes K/V with their own heads (no copies); the block kernels sum
 dK/dV over each group.  The block attention is pluggable (``BlockAttention``): ``KERNELS`` runs
 tileattn's forward and backward rungs on CUDA tensors, ``REFERENCE`` runs reference.py's float64
-NumPy definitions (the CPU tests check the protocol with it on the gloo backend).  Not yet: torch.compile
-(the autograd function and its point-to-point calls break the graph), windows, softcap, ALiBi.
+NumPy definitions (the CPU tests check the protocol with it on the gloo backend).
+
+torch.compile: the ring is one custom op (``tileattn::ring_attention``, its backward another), so
+a compiled model keeps it in its graph, fullgraph=True included, and runs it as it is: the
+point-to-point transfers, their overlap and the shape all-gather happen inside the op, which the
+compiler does not trace.  The process group travels to the op by name.  Not yet: windows,
+softcap, ALiBi.
 """
 
 from __future__ import annotations
@@ -242,20 +247,64 @@ def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, scale, causal, blocks: 
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class _RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, ring, scale, causal, blocks):
-        out, lse = _ring_forward(q, k, v, ring, scale, causal, blocks)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (ring, scale, causal, blocks)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+_BLOCKS = {"kernels": KERNELS, "reference": REFERENCE}
 
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None
+
+def _ring_of(q, k, group_name: str) -> _Ring:
+    """The ring of the named group, after every rank agreed on the shards (_agree)."""
+    group = dist.distributed_c10d._resolve_process_group(group_name)
+    return _Ring(group, _agree(q, k, None, group))
+
+
+# The ring as custom ops: opaque to torch.compile (the transfers run as written), and with fake
+# implementations (shapes only) so that a compiled graph can hold them.  lse is returned for
+# inspection, not differentiated (its gradient is not computed; ring_flash_attn_func detaches it).
+@torch.library.custom_op("tileattn::ring_attention", mutates_args=())
+def _ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group_name: str, scale: float, causal: bool, blocks: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _ring_forward(q, k, v, _ring_of(q, k, group_name), scale, causal, _BLOCKS[blocks])
+
+
+@_ring_attention.register_fake
+def _(q, k, v, group_name, scale, causal, blocks):
+    B, N, H, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, H, N), dtype=_accumulator(q.dtype))
+
+
+@torch.library.custom_op("tileattn::ring_attention_backward", mutates_args=())
+def _ring_attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    group_name: str,
+    scale: float,
+    causal: bool,
+    blocks: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ring = _ring_of(q, k, group_name)
+    return _ring_backward(dout.contiguous(), q, k, v, out, lse, ring, scale, causal, _BLOCKS[blocks])
+
+
+@_ring_attention_backward.register_fake
+def _(dout, q, k, v, out, lse, group_name, scale, causal, blocks):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *ctx.args = inputs
+    ctx.save_for_backward(q, k, v, *output)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    return *_ring_attention_backward(dout, q, k, v, out, lse, *ctx.args), None, None, None, None
+
+
+_ring_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
@@ -278,6 +327,8 @@ def _local_problem(q, k, v, causal, blocks) -> Exception | None:
         return ValueError(f"q, k, v must share a floating dtype and a device, got {q.dtype}/{k.dtype}/{v.dtype}")
     if causal not in (False, True, "top_left", "bottom_right"):
         return ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    if not any(blocks is b for b in _BLOCKS.values()):
+        return ValueError(f"blocks must be distributed.KERNELS or distributed.REFERENCE, got {blocks!r}")
     if blocks is KERNELS and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         from .api import _check_backward_exists
 
@@ -343,9 +394,11 @@ def ring_flash_attn_func(
     problem = _local_problem(q, k, v, causal, blocks)
     if not dist.is_initialized():
         raise problem or RuntimeError("ring_flash_attn_func needs an initialized torch.distributed process group")
-    seqlen = _agree(q, k, problem, group)
-    ring = _Ring(group, seqlen)
+    group = group if group is not None else dist.group.WORLD
+    if problem:  # the other ranks meet this one in the op's all-gather, and raise there too
+        _agree(q, k, problem, group)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))  # sent whole
-    out, lse = _RingAttention.apply(q, k, v, ring, scale, causal is not False, blocks)
-    return (out, lse) if return_lse else out
+    name = next(n for n, b in _BLOCKS.items() if b is blocks)
+    out, lse = _ring_attention(q, k, v, group.group_name, scale, causal is not False, name)
+    return (out, lse.detach()) if return_lse else out
