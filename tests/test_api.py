@@ -338,3 +338,90 @@ def test_transformers_chunked_attention_mask_is_never_skipped(monkeypatch):
         config=config, dtype=torch.bfloat16, device="cpu",
     )  # fmt: skip
     assert hf.window_aware_mask(**kw) is not None
+
+
+def _fake_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                 causal=False, window_size=(-1, -1), softcap=0.0, **kwargs):  # fmt: skip
+    """flash_attn_varlen_func's contract, from reference.attention_varlen (float64 NumPy, CPU)."""
+    from tileattn import reference
+
+    assert causal in (False, "bottom_right") and max_seqlen_q >= 0 and max_seqlen_k >= 0
+    numpy = lambda t: t.double().numpy()
+    O, _ = reference.attention_varlen(
+        numpy(q), numpy(k), numpy(v), cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), softmax_scale=softmax_scale,
+        causal=bool(causal), window=window_size, softcap=softcap,
+    )  # fmt: skip
+    return torch.from_numpy(O).to(q.dtype)
+
+
+@pytest.mark.parametrize("model_name", ["llama", "gemma2"])
+def test_transformers_padded_batches_run_packed(monkeypatch, model_name):
+    """A left-padded batch, its prefill and a decode step with the cache, takes tileattn's packed
+    path (padding_aware_mask's (B, L) mask, the valid tokens gathered, flash_attn_varlen_func per
+    sequence, zeros back on padded rows) with no fallback, and gives transformers' own logits on
+    every valid position: SDPA's for Llama, eager's for Gemma 2 (a sliding window shorter than
+    the prompt, applied per sequence in prefill and in the decode step, and a softcap).  On the
+    CPU: the kernel's contract is played by the float64 reference."""
+    import warnings
+
+    pytest.importorskip("transformers")
+    from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    import tileattn.integrations.transformers as tileattn_hf
+    from tileattn import serving
+
+    tileattn_hf.register()
+    monkeypatch.setattr(tileattn_hf, "_variants_run", lambda *a: True)
+    monkeypatch.setattr(tileattn_hf, "_unsupported", lambda *a: None)  # (the CPU itself would fall back)
+    monkeypatch.setattr(serving, "flash_attn_varlen_func", _fake_varlen)
+    common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, vocab_size=100)  # fmt: skip
+    if model_name == "llama":
+        config, cls, peer = LlamaConfig(**common), LlamaForCausalLM, "sdpa"
+    else:
+        config = Gemma2Config(
+            **common, sliding_window=6, attn_logit_softcapping=0.5, final_logit_softcapping=None,
+            query_pre_attn_scalar=32, layer_types=["sliding_attention", "full_attention"],
+        )  # fmt: skip
+        cls, peer = Gemma2ForCausalLM, "eager"
+    torch.manual_seed(0)
+    model = cls(config).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 100, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[0, :7], mask[2, :1] = 0, 0  # left padding
+    step = torch.randint(0, 100, (3, 1))
+    calls, logits = [], {}
+    padded = tileattn_hf._padded_attention
+    monkeypatch.setattr(tileattn_hf, "_padded_attention", lambda *a: calls.append(1) or padded(*a))
+    for impl in (peer, "tileattn"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")  # a fallback would warn
+            first = model(input_ids=ids, attention_mask=mask, use_cache=True)
+            then = model(input_ids=step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
+                         past_key_values=first.past_key_values)  # fmt: skip
+        logits[impl] = first.logits.float(), then.logits.float()
+    assert len(calls) == 2 * 2  # both layers, prefill and decode
+    keep = mask.bool()
+    torch.testing.assert_close(logits["tileattn"][0][keep], logits[peer][0][keep], rtol=0, atol=2e-2)
+    torch.testing.assert_close(logits["tileattn"][1], logits[peer][1], rtol=0, atol=2e-2)
+
+
+def test_transformers_padding_mask_as_sdpa_mask():
+    """The fallback's 4-D mask from a padding mask (_dense_mask) is transformers' own SDPA mask on
+    every valid query row: prefill and a decode step, causal with and without a sliding window."""
+    pytest.importorskip("transformers")
+    from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
+
+    from tileattn.integrations import transformers as hf
+
+    padding = torch.ones(3, 12, dtype=torch.bool)
+    padding[0, :5], padding[2, :1] = False, False
+    for window in (None, 4):
+        fn = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
+        for Nq in (12, 1):
+            want = sdpa_mask(batch_size=3, q_length=Nq, kv_length=12, q_offset=12 - Nq, mask_function=fn,
+                             attention_mask=padding, allow_is_causal_skip=False, local_size=window)  # fmt: skip
+            got = hf._dense_mask(padding, Nq, 12, True, {"sliding_window": window})
+            rows = padding[:, 12 - Nq :]
+            assert torch.equal(got[:, 0][rows], want[:, 0][rows])

@@ -479,22 +479,25 @@ def test_transformers_logits_match_sdpa():
     assert model.config._attn_implementation == "tileattn"
     torch.testing.assert_close(logits["tileattn"], logits["sdpa"], rtol=0, atol=0.05)
 
-    # A padded batch: the mask reaches the attention function, which hands it to SDPA (one warning).
-    from contextlib import nullcontext
+    # A left-padded batch, its prefill and a decode step with the cache: tileattn's packed path
+    # (flash_attn_varlen_func over the valid tokens), no fallback warning.
+    import warnings
 
-    tileattn_hf._warned.clear()
     mask = torch.ones_like(ids)
     mask[0, :100] = 0
     mask[2, :3] = 0
+    step = torch.randint(0, 1000, (3, 1), device="cuda")
     for impl in ("sdpa", "tileattn"):
         model.set_attn_implementation(impl)
-        with (
-            torch.no_grad(),
-            pytest.warns(UserWarning, match="attention mask") if impl == "tileattn" else nullcontext(),
-        ):
-            logits[impl] = model(input_ids=ids, attention_mask=mask).logits.float()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")  # a fallback would warn
+            first = model(input_ids=ids, attention_mask=mask, use_cache=True)
+            then = model(input_ids=step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
+                         past_key_values=first.past_key_values)  # fmt: skip
+        logits[impl] = first.logits.float(), then.logits.float()
     keep = mask.bool()
-    torch.testing.assert_close(logits["tileattn"][keep], logits["sdpa"][keep], rtol=0, atol=0.05)
+    torch.testing.assert_close(logits["tileattn"][0][keep], logits["sdpa"][0][keep], rtol=0, atol=0.05)
+    torch.testing.assert_close(logits["tileattn"][1], logits["sdpa"][1], rtol=0, atol=0.05)
 
 
 def test_transformers_gemma2_softcap_and_sliding_window_match_eager():

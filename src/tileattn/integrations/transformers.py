@@ -5,24 +5,34 @@
     model = AutoModelForCausalLM.from_config(config, attn_implementation="tileattn")
 
 ``register()`` adds tileattn's forward to transformers' ``AttentionInterface`` and a mask builder
-to ``AttentionMaskInterface`` under the same name: SDPA's, except that a sliding-window layer's
-causal mask without padding over a whole sequence (prefill: as many queries as keys) is not built
-either, since the attention function applies the window itself from the ``sliding_window``
-argument the model passes (as transformers' flash-attention path does).  So a batch without
-padding reaches the attention function with no mask at all (causality comes from
-``module.is_causal``, aligned top-left as transformers' SDPA path aligns it).
+to ``AttentionMaskInterface`` under the same name (``padding_aware_mask``).  Where tileattn's
+variable-length kernels run (CUDA, fp16/bf16, their head dims), the mask is what transformers'
+flash-attention path gets: None for a batch without padding, else the (B, L) padding mask of
+the first L key slots (L < the keys' length for a static cache), the queries being the last
+ones of those L positions; a sliding-window layer with fewer queries than keys (decoding) gets an
+all-ones mask, so that its window is applied per sequence.  Elsewhere it is SDPA's 4-D mask,
+except that a sliding-window layer's causal mask without padding over a whole sequence is not
+built either (``window_aware_mask``): the attention function applies the window itself from the
+``sliding_window`` argument the model passes.  So a batch without padding reaches the attention
+function with no mask at all (causality comes from ``module.is_causal``, aligned top-left as
+transformers' SDPA path aligns it).
 
 What runs where:
   * No mask, no dropout, a head dim and dtype tileattn takes (for training: one its backward
     takes too, tileattn.api.backward_head_dims): tileattn, GQA without repeating k/v.  The
     logit softcap (Gemma 2) and a sliding window (Mistral, Gemma 2/3) run in tileattn's variants
     kernels, without gradients.
+  * A padding mask (batched generation's prefill and decode steps, static caches): the valid
+    tokens are gathered (one host sync for their count, as transformers' flash-attention path)
+    and run through ``flash_attn_varlen_func``, causal bottom-right per sequence, windows and
+    softcap included; padded query rows get zeros.  No gradients (the fallback serves training).
   * Anything else falls back to transformers' own SDPA path, with one warning per reason:
-    a padding mask (variable-length batches are not supported yet), dropout, position bias,
-    softcap or a sliding window on inputs that require grad (no backward for them yet), inputs
-    that require grad at a head dim without a backward rung (the fallback keeps training
-    correct), an unsupported head dim or dtype.  (transformers' SDPA path itself drops the
-    softcap: run such models with "eager" for a reference.)
+    dropout, position bias, softcap or a sliding window on inputs that require grad (no backward
+    for them yet), a padded batch that requires grad, inputs that require grad at a head dim
+    without a backward rung (the fallback keeps training correct), an unsupported head dim or
+    dtype, a mask of another kind (chunked attention).  A padding mask is turned into SDPA's 4-D
+    mask for it.  (transformers' SDPA path itself drops the softcap: run such models with "eager"
+    for a reference.)
 transformers is an optional dependency: ``pip install 'tileattn[transformers]'``.
 """
 
@@ -44,11 +54,12 @@ def register(name: str = NAME) -> None:
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, window_aware_mask)
+    AttentionMaskInterface.register(name, padding_aware_mask)
 
 
-def _variants_run(config, dtype, device) -> bool:
-    """Whether tileattn's window / softcap kernels take this model's head dim and dtype here."""
+def _variants_run(config, dtype, device, variants: bool = True) -> bool:
+    """Whether tileattn's packed kernels (variants: its window / softcap kernels) take this model's
+    head dim and dtype here."""
     from .. import serving
 
     device = torch.device(device) if device is not None else None
@@ -58,10 +69,33 @@ def _variants_run(config, dtype, device) -> bool:
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     try:
-        serving._packed_path("", dtype, D, device, True)
+        serving._packed_path("", dtype, D, device, variants)
     except NotImplementedError:
         return False
     return True
+
+
+def padding_aware_mask(*args, **kwargs):
+    """The mask builder registered for tileattn: transformers' flash-attention mask (None without
+    padding, else the (B, L) padding mask) where the variable-length kernels run, with an
+    all-ones mask for a sliding-window layer that decodes (fewer queries than keys: its window
+    is then applied per sequence); window_aware_mask (SDPA's 4-D mask) elsewhere, and always for
+    chunked attention, which a padding mask cannot express."""
+    from transformers.masking_utils import flash_attention_mask
+
+    config = kwargs.get("config")
+    window = kwargs.get("local_size")
+    window_layer = window is not None and window == getattr(config, "sliding_window", None)
+    variants = window_layer or bool(getattr(config, "attn_logit_softcapping", None))
+    if getattr(config, "attention_chunk_size", None) or not _variants_run(
+        config, kwargs.get("dtype"), kwargs.get("device"), variants
+    ):
+        return window_aware_mask(*args, **kwargs)
+    mask = flash_attention_mask(*args, **kwargs)
+    q_length, kv_length = kwargs["q_length"], kwargs["kv_length"]
+    if mask is None and window_layer and q_length != kv_length:
+        mask = torch.ones(kwargs["batch_size"], kv_length, dtype=torch.bool, device=kwargs.get("device"))
+    return mask
 
 
 def window_aware_mask(*args, **kwargs):
@@ -136,8 +170,8 @@ def _math_attention(module, query, key, value, attention_mask, dropout, scaling,
 
 
 def _unsupported(query, key, value, attention_mask, dropout, kwargs) -> str | None:
-    if attention_mask is not None:
-        return "an attention mask (padding, or a sliding window tileattn does not apply here) is not supported yet"
+    if attention_mask is not None and attention_mask.dim() != 2:
+        return "an attention mask other than padding (chunked attention, say) is not supported"
     if dropout:
         return "dropout is not supported"
     if kwargs.get("position_bias") is not None:
@@ -148,6 +182,8 @@ def _unsupported(query, key, value, attention_mask, dropout, kwargs) -> str | No
     needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     if needs_grad and (kwargs.get("softcap") or kwargs.get("sliding_window")):
         return "softcap and sliding windows have no backward pass yet"
+    if needs_grad and attention_mask is not None:
+        return "padded batches have no backward pass yet"
     if needs_grad and D not in api.backward_head_dims(dtype):
         return f"inputs require grad and tileattn has no backward pass for {dtype} at head dim {D}"
     if D not in api.head_dims(dtype) or key.shape[-1] != D:
@@ -169,6 +205,16 @@ def attention_forward(
     """transformers' attention-function signature: query (B, H, Nq, D), key/value (B, H_kv, Nk, D);
     returns (attn_output (B, Nq, H, D), None)."""
     reason = _unsupported(query, key, value, attention_mask, dropout, kwargs)
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is not None and attention_mask.dim() == 2:  # padding_aware_mask's padding mask
+        if reason is None and query.dtype not in (torch.float16, torch.bfloat16):
+            reason = f"padded batches run in float16 or bfloat16, not {query.dtype}"
+        if reason is None:
+            try:
+                return _padded_attention(query, key, value, attention_mask, scaling, is_causal, kwargs), None
+            except NotImplementedError as e:
+                reason = str(e)
+        attention_mask = _dense_mask(attention_mask, query.shape[2], key.shape[2], is_causal, kwargs)
     if reason is not None:
         return _fallback(
             reason,
@@ -182,7 +228,6 @@ def attention_forward(
             is_causal=is_causal,
             **kwargs,
         )
-    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # As transformers' SDPA path: a single query token attends to every key; otherwise causal is
     # aligned top-left (a static cache's unused slots sit after the keys in use).
     causal = "top_left" if (is_causal and query.shape[2] > 1) else False
@@ -204,6 +249,52 @@ def attention_forward(
             dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs,
         )  # fmt: skip
     return out, None  # (B, Nq, H, D), contiguous: what the model's o_proj reshapes
+
+
+def _padded_attention(query, key, value, padding, scaling, is_causal, kwargs):
+    """A padded batch through flash_attn_varlen_func, as transformers' flash-attention path runs
+    it: padding (B, L) marks the valid tokens among the first L key slots, and the queries are
+    the last Nq of those L positions.  The valid keys and queries are gathered into packed
+    tensors (the count of valid tokens is a host sync), attention runs per sequence (causal
+    bottom-right: each sequence's last query sits at its last key), and the outputs return to
+    their rows, zeros on padded query rows.  query (B, H, Nq, D), key/value (B, H_kv, Nk, D) ->
+    (B, Nq, H, D)."""
+    from .. import serving
+
+    B, H, Nq, D = query.shape
+    L = padding.shape[1]
+    padding = padding.bool()
+    valid_q = padding[:, L - Nq :]
+    cu = lambda m: torch.nn.functional.pad(m.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+    rows_k, rows_q = padding.flatten().nonzero().squeeze(1), valid_q.flatten().nonzero().squeeze(1)
+    packed = lambda t, n, rows: t[:, :, :n].transpose(1, 2).reshape(B * n, t.shape[1], D)[rows]
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap") or 0.0
+    out = serving.flash_attn_varlen_func(
+        packed(query, Nq, rows_q), packed(key, L, rows_k), packed(value, L, rows_k), cu(valid_q), cu(padding),
+        Nq, L, softmax_scale=scaling, causal="bottom_right" if is_causal else False,
+        window_size=(window - 1, 0) if window and is_causal else (-1, -1), softcap=softcap,
+    )  # fmt: skip
+    return out.new_zeros(B * Nq, H, D).index_copy_(0, rows_q, out).view(B, Nq, H, D)
+
+
+def _dense_mask(padding, Nq: int, Nk: int, is_causal: bool, kwargs) -> torch.Tensor:
+    """padding_aware_mask's (B, L) padding mask as SDPA's (B, 1, Nq, Nk) boolean mask, for the
+    fallback: key j < L valid and, causal, at most query i's position L - Nq + i (and inside a
+    sliding window W: above that position minus W).  Padded query rows see every key (their
+    output is discarded; a row that sees none would be NaN)."""
+    B, L = padding.shape
+    padding = padding.bool()
+    pos = torch.arange(Nq, device=padding.device)[:, None] + (L - Nq)
+    j = torch.arange(Nk, device=padding.device)[None, :]
+    keep = torch.zeros(B, Nk, dtype=torch.bool, device=padding.device)
+    keep[:, :L] = padding
+    keep = keep[:, None, :] & torch.ones(Nq, Nk, dtype=torch.bool, device=padding.device)
+    if is_causal:
+        keep &= j <= pos
+        if kwargs.get("sliding_window"):
+            keep &= j > pos - kwargs["sliding_window"]
+    keep |= ~padding[:, L - Nq :, None]
+    return keep[:, None]
 
 
 def random_llama(
