@@ -53,6 +53,21 @@ pieces = {
         plan.function, 1, 16, 1, plan.threads, 1, 1, plan.smem, stream, kernel_params, None
     ),
 }
+# Decode (issue 12): B=1, GQA 32:8, one token over 1,024 cached keys, D=128 (dec_v5 on Hopper).
+# At B=1 every decode rung measured ~0.1 ms against cuDNN's 0.035 at 16k keys (bench/results/decode.json).
+from tileattn import serving  # noqa: E402
+
+qd = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+kd, vd = (torch.randn(1, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+lens = torch.full((1,), 1024, dtype=torch.int32, device="cuda")
+pieces |= {
+    "flash_attn_with_kvcache (whole call)": lambda: serving.flash_attn_with_kvcache(qd, kd, vd, cache_seqlens=lens),
+    "  _decode_entry": lambda: serving._decode_entry("bfloat16", 128, 0, None, 0, True),
+    "  _variants": lambda: serving._variants((-1, -1), 0.0, None, False, 1, 32, 1025, qd.device),
+    "  num_splits_heuristic (cached)": lambda: serving.num_splits_heuristic(8, 16, 132),
+    "  _cache_maps (cached)": lambda: serving._cache_maps(kd, vd, 64),
+    "  entry_kernel lookup": lambda: api.entry_kernel("dec_v5", "bfloat16", 128, False, 0),
+}
 with torch.no_grad():
     tileattn.flash_attn_func(q, k, v)  # fills the plan's parameter buffer that the launch piece reuses
     for name, fn in pieces.items():
