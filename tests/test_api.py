@@ -362,13 +362,12 @@ def test_transformers_padded_batches_run_packed(monkeypatch, model_name):
     every valid position: SDPA's for Llama, eager's for Gemma 2 (a sliding window shorter than
     the prompt, applied per sequence in prefill and in the decode step, and a softcap).  On the
     CPU: the kernel's contract is played by the float64 reference."""
-    import warnings
-
     pytest.importorskip("transformers")
     from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 
     import tileattn.integrations.transformers as tileattn_hf
     from tileattn import serving
+    from tileattn.testing import padded_prefill_and_step
 
     tileattn_hf.register()
     monkeypatch.setattr(tileattn_hf, "_variants_run", lambda *a: True)
@@ -393,14 +392,8 @@ def test_transformers_padded_batches_run_packed(monkeypatch, model_name):
     calls, logits = [], {}
     padded = tileattn_hf._padded_attention
     monkeypatch.setattr(tileattn_hf, "_padded_attention", lambda *a: calls.append(1) or padded(*a))
-    for impl in (peer, "tileattn"):
-        model.set_attn_implementation(impl)
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("error")  # a fallback would warn
-            first = model(input_ids=ids, attention_mask=mask, use_cache=True)
-            then = model(input_ids=step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
-                         past_key_values=first.past_key_values)  # fmt: skip
-        logits[impl] = first.logits.float(), then.logits.float()
+    for impl in (peer, "tileattn"):  # (a fallback would warn: an error here)
+        logits[impl] = padded_prefill_and_step(model, impl, ids, mask, step)
     assert len(calls) == 2 * 2  # both layers, prefill and decode
     keep = mask.bool()
     torch.testing.assert_close(logits["tileattn"][0][keep], logits[peer][0][keep], rtol=0, atol=2e-2)

@@ -481,20 +481,14 @@ def test_transformers_logits_match_sdpa():
 
     # A left-padded batch, its prefill and a decode step with the cache: tileattn's packed path
     # (flash_attn_varlen_func over the valid tokens), no fallback warning.
-    import warnings
+    from tileattn.testing import padded_prefill_and_step
 
     mask = torch.ones_like(ids)
     mask[0, :100] = 0
     mask[2, :3] = 0
     step = torch.randint(0, 1000, (3, 1), device="cuda")
     for impl in ("sdpa", "tileattn"):
-        model.set_attn_implementation(impl)
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("error")  # a fallback would warn
-            first = model(input_ids=ids, attention_mask=mask, use_cache=True)
-            then = model(input_ids=step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
-                         past_key_values=first.past_key_values)  # fmt: skip
-        logits[impl] = first.logits.float(), then.logits.float()
+        logits[impl] = padded_prefill_and_step(model, impl, ids, mask, step)
     keep = mask.bool()
     torch.testing.assert_close(logits["tileattn"][0][keep], logits["sdpa"][0][keep], rtol=0, atol=0.05)
     torch.testing.assert_close(logits["tileattn"][1], logits["sdpa"][1], rtol=0, atol=0.05)

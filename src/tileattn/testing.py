@@ -51,6 +51,23 @@ def assert_serving_output(out, lse, o_ref, lse_ref, dtype) -> None:
     torch.testing.assert_close(lse.cpu()[finite].double(), lse_ref[finite], rtol=1e-4, atol=1e-4)
 
 
+def padded_prefill_and_step(model, impl: str, ids, mask, step) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transformers causal LM under attention implementation ``impl``: the float32 logits of a
+    padded prefill (ids and its (B, N) attention mask) and of one decode step (step, (B, 1)) over
+    the cache it left, with any warning raised as an error (tileattn's fallback warns)."""
+    import warnings
+
+    model.set_attn_implementation(impl)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        then = model(
+            input_ids=step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
+            past_key_values=first.past_key_values,
+        )  # fmt: skip
+    return first.logits.float(), then.logits.float()
+
+
 def cu_seqlens(lens, device="cuda") -> torch.Tensor:
     """flash_attn_varlen_func's (B + 1,) int32 row offsets of sequences of these lengths."""
     return torch.tensor([0, *torch.tensor(lens, dtype=torch.long).cumsum(0).tolist()], dtype=torch.int32, device=device)
