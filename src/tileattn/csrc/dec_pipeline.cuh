@@ -11,7 +11,7 @@
 // chunk's last key (finite data, masked to P = 0), so every stage's copy is the same size and
 // nothing is zero-filled.  Tensor copies (TMA): a stage holds K and V as SwizzledTiles (mma.cuh;
 // 64-column panels, the copy engine's 128-byte swizzle), 1024-byte aligned; rows past the
-// sequence's last key are zeroed in shared memory by the consumer (DecRowZero below).
+// sequence's last key are zeroed in shared memory by the consumer that takes the tile.
 #pragma once
 
 #include "dec_common.cuh"
@@ -49,16 +49,17 @@ __host__ __device__ constexpr int dec_pipe_smem(int D, int Br, int Bc, bool warp
 // How the producer warps move a tile's rows.  BULK: one cp.async.bulk per row from one lane,
 // counted on the stage's full mbarrier by bytes (one arrival, with the byte count).  CP_ASYNC:
 // 16 bytes per cp.async from every producer thread, each thread's copies arriving on the full
-// mbarrier when they land (cp.async.mbarrier.arrive.noinc: 32 x PRODUCERS arrivals).  TMA: one
-// thread issues tensor copies per 64-column panel of K and of V (through the kernel's TmaMaps: K
-// at map 1, V at map 2, as (batch or page, K/V head, row, column)), counted on the full mbarrier
-// by bytes (one arrival with the tile's byte count).  The copies are whole boxes of rows of one
-// batch or one page: the host picks TMA for contiguous caches, pages of a multiple of Bc rows
-// (tiles start at multiples of Bc: dec_block's ALIGN) and pages of 8 or 16 rows that divide Bc.
+// mbarrier when they land (cp.async.mbarrier.arrive.noinc: 32 x PRODUCERS arrivals).  TMA: lane 0
+// of each producer warp issues tensor copies per 64-column panel of K and of V for its share of
+// the tiles (through the kernel's TmaMaps: K at map 1, V at map 2, as (batch or page, K/V head,
+// row, column)), counted on the full mbarrier by bytes (one arrival with the tile's byte count).
+// The copies are whole boxes of rows of one batch or one page: the host picks TMA for contiguous
+// caches, pages of a multiple of Bc rows (tiles start at multiples of Bc: dec_block's ALIGN) and
+// pages of a multiple of 8 rows that divide Bc (one copy per page).
 enum class DecCopy { BULK, CP_ASYNC, TMA };
 
 // Who consumes a tile.  SHARED (dec_v2, dec_v3): all four consumer warps, Bc / 4 keys each, and
-// the stage is free once all four release it.  WARP (dec_v4): one warp takes the whole tile
+// the stage is free once all four release it.  WARP (dec_v4, dec_v5): one warp takes the whole tile
 // (tile n: warp n % 4) into stages of its own (a quarter of them, in turn), so a stage waits for
 // one warp only and is small (dec_v4: 32 keys): many stages are in flight at once, and a consumer
 // waits only for its own tile's copies, never for the slowest of a large tile's.  Each stage
