@@ -232,8 +232,8 @@ def flash_attn_with_kvcache(
             n chunks merged through their log-sum-exp.
         return_lse: also return the float32 log-sum-exp, (B, H, Nq); -inf for a row with no key.
         version: a decode kernel by name ("dec_v1" .. "dec_v5"); default the newest this GPU runs
-            that takes the pages (dec_v5: a contiguous cache, pages of a multiple of its tile of 32
-            rows (16 at D=256) or of 8 or 16 rows; dec_v4 other pages of at least its tile;
+            that takes the pages (dec_v5: a contiguous cache, pages of a multiple of its tile of 64
+            rows (32 at D=256) or of 8, 16 or 32 rows; dec_v4 other pages of at least 32 rows;
             dec_v3 shorter ones).
 
     Not differentiable: an input that requires grad while grad mode is on raises.

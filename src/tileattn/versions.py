@@ -452,13 +452,13 @@ DEC_V5 = dataclasses.replace(
     name="dec_v5",
     file="dec_v5_tma.cu",
     kernel="dec_v5",
-    summary="dec_v4's warp-owned stages filled by one thread's tensor copies (TMA, 128-byte swizzle) "
-    "instead of 128 threads of cp.async; contiguous caches, pages of a multiple of its tile or of 8 "
-    "rows dividing it",
+    summary="dec_v4's warp-owned stages filled by tensor copies (TMA, 128-byte swizzle), one issuing "
+    "thread per consumer warp, instead of 128 threads of cp.async; contiguous caches, pages of a "
+    "multiple of its tile or of a multiple of 8 rows dividing it",
     # 64-key stages (32 at D=256; 4 to 12 stages in ~200 KB): H200, bf16, B=16, GQA 32:8, 16k keys,
-    # D=128, scripts/decode_sweep.py: contiguous 4.19-4.29 TB/s at Bc = 32 and 64 alike (0.97-0.98x
-    # cuDNN), 16-row pages 0.91x of contiguous at Bc = 64 against 0.86x at 32 (a tile of 16-row
-    # pages is one tensor copy per page: fewer per byte with the longer tile), Bc = 16 3.6-4.1.
+    # D=128, scripts/decode_sweep.py: contiguous 4.17-4.29 TB/s at Bc = 32 and 64 alike (0.97-0.98x
+    # cuDNN); with one producer thread 16-row pages ran at 0.91x of contiguous at Bc = 64 and 0.86x
+    # at 32 (a tile of 16-row pages is one copy per page), with four 0.98x at both (b180741).
     tiles={64: (16, 64), 128: (16, 64), 256: (16, 32)},
     tensor_maps=True,
     page_rule="copy_engine",
