@@ -256,13 +256,18 @@ def _gpu_worker(rank, P, init_file):
             out = ring_flash_attn_func(*local, causal=causal, blocks=KERNELS)
             (out * zigzag_shard(dout, rank, P)).sum().backward()
             _assert_shard_matches(rank, P, out.detach(), [t.grad for t in local], ref, ref_grads, dtype)
+        # Compiled (inductor, fullgraph): the ring's custom ops run the same kernels as in eager.
+        compiled = torch.compile(lambda q, k, v: ring_flash_attn_func(q, k, v, causal=True), fullgraph=True)
+        q, k, v = (zigzag_shard(t, rank, P) for t in _single_gpu(1, 4097, 8, 2, 64, True, torch.bfloat16, 1)[0][:3])
+        torch.testing.assert_close(compiled(q, k, v), ring_flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.gpu
 def test_ring_kernels_match_single_gpu(tmp_path):
-    """Two GPUs over NCCL with tileattn's forward and backward rungs as the block attention."""
+    """Two GPUs over NCCL with tileattn's forward and backward rungs as the block attention, and
+    the forward compiled with fullgraph=True."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs (the device's nvidia-h200-x2 kind)")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (the device's KINDS.md)
