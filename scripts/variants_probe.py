@@ -1,4 +1,6 @@
 """Probe: v3.3 plain vs its variants kernel with no variant on, and each variant alone (bf16 causal N=8192).
+The experiments compiled in by --define so far: TILEATTN_SOFTCAP_FOLD, TILEATTN_ALIBI_ONE_FFMA
+(csrc/v3_3_wgmma.cu).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined (an experiment's
 switch in the CUDA sources; the kernel cache keys on the options, so every build stays cached).
@@ -26,18 +28,30 @@ if define:
     print(f"compiled with {define}")
 
 
-def max_error(D, softcap):
-    """Causal bf16 at an awkward length against float64, softcap on or off (a build's sanity check)."""
+def max_error(D, softcap=0.0, alibi=False):
+    """Causal bf16 at an awkward length against float64, softcap and ALiBi on or off (a build's
+    sanity check): the largest |error| of O and of lse."""
     q, k, v = (torch.randn(1, 777, 2, D, device="cuda", dtype=torch.bfloat16) * 2 for _ in range(3))
-    out = flash_attn_func(q, k, v, causal=True, softcap=softcap).double().cpu().numpy()
+    slopes = torch.tensor([0.5, 0.05], device="cuda") if alibi else None
+    out, lse = flash_attn_func(q, k, v, causal=True, softcap=softcap, alibi_slopes=slopes, return_lse=True)
     heads = lambda t: t.double().cpu().numpy().transpose(0, 2, 1, 3)  # reference.py's (B, H, N, D)
-    ref, _ = reference.attention_serving(*map(heads, (q, k, v)), causal=True, softcap=softcap)
-    return abs(out - ref.transpose(0, 2, 1, 3)).max()
+    ref, ref_lse = reference.attention_serving(
+        *map(heads, (q, k, v)),
+        causal=True,
+        softcap=softcap,
+        alibi_slopes=None if slopes is None else slopes.cpu().numpy(),
+    )
+    return abs(out.double().cpu().numpy() - ref.transpose(0, 2, 1, 3)).max(), abs(
+        lse.double().cpu().numpy() - ref_lse
+    ).max()
 
 
 B, H, N = 2, 16, 8192
 for D in (64, 128):
-    print(f"D={D} max |error| vs float64: plain causal {max_error(D, 0.0):.2e}, softcap 5 {max_error(D, 5.0):.2e}")
+    for name, kw in (("plain", {}), ("softcap 5", dict(softcap=5.0)), ("alibi", dict(alibi=True)),
+                     ("alibi + softcap 5", dict(alibi=True, softcap=5.0))):  # fmt: skip
+        o_err, lse_err = max_error(D, **kw)
+        print(f"D={D} causal {name}: max |error| vs float64 O {o_err:.2e}, lse {lse_err:.2e}")
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     slopes = torch.rand(H, device="cuda") * 0.1
     t = lambda f: do_bench(f, warmup=25, rep=200, return_mode="median")

@@ -296,11 +296,13 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // them (past Nk; the diagonal when causal), the rows rebase to the new max in the log2 domain
 // (scale_log2 > 0 folded into one FFMA per score), and S becomes exp2(S * scale - m).  m_i, l_i
 // (this thread's partial row sums) are updated; scale_old is the factor O must be rebased by.
-template <bool CAUSAL, int NS>
+// OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
+// row max before the quad's reduction and the exponent's per-row constant, not each score.
+template <bool CAUSAL, int NS, bool OFFSET = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
-                                                        int causal_offset) {
+                                                        int causal_offset, float offset = 0.0f) {
   const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
   const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
   const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
@@ -313,8 +315,11 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
   }
   float m_base[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h)  // the quad holds the row
-    scale_old[h] = online_rescale(m_i[h], l_i[h], lanes_max<4>(m_tile[h]) * scale_log2, m_base[h]);
+  for (int h = 0; h < 2; ++h) {  // the quad holds the row
+    const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
+    scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h]);
+    if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
+  }
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
     S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
@@ -359,12 +364,16 @@ __device__ __forceinline__ ScoreVariants head_variants(float softmax_scale, floa
 // window's mask runs only on the blocks that cross an edge (the others are inside for every
 // row, or skipped: the kernel's loop covers only blocks some row sees).  Per score, ALiBi is an
 // FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL, the
-// SFU's tanh and an FMUL.
-template <int NS>
+// SFU's tanh and an FMUL.  CAP_FOLDED: the caller folded softcap's outer factor c / s into the
+// exponent's scale (and the ALiBi slope into those units): S -> tanh(S s / c) alone.
+template <int NS, bool CAP_FOLDED = false>
 __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
   if (var.softcap) {
 #pragma unroll
-    for (int i = 0; i < NS; ++i) S[i] = var.cap_s * tanh_approx(S[i] * var.inv_cap_s);
+    for (int i = 0; i < NS; ++i) {
+      const float x = tanh_approx(S[i] * var.inv_cap_s);
+      S[i] = CAP_FOLDED ? x : var.cap_s * x;
+    }
   }
   if (var.alibi) {
     // pos - key = (pos - kv_start - 2t) - (8 (i / 4) + (i & 1)): a per-row float minus a constant.
@@ -386,6 +395,21 @@ __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVar
       if (key < lo[r] || key > hi[r]) S[i] = TILEATTN_NEG_INF;
     }
   }
+}
+
+// ALiBi under a causal mask as one FFMA a score (an experiment: v3.3 with TILEATTN_ALIBI_ONE_FFMA,
+// scripts/variants_probe.py --define).  Every visible key j is at most the row's position p, so
+// -slope (p - j) = slope (j - p0) - slope (p - p0), p0 the block's first row's position: the
+// second term is a row constant (it cancels in the softmax; the caller takes it out of m_i before
+// lse), and the first is slope c (c the score's column in the thread's fragment, an immediate)
+// plus slope (kv_start + 2t - p0) for the whole thread, returned as fragment_online_softmax's
+// offset.  Keys counted from p0 keep the values near the diagonal, where the weights are large,
+// small enough for fp32 to hold exactly (from 0, slope j at 128k keys would have an ulp of 0.008).
+template <int NS>
+__device__ __forceinline__ float fragment_alibi_keys(float (&S)[NS], const ScoreVariants& var, int kv_start, int t) {
+#pragma unroll
+  for (int i = 0; i < NS; ++i) S[i] = fmaf(var.slope_s, static_cast<float>((i / 4) * 8 + (i & 1)), S[i]);
+  return var.slope_s * static_cast<float>(kv_start + 2 * t - var.first_pos);
 }
 
 // Two adjacent output values in the output dtype.
