@@ -12,10 +12,11 @@ from tileattn.versions import BWD_PREPROCESS, BWD_VERSIONS
 
 ARCHS = ["sm_80", "sm_90"]
 INSTANCES = [
-    (entry, dtype, D, causal, arch)
+    (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))
     for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values()]
     for dtype, D, causal in entry.instantiations()
     for arch in ARCHS
+    if entry.runs_on(int(arch[3:]))
 ]
 
 
@@ -38,6 +39,9 @@ def test_backward_compiles_without_spills(entry, dtype, D, causal, arch):
         assert "REDG.E.ADD.F32x2" in sass
     if entry.name == "bwd_v2":
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and float_atomics  # mma, ldmatrix.trans
+    elif entry.name == "bwd_v3":  # every product on wgmma: S^T, dP^T, dV, dK and dQ per D/64 part, per k16 step
+        assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + 4 * D // 64 and "HMMA" not in sass
+        assert "REDG.E.ADD.F32x2" in sass and float_atomics
     else:
         assert "HMMA" not in sass  # CUDA cores only
     if entry.name == "bwd_v1":
@@ -93,7 +97,7 @@ def _poison_allocator(nbytes: int):
     torch.empty(nbytes // 4 + 1, device="cuda").fill_(float("nan"))
 
 
-def _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, deterministic=False):
+def _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, deterministic=False, version=None):
     import torch
 
     import tileattn
@@ -109,7 +113,7 @@ def _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, determi
     with torch.no_grad():
         out, lse = tileattn.api._call(q, k, v, s, causal, layout, None, None, "scale", True)
         _poison_allocator(4 * (3 * q.numel() + 3 * k.numel()))
-        got = attention_backward(q, k, v, out, lse, dO, s, causal, layout, deterministic=deterministic)
+        got = attention_backward(q, k, v, out, lse, dO, s, causal, layout, version=version, deterministic=deterministic)
     assert all(torch.equal(a, b) for a, b in zip(inputs, (q, k, v, dO))), "an input was modified"
     expected = reference_grads(q, k, v, dO, s, causal, layout)
     torch_grads = reference_grads(q, k, v, dO, s, causal, layout, q.dtype)
@@ -165,6 +169,48 @@ def test_backward_16bit_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, sc
     """bwd_v2 against float64 autograd: within 2x the error of PyTorch's own math backward at the
     same precision (plus a small floor), as issue 11 asks."""
     _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout)
+
+
+def _needs_hopper():
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("bwd_v3 runs on sm_90 (wgmma)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "D,B,H,H_kv,Nq,Nk,causal,scale,layout", [(D, *shape) for D in BWD_VERSIONS["bwd_v3"].head_dims for shape in SHAPES]
+)
+def test_backward_wgmma_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout):
+    """bwd_v3 (Hopper's wgmma) against float64 autograd, as bwd_v2: within 2x PyTorch's own
+    error at the same precision plus the floor, at the forward's awkward shapes."""
+    _needs_hopper()
+    _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version="bwd_v3")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_backward_wgmma_deterministic(dtype):
+    """bwd_v3 with deterministic=True: within the tolerance of float64 (GQA 4:1, causal, Nq != Nk)
+    and bitwise-identical over two runs."""
+    import torch
+
+    import tileattn
+    from tileattn.backward import attention_backward
+
+    _needs_hopper()
+    _check_backward(dtype, 128, 2, 8, 2, 1000, 777, "bottom_right", None, "bnhd", deterministic=True, version="bwd_v3")
+    dt = getattr(torch, dtype)
+    q = torch.randn(1, 999, 4, 64, device="cuda", dtype=dt)
+    k, v = (torch.randn(1, 999, 1, 64, device="cuda", dtype=dt) for _ in range(2))
+    dO = torch.randn_like(q)
+    with torch.no_grad():
+        out, lse = tileattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+        runs = [attention_backward(q, k, v, out, lse, dO, 0.125, "bottom_right", "bnhd", version="bwd_v3",
+                                   deterministic=True) for _ in range(2)]  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 @pytest.mark.gpu

@@ -384,6 +384,24 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
             # Hopper rung is meant to replace it there.
             spill_bytes={96: 16, 112: 32, 128: 32, 224: 16, 256: 32},
         ),
+        # Not the default yet (attention_backward's version="bwd_v3" runs it): written and compiled
+        # on the CPU, not yet run on a GPU (bwd_v3_wgmma.cu).
+        KernelEntry(
+            name="bwd_v3",
+            file="bwd_v3_wgmma.cu",
+            kernel="bwd_v3",
+            tiles={64: (64, 64), 128: (64, 64)},
+            dtypes=("float16", "bfloat16"),
+            summary="bwd_v2's loop nest on wgmma (one warpgroup): S^T, dP^T with keys as M, P^T and dS^T "
+            "from their accumulators as the register A operand of dV and dK, dQ = dS K from shared memory",
+            min_arch=90,
+            max_arch=90,
+            arch_specific=True,
+            # At 255 registers, S^T and dP^T (32 each) beside dK and dV (64 each at D=128), the P^T
+            # and dS^T fragments and step 5's dQ: ptxas spills 44-76 bytes (NVRTC 13.0; causal D=64
+            # none).  The first cut's budget, to be measured before it is cut.
+            spill_bytes={64: 48, 128: 80},
+        ),
     ]
 }
 

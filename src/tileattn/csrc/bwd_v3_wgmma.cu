@@ -1,0 +1,213 @@
+// bwd_v3: FlashAttention-2's backward (bwd_v2's loop nest) on Hopper's warpgroup MMA (sm_90a),
+// fp16 / bf16 inputs, fp32 accumulators, head dims 64 and 128.
+//
+// Why: bwd_v2 runs at ~200 TFLOP/s on an H200 (0.38-0.47x cuDNN, bench/results/bwd.json): its
+// mma.sync products re-read every operand fragment from shared memory by ldmatrix, per warp, and
+// P and dS make a round trip through shared memory before dV and dK.  Here one warpgroup (four
+// warps, 128 threads) per (K/V block j of Bc = 64 keys, batch * head) computes every product
+// with wgmma, the tensor core reading K, V, Q and dO straight from shared memory, and keeps the
+// key dimension as the M of the transposed products, so that P^T and dS^T come out of their
+// accumulators already in the register layout of the A operand of dV and dK (as v3.3's P V):
+//   1. Q_i, dO_i (Br = 64 rows) by cp.async into SwizzledTiles (64-column panels, the 128-byte
+//      swizzle, which is wgmma's K-major and N-major layout), lse_i and D_i;
+//   2. S^T = K_j Q_i^T and dP^T = V_j dO_i^T (SS, both K-major: M = 64 keys, N = 64 rows);
+//   3. P^T = 2^(scale log2(e) S^T - log2(e) lse) (0 where masked), dS^T = P^T (dP^T - D_i) in
+//      place, both rounded to 16-bit A fragments; dS also to shared memory as [row][key];
+//   4. dV_j += P^T dO_i and dK_j += dS^T Q_i (RS: A from registers, B = dO_i, Q_i N-major);
+//   5. dQ_i = dS K_j (SS: A = dS [row][key] K-major, B = K_j N-major), 64 columns at a time,
+//      added into the float32 dq_accum with red (or in K/V-block order, deterministic mode).
+// At the end dK_j (times scale) and dV_j go into dk_accum, dv_accum as in bwd_v2.
+//
+// Accumulator layout (wgmma m64nN, mma.cuh): warp w of the warpgroup holds rows 16 w + g and
+// 16 w + g + 8 (lane = 4 g + t), columns 8 i + 2 t, + 1 of each n8 tile i, as values 4 i, 4 i + 1
+// (row g) and 4 i + 2, 4 i + 3 (row g + 8).  Here rows are keys (S^T, dP^T, dK, dV) or query
+// rows (dQ), columns query rows (S^T, dP^T) or the head dim (dK, dV, dQ).
+//
+// First cut: no warp specialisation, no double-buffering of Q_i / dO_i, the products in sequence
+// (each waited for): what the tensor core gains over mma.sync, before the overlap that
+// FlashAttention-3's backward adds.  Not yet run on a GPU (written 2026-12-01, CPU-compiled).
+#include "bwd_common.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+namespace tileattn {
+
+constexpr int BWD_V3_THREADS = 128;  // one warpgroup
+
+// K, V (Bc x D), Q, dO (Br x D), dS (Br x Bc), all 16-bit SwizzledTiles (multiples of 1024 bytes,
+// so every tile starts 1024-byte aligned as the 128-byte swizzle needs), then lse_i and D_i.
+__host__ __device__ constexpr int bwd_v3_smem(int D, int Br, int Bc) {
+  return (2 * Bc * D + 2 * Br * D + Br * Bc) * 2 + 2 * Br * 4;
+}
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(T)) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(sizeof(T) == 2, "bwd_v3 takes 16-bit (fp16 / bf16) inputs");
+  static_assert(Br == 64 && Bc == 64, "wgmma's M = 64 keys, N = 64 query rows");
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column panels, dK and dV in 64 registers each");
+  constexpr int NS = Br / 2;        // S^T, dP^T values per thread (64 x Br over 128 threads)
+  constexpr int ND = HEAD_DIM / 2;  // dK, dV values per thread (64 x D)
+  constexpr int DQ_PARTS = HEAD_DIM / 64;
+  using QTile = SwizzledTile<Br, HEAD_DIM>;   // Q and dO
+  using KVTile = SwizzledTile<Bc, HEAD_DIM>;  // K and V
+  using STile = SwizzledTile<Br, Bc>;         // dS, [query row][key]
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* Ks = smem;
+  unsigned char* Vs = Ks + KVTile::BYTES;
+  unsigned char* Qs = Vs + KVTile::BYTES;
+  unsigned char* dOs = Qs + QTile::BYTES;
+  unsigned char* dSs = dOs + QTile::BYTES;
+  float* lse_s = reinterpret_cast<float*>(dSs + STile::BYTES);
+  float* Di_s = lse_s + Br;
+  const auto addr = [](const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); };
+  const unsigned Ks_a = addr(Ks), Vs_a = addr(Vs), Qs_a = addr(Qs), dOs_a = addr(dOs), dSs_a = addr(dSs);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int bh = blockIdx.y + bh_offset;
+  const int b = bh / H, h = bh % H, hk = h / h_per_kv;
+  const int kv_start = blockIdx.x * Bc;
+  const T* q_bh = q + b * q_sb + h * q_sh;
+  const T* do_bh = dout + b * do_sb + h * do_sh;
+  const float* lse_bh = lse + (long long)bh * Nq;
+  const float* Di_bh = Di + (long long)bh * Nq;
+  float* dq_bh = dq_accum + (long long)bh * Nq * HEAD_DIM;
+
+  tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(Ks, k + b * k_sb + hk * k_sh, k_sn, kv_start, Nk, tid);
+  tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(Vs, v + b * v_sb + hk * v_sh, v_sn, kv_start, Nk, tid);
+  cp_async_commit();
+
+  // Descriptors.  K-major (S^T's and dP^T's A = K_j, V_j and B = Q_i, dO_i; dQ's A = dS): k16
+  // step kk at sw128_k_step(kk, rows).  N-major (B = dO_i, Q_i of dV, dK; B = K_j of dQ): the
+  // next 64 columns are the next panel (leading byte offset rows x 128), k16 step ks 16 rows on.
+  const unsigned long long k_desc = wgmma_desc_sw128(Ks_a), v_desc = wgmma_desc_sw128(Vs_a);
+  const unsigned long long q_desc = wgmma_desc_sw128(Qs_a), do_desc = wgmma_desc_sw128(dOs_a);
+  const unsigned long long q_ndesc = wgmma_desc_sw128(Qs_a, Br * 128), do_ndesc = wgmma_desc_sw128(dOs_a, Br * 128);
+  const unsigned long long ds_desc = wgmma_desc_sw128(dSs_a);
+
+  float dK[ND], dV[ND];
+#pragma unroll
+  for (int i = 0; i < ND; ++i) dK[i] = dV[i] = 0.0f;
+
+  const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
+  for (int q_start = first_q_start<CAUSAL, Br>(kv_start, causal_offset); q_start < Nq; q_start += Br) {
+    __syncthreads();  // the previous Q block's tiles are no longer read (its wgmmas were waited for)
+    // 1. Q_i, dO_i, lse_i, D_i.  cp.async writes through the generic proxy; wgmma reads through
+    //    the async proxy: each thread fences its landed copies before the barrier.
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(Qs, q_bh, q_sn, q_start, Nq, tid);
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(dOs, do_bh, do_sn, q_start, Nq, tid);
+    cp_async_commit();
+    load_row_stats<Br, BWD_V3_THREADS>(lse_s, Di_s, lse_bh, Di_bh, q_start, Nq);
+    cp_async_wait<0>();
+    fence_proxy_async_smem();
+    __syncthreads();
+
+    // 2. S^T = K_j Q_i^T, dP^T = V_j dO_i^T: one commit group, waited for.
+    float S[NS], dP[NS];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+      Wgmma16<T>::ss(S, k_desc + (sw128_k_step(kk, Bc) >> 4), q_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
+      Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, Bc) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(S);
+    fence_operands(dP);
+
+    // 3. P^T and dS^T in place: value i is key 16 warp + g + 8 ((i % 4) / 2) of the block, query
+    //    row 8 (i / 4) + 2t + (i % 2) of the Q block.  A row past Nq has lse -inf: weight 0.
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int key = kv_start + 16 * warp + g + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
+      const float l = lse_s[r];
+      const bool seen = l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset);
+      const float p = seen ? softmax_weight(S[i], scale_log2, l * TILEATTN_LOG2E) : 0.0f;
+      S[i] = p;
+      dP[i] = p * (dP[i] - Di_s[r]);
+    }
+    // As 16-bit A fragments of dV's and dK's products (k16 step ks = query rows 16 ks..: n8 tiles
+    // 2 ks and 2 ks + 1; v3.3's P V mapping), and dS to shared memory as [row][key] for dQ.
+    unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
+#pragma unroll
+    for (int i = 0; i < NS; i += 2) {
+      const int n8 = i / 4;
+      p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
+      ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
+    }
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int key = 16 * warp + g + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
+      *reinterpret_cast<T*>(dSs + STile::offset_elem(r, key)) = static_cast<T>(dP[i]);
+    }
+    fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
+
+    // 4. dV_j += P^T dO_i, dK_j += dS^T Q_i (RS, B N-major), one commit group.
+    fence_operands(p_frag);
+    fence_operands(ds_frag);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Br / 16; ++ks) {
+      Wgmma16<T>::rs_bt(dV, p_frag[ks], do_ndesc + ((ks * 16 * 128) >> 4), 1);
+      Wgmma16<T>::rs_bt(dK, ds_frag[ks], q_ndesc + ((ks * 16 * 128) >> 4), 1);
+    }
+    wgmma_commit();
+    __syncthreads();  // every thread's dS is in shared memory
+
+    // 5. dQ_i = dS K_j, 64 columns at a time (K_j N-major: panel part), each added as it lands.
+    int* count = dq_count<Br>(dq_semaphore, bh, Nq, q_start);
+    if (count) ordered_add_begin(count, blockIdx.x);
+#pragma unroll
+    for (int part = 0; part < DQ_PARTS; ++part) {
+      float dq[32];
+      const unsigned long long kn_desc = wgmma_desc_sw128(Ks_a + part * Bc * 128, Bc * 128);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < Bc / 16; ++ks)
+        Wgmma16<T>::ss_bt(dq, ds_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
+      wgmma_commit();
+      wgmma_wait<0>();  // (also step 4's group: its register operands are free from here)
+      if (part == 0) {
+        fence_operands(p_frag);
+        fence_operands(ds_frag);
+      }
+      fence_operands(dq);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = q_start + 16 * warp + g + 8 * hh;
+        if (row >= Nq) continue;
+        float* dq_row = dq_bh + (long long)row * HEAD_DIM + 64 * part + 2 * t;
+#pragma unroll
+        for (int n8 = 0; n8 < 8; ++n8) {
+          const float x = softmax_scale * dq[4 * n8 + 2 * hh], y = softmax_scale * dq[4 * n8 + 2 * hh + 1];
+          if (count) {
+            dq_row[8 * n8] += x;
+            dq_row[8 * n8 + 1] += y;
+          } else {
+            red_add2(dq_row + 8 * n8, x, y);
+          }
+        }
+      }
+    }
+    fence_operands(dV);
+    fence_operands(dK);
+    if (count) ordered_add_end(count);
+  }
+  cp_async_wait<0>();  // (no Q block: K and V copies still complete before exit)
+
+  // dK_j, dV_j into the accumulators (shared by the GQA group: red, or per query head).
+#pragma unroll
+  for (int i = 0; i < ND; ++i) {
+    const int key = kv_start + 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + (i % 2);
+    if (key < Nk)
+      store_dkdv(dk_accum, dv_accum, dq_semaphore, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i],
+                 dV[i]);
+  }
+#endif
+}
+
+TILEATTN_SMEM_BYTES(bwd_v3, bwd_v3_smem(HEAD_DIM, Br, Bc));
+
+}  // namespace tileattn
