@@ -11,7 +11,7 @@ import torch
 from triton.testing import do_bench
 
 from tileattn import _nvrtc, api, serving, versions
-from tileattn.bench import _peer_fn
+from tileattn.bench import _peer_fn, paged_cache
 
 B, H, H_kv, Nk, D = 16, 32, 8, 16384, 128
 gen = torch.Generator(device="cuda").manual_seed(0)
@@ -22,16 +22,7 @@ ms = do_bench(_peer_fn("sdpa_cudnn", q.transpose(1, 2), k.transpose(1, 2), v.tra
 print(f"sdpa_cudnn: {ms:.3f} ms {gbytes / ms:.2f} TB/s")
 
 
-def paged(page_size: int):
-    """The same keys in shuffled pages of page_size rows, and the block table."""
-    pages = Nk // page_size
-    perm = torch.randperm(B * pages, device="cuda", generator=gen)
-    kc, vc = (torch.empty(B * pages, page_size, H_kv, D, device="cuda", dtype=k.dtype) for _ in range(2))
-    kc[perm], vc[perm] = (t.reshape(B * pages, page_size, H_kv, D) for t in (k, v))
-    return kc, vc, perm.view(B, pages).to(torch.int32)
-
-
-caches = {None: (k, v, None), **{p: paged(p) for p in (16, 32, 256)}}
+caches = {None: (k, v, None), **{p: paged_cache(k, v, p, gen) for p in (16, 32, 256)}}
 for base, tiles in ((versions.DEC_V3, (64,)), (versions.DEC_V4, (32, 64)), (versions.DEC_V5, (16, 32, 64))):
     for Bc in tiles:
         entry = dataclasses.replace(base, tiles={D: (16, Bc)})

@@ -750,6 +750,17 @@ def _decode_impls(page_size=None, D: int = 128) -> list[str]:
     return [e.name for e in DEC_VERSIONS if e.min_arch <= _arch() and fits(e)]
 
 
+def paged_cache(k, v, page_size: int, generator):
+    """The keys and values of a contiguous (B, Nk, H_kv, D) cache in pages of page_size rows
+    (Nk a multiple of it), pages in shuffled order: (k pages, v pages, block table (B, pages))."""
+    B, Nk, H_kv, D = k.shape
+    pages = Nk // page_size
+    perm = torch.randperm(B * pages, device=k.device, generator=generator)
+    kc, vc = (torch.empty(B * pages, page_size, H_kv, D, device=k.device, dtype=k.dtype) for _ in range(2))
+    kc[perm], vc[perm] = (t.reshape(B * pages, page_size, H_kv, D) for t in (k, v))
+    return kc, vc, perm.view(B, pages).to(torch.int32)
+
+
 def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
     """serving.flash_attn_with_kvcache, each decode kernel this GPU runs, beside SDPA flash and
     cuDNN and FlexAttention (contiguous cache, GQA through enable_gqa) in the same run, as
@@ -769,14 +780,7 @@ def decode_suite(cases=DECODE_CASES, progress=None) -> list[dict]:
         seqlens = torch.full((B,), Nk, dtype=torch.int32, device="cuda")
         base = dict(B=B, H=H, H_kv=H_kv, Nk=Nk, D=D, dtype="bfloat16", page_size=page_size)
         gbytes = B * Nk * H_kv * D * 2 * 2 / 1e9
-        if page_size is None:
-            kc, vc, table = k, v, None
-        else:  # the same keys in pages of page_size rows, pages in shuffled order
-            pages = Nk // page_size
-            perm = torch.randperm(B * pages, device="cuda", generator=gen)
-            kc, vc = (torch.empty(B * pages, page_size, H_kv, D, device="cuda", dtype=dt) for _ in range(2))
-            kc[perm], vc[perm] = (t.reshape(B * pages, page_size, H_kv, D) for t in (k, v))
-            table = perm.view(B, pages).to(torch.int32)
+        kc, vc, table = (k, v, None) if page_size is None else paged_cache(k, v, page_size, gen)
         impls = {
             name: functools.partial(flash_attn_with_kvcache, q, kc, vc, None, None, seqlens, table, version=name)
             for name in _decode_impls(page_size, D)
