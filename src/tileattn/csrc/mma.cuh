@@ -364,16 +364,12 @@ __device__ __forceinline__ ScoreVariants head_variants(float softmax_scale, floa
 // window's mask runs only on the blocks that cross an edge (the others are inside for every
 // row, or skipped: the kernel's loop covers only blocks some row sees).  Per score, ALiBi is an
 // FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL, the
-// SFU's tanh and an FMUL.  CAP_FOLDED: the caller folded softcap's outer factor c / s into the
-// exponent's scale (and the ALiBi slope into those units): S -> tanh(S s / c) alone.
-template <int NS, bool CAP_FOLDED = false>
+// SFU's tanh and an FMUL.
+template <int NS>
 __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
   if (var.softcap) {
 #pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const float x = tanh_approx(S[i] * var.inv_cap_s);
-      S[i] = CAP_FOLDED ? x : var.cap_s * x;
-    }
+    for (int i = 0; i < NS; ++i) S[i] = var.cap_s * tanh_approx(S[i] * var.inv_cap_s);
   }
   if (var.alibi) {
     // pos - key = (pos - kv_start - 2t) - (8 (i / 4) + (i & 1)): a per-row float minus a constant.
@@ -397,14 +393,14 @@ __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVar
   }
 }
 
-// ALiBi under a causal mask as one FFMA a score (an experiment: v3.3 with TILEATTN_ALIBI_ONE_FFMA,
-// scripts/variants_probe.py --define).  Every visible key j is at most the row's position p, so
-// -slope (p - j) = slope (j - p0) - slope (p - p0), p0 the block's first row's position: the
-// second term is a row constant (it cancels in the softmax; the caller takes it out of m_i before
-// lse), and the first is slope c (c the score's column in the thread's fragment, an immediate)
-// plus slope (kv_start + 2t - p0) for the whole thread, returned as fragment_online_softmax's
-// offset.  Keys counted from p0 keep the values near the diagonal, where the weights are large,
-// small enough for fp32 to hold exactly (from 0, slope j at 128k keys would have an ulp of 0.008).
+// ALiBi under a causal mask as one FFMA a score (v3.3's variants kernel).  Every visible key j is
+// at most the row's position p, so -slope (p - j) = slope (j - p0) - slope (p - p0), p0 the
+// block's first row's position: the second term is a row constant (it cancels in the softmax;
+// the caller takes it out of m_i before lse), and the first is slope c (c the score's column in
+// the thread's fragment, an immediate) plus slope (kv_start + 2t - p0) for the whole thread,
+// returned as fragment_online_softmax's offset.  Keys counted from p0 keep the values near the
+// diagonal, where the weights are large, small enough for fp32 to hold exactly (from 0, slope j
+// at 128k keys would have an ulp of 0.008).
 template <int NS>
 __device__ __forceinline__ float fragment_alibi_keys(float (&S)[NS], const ScoreVariants& var, int kv_start, int t) {
 #pragma unroll

@@ -151,44 +151,30 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     wgmma_commit();
   };
   ScoreVariants var{};
-  // Experiments with the variants' arithmetic, off unless defined (scripts/variants_probe.py
-  // --define): CAP_FOLDED, softcap's outer factor c / s folded into the exponent's scale (one
-  // FMUL a score less); ALIBI_KEYS, ALiBi under the causal mask as one FFMA a score
-  // (fragment_alibi_keys) instead of an FADD and an FFMA.
-#ifdef TILEATTN_SOFTCAP_FOLD
-  constexpr bool CAP_FOLDED = VARIANTS;
-#else
-  constexpr bool CAP_FOLDED = false;
-#endif
-#ifdef TILEATTN_ALIBI_ONE_FFMA
+  // ALiBi under the causal mask (every visible key at or left of the row) as one FFMA a score
+  // (fragment_alibi_keys) instead of fragment_variants's FADD and FFMA: measured on an H200
+  // (scripts/variants_probe.py, bf16 causal N=8192) 0.904x -> 1.045x of plain causal at D=64 and
+  // 0.848x -> 0.938x at D=128.
   constexpr bool ALIBI_KEYS = VARIANTS && CAUSAL;
-#else
-  constexpr bool ALIBI_KEYS = false;
-#endif
-  float s_log2 = scale_log2;  // the exponent's scale per score as the variants leave it
   if (VARIANTS) {
     var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b_, h_, window_left, window_right);
     var.first_pos = q_start + offset;
     var.last_pos = q_start + Br - 1 + offset;
     var.pos[0] = row_a + offset;
     var.pos[1] = row_a + 8 + offset;
-    if (CAP_FOLDED && var.softcap) {  // scores in units of c / s: tanh alone, the slope in them too
-      s_log2 *= var.cap_s;
-      var.slope_s /= var.cap_s;
-    }
   }
   ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
   if (ALIBI_KEYS) var_rest.alibi = false;
   // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
   float scale_old[2];
   auto softmax = [&](float (&S)[NS], int n) {
-    if (VARIANTS) fragment_variants<NS, CAP_FOLDED>(S, var_rest, (j_lo + n) * Bc, Bc, t);
+    if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
     if constexpr (ALIBI_KEYS) {
       const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
-      fragment_online_softmax<CAUSAL, NS, true>(S, m_i, l_i, scale_old, s_log2, (j_lo + n) * Bc, Bc, q_start,
+      fragment_online_softmax<CAUSAL, NS, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start,
                                                 row_a, t, seq_k, offset, alibi_offset);
     } else {
-      fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, s_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
+      fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
                                       seq_k, offset);
     }
   };
@@ -266,7 +252,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 
   if (ALIBI_KEYS && var.alibi) {  // fragment_alibi_keys's row constant, out of lse (O does not see it)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) m_i[h] -= s_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
+    for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
   }
   // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
   float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
