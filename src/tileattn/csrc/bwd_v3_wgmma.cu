@@ -23,9 +23,10 @@
 // (row g) and 4 i + 2, 4 i + 3 (row g + 8).  Here rows are keys (S^T, dP^T, dK, dV) or query
 // rows (dQ), columns query rows (S^T, dP^T) or the head dim (dK, dV, dQ).
 //
-// First cut: no warp specialisation, no double-buffering of Q_i / dO_i, the products in sequence
-// (each waited for): what the tensor core gains over mma.sync, before the overlap that
-// FlashAttention-3's backward adds.  Not yet run on a GPU (written 2026-12-01, CPU-compiled).
+// Q_i, dO_i, lse_i and D_i are double-buffered: the next Q block's copies are issued at the top
+// of each step and land while this one computes.  Still no warp specialisation, the products in
+// sequence (each waited for): what the tensor core gains over mma.sync, before the overlap that
+// FlashAttention-3's backward adds.
 #include "bwd_common.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -34,10 +35,12 @@ namespace tileattn {
 
 constexpr int BWD_V3_THREADS = 128;  // one warpgroup
 
-// K, V (Bc x D), Q, dO (Br x D), dS (Br x Bc), all 16-bit SwizzledTiles (multiples of 1024 bytes,
-// so every tile starts 1024-byte aligned as the 128-byte swizzle needs), then lse_i and D_i.
+// K, V (Bc x D), two stages of Q, dO (Br x D), dS (Br x Bc), all 16-bit SwizzledTiles (multiples
+// of 1024 bytes, so every tile starts 1024-byte aligned as the 128-byte swizzle needs), then two
+// stages of lse_i and D_i.
+constexpr int BWD_V3_STAGES = 2;
 __host__ __device__ constexpr int bwd_v3_smem(int D, int Br, int Bc) {
-  return (2 * Bc * D + 2 * Br * D + Br * Bc) * 2 + 2 * Br * 4;
+  return (2 * Bc * D + BWD_V3_STAGES * 2 * Br * D + Br * Bc) * 2 + BWD_V3_STAGES * 2 * Br * 4;
 }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
@@ -56,13 +59,13 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
   extern __shared__ __align__(1024) unsigned char smem[];
   unsigned char* Ks = smem;
   unsigned char* Vs = Ks + KVTile::BYTES;
-  unsigned char* Qs = Vs + KVTile::BYTES;
-  unsigned char* dOs = Qs + QTile::BYTES;
-  unsigned char* dSs = dOs + QTile::BYTES;
-  float* lse_s = reinterpret_cast<float*>(dSs + STile::BYTES);
-  float* Di_s = lse_s + Br;
+  auto Qs = [&](int st) { return Vs + KVTile::BYTES + st * 2 * QTile::BYTES; };  // stage st: Q, then dO
+  auto dOs = [&](int st) { return Qs(st) + QTile::BYTES; };
+  unsigned char* dSs = Qs(BWD_V3_STAGES);
+  auto lse_s = [&](int st) { return reinterpret_cast<float*>(dSs + STile::BYTES) + st * 2 * Br; };
+  auto Di_s = [&](int st) { return lse_s(st) + Br; };
   const auto addr = [](const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); };
-  const unsigned Ks_a = addr(Ks), Vs_a = addr(Vs), Qs_a = addr(Qs), dOs_a = addr(dOs), dSs_a = addr(dSs);
+  const unsigned Ks_a = addr(Ks), Vs_a = addr(Vs), dSs_a = addr(dSs);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -77,16 +80,22 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
   const float* Di_bh = Di + (long long)bh * Nq;
   float* dq_bh = dq_accum + (long long)bh * Nq * HEAD_DIM;
 
+  // Q block q_start's tiles into stage st (one cp.async group with whatever else is pending).
+  auto copy_q_block = [&](int q_start, int st) {
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(Qs(st), q_bh, q_sn, q_start, Nq, tid);
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(dOs(st), do_bh, do_sn, q_start, Nq, tid);
+  };
+  const int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
   tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(Ks, k + b * k_sb + hk * k_sh, k_sn, kv_start, Nk, tid);
   tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(Vs, v + b * v_sb + hk * v_sh, v_sn, kv_start, Nk, tid);
+  if (q_first < Nq) copy_q_block(q_first, 0);
   cp_async_commit();
+  load_row_stats<Br, BWD_V3_THREADS>(lse_s(0), Di_s(0), lse_bh, Di_bh, q_first, Nq);
 
   // Descriptors.  K-major (S^T's and dP^T's A = K_j, V_j and B = Q_i, dO_i; dQ's A = dS): k16
   // step kk at sw128_k_step(kk, rows).  N-major (B = dO_i, Q_i of dV, dK; B = K_j of dQ): the
   // next 64 columns are the next panel (leading byte offset rows x 128), k16 step ks 16 rows on.
   const unsigned long long k_desc = wgmma_desc_sw128(Ks_a), v_desc = wgmma_desc_sw128(Vs_a);
-  const unsigned long long q_desc = wgmma_desc_sw128(Qs_a), do_desc = wgmma_desc_sw128(dOs_a);
-  const unsigned long long q_ndesc = wgmma_desc_sw128(Qs_a, Br * 128), do_ndesc = wgmma_desc_sw128(dOs_a, Br * 128);
   const unsigned long long ds_desc = wgmma_desc_sw128(dSs_a);
 
   float dK[ND], dV[ND];
@@ -94,17 +103,29 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
   for (int i = 0; i < ND; ++i) dK[i] = dV[i] = 0.0f;
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
-  for (int q_start = first_q_start<CAUSAL, Br>(kv_start, causal_offset); q_start < Nq; q_start += Br) {
-    __syncthreads();  // the previous Q block's tiles are no longer read (its wgmmas were waited for)
-    // 1. Q_i, dO_i, lse_i, D_i.  cp.async writes through the generic proxy; wgmma reads through
-    //    the async proxy: each thread fences its landed copies before the barrier.
-    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(Qs, q_bh, q_sn, q_start, Nq, tid);
-    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, BWD_V3_THREADS>(dOs, do_bh, do_sn, q_start, Nq, tid);
-    cp_async_commit();
-    load_row_stats<Br, BWD_V3_THREADS>(lse_s, Di_s, lse_bh, Di_bh, q_start, Nq);
-    cp_async_wait<0>();
+  for (int q_start = q_first, st = 0; q_start < Nq; q_start += Br, st ^= 1) {
+    // 1. The next Q block into the other stage, whose last reader was the previous step (its
+    //    wgmmas were waited for before this barrier; its lse_i / D_i too), while this one's
+    //    copies land.  cp.async writes through the generic proxy; wgmma reads through the async
+    //    proxy: each thread fences its landed copies before the barrier.
+    __syncthreads();
+    const int q_next = q_start + Br;
+    if (q_next < Nq) copy_q_block(q_next, st ^ 1);
+    cp_async_commit();  // (empty at the last block: the count of groups stays one a step)
+    // The next block's lse and D, in registers until the end of this step (their loads' latency
+    // under this step's products).
+    const int r_next = q_next + tid;
+    const bool next_ok = tid < Br && r_next < Nq;
+    const float lse_next = next_ok ? lse_bh[r_next] : TILEATTN_NEG_INF;
+    const float Di_next = next_ok ? Di_bh[r_next] : 0.0f;
+    cp_async_wait<1>();  // this block's group (the first: with K_j and V_j)
     fence_proxy_async_smem();
     __syncthreads();
+    const float* lse_i = lse_s(st);
+    const float* Di_i = Di_s(st);
+    const unsigned Qs_a = addr(Qs(st)), dOs_a = addr(dOs(st));
+    const unsigned long long q_desc = wgmma_desc_sw128(Qs_a), do_desc = wgmma_desc_sw128(dOs_a);
+    const unsigned long long q_ndesc = wgmma_desc_sw128(Qs_a, Br * 128), do_ndesc = wgmma_desc_sw128(dOs_a, Br * 128);
 
     // 2. S^T = K_j Q_i^T, dP^T = V_j dO_i^T: one commit group, waited for.
     float S[NS], dP[NS];
@@ -124,11 +145,11 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       const int key = kv_start + 16 * warp + g + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
-      const float l = lse_s[r];
+      const float l = lse_i[r];
       const bool seen = l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset);
       const float p = seen ? softmax_weight(S[i], scale_log2, l * TILEATTN_LOG2E) : 0.0f;
       S[i] = p;
-      dP[i] = p * (dP[i] - Di_s[r]);
+      dP[i] = p * (dP[i] - Di_i[r]);
     }
     // As 16-bit A fragments of dV's and dK's products (k16 step ks = query rows 16 ks..: n8 tiles
     // 2 ks and 2 ks + 1; v3.3's P V mapping), and dS to shared memory as [row][key] for dQ.
@@ -196,6 +217,10 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
     fence_operands(dV);
     fence_operands(dK);
     if (count) ordered_add_end(count);
+    if (tid < Br) {  // the other stage's row statistics: nobody reads them before the next barrier
+      lse_s(st ^ 1)[tid] = lse_next;
+      Di_s(st ^ 1)[tid] = Di_next;
+    }
   }
   cp_async_wait<0>();  // (no Q block: K and V copies still complete before exit)
 
