@@ -14,17 +14,9 @@ from tileattn import _nvrtc, flash_attn_func, reference, serving
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE], defined in every kernel")
-define = [tuple(d.split("=", 1)) if "=" in d else d for d in parser.parse_args().define]
-if define:
-    _plain_options = _nvrtc._program_options
-
-    def _program_options(source_file, arch):
-        opts = _plain_options(source_file, arch)
-        opts.define_macro = define
-        return opts
-
-    _nvrtc._program_options = _program_options
-    print(f"compiled with {define}")
+_nvrtc.EXPERIMENT_DEFINES[:] = [tuple(d.split("=", 1)) if "=" in d else d for d in parser.parse_args().define]
+if _nvrtc.EXPERIMENT_DEFINES:
+    print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}")
 
 
 def max_error(D, softcap=0.0, alibi=False):

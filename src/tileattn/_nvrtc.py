@@ -126,11 +126,22 @@ def headers_version() -> str:
     return f"CUDART_VERSION {m.group(1) if m else '?'} (wheel {wheel}; {cuda_include_dir()})"
 
 
+# Experiment switches (scripts/*_probe.py --define): macros defined in every kernel this process
+# compiles, as NAME or (NAME, VALUE).  Part of the options, so of the cache key: each build
+# stays cached beside the plain one.
+EXPERIMENT_DEFINES: list = []
+
+
 def _program_options(source_file: str, arch: str):
     from cuda.core import ProgramOptions
 
     return ProgramOptions(
-        arch=arch, std="c++17", ptxas_options=["-v"], include_path=[str(CSRC), cuda_include_dir()], name=source_file
+        arch=arch,
+        std="c++17",
+        ptxas_options=["-v"],
+        include_path=[str(CSRC), cuda_include_dir()],
+        name=source_file,
+        define_macro=list(EXPERIMENT_DEFINES) or None,
     )
 
 

@@ -384,8 +384,8 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
             # Hopper rung is meant to replace it there.
             spill_bytes={96: 16, 112: 32, 128: 32, 224: 16, 256: 32},
         ),
-        # Not the default yet (attention_backward's version="bwd_v3" runs it): written and compiled
-        # on the CPU, not yet run on a GPU (bwd_v3_wgmma.cu).
+        # Not the default (attention_backward's version="bwd_v3" runs it): right on the GPU (its
+        # float64 and determinism tests) but at 172-197 TFLOP/s no faster than bwd_v2 (bench/NOTES.md).
         KernelEntry(
             name="bwd_v3",
             file="bwd_v3_wgmma.cu",
@@ -398,11 +398,10 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
             max_arch=90,
             arch_specific=True,
             # At 255 registers, S^T and dP^T (32 each) beside dK and dV (64 each at D=128), the P^T
-            # and dS^T fragments and step 5's dQ: ptxas spills 44-76 bytes (NVRTC 13.0; causal D=64
-            # none; 88 at D=128 under NVRTC 13.5), loop invariants (addresses, indices: about 20
-            # STL/LDL among ~4,300 SASS instructions, stored once, reloaded per Q block).  The first
-            # cut's budget.
-            spill_bytes={64: 48, 128: 96},
+            # and dS^T fragments, step 5's dQ and the next Q block's row statistics: ptxas spills
+            # 80-88 bytes at D=128 under NVRTC 13.0 and 80-100 under 13.5 (D=64: 0 / 8), loop
+            # invariants (addresses, indices), stored once and reloaded per Q block.
+            spill_bytes={64: 16, 128: 112},
         ),
     ]
 }
