@@ -32,12 +32,15 @@ MUST_HAVE = {
     "v2.3": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
     "v2.3_tf32": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
     "v3.3": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
+    # BAR.ARV: the hand-over of the tensor core to the other consumer warpgroup (bar.arrive).
+    "v3.4": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR", "BAR.ARV"],
 }
 MUST_NOT_HAVE_BY_RUNG = {
     "v3.2": ["LDGSTS"],
     "v2.3": ["HMMA", "LDSM"],
     "v2.3_tf32": ["HMMA", "LDSM"],
     "v3.3": ["HMMA", "LDSM", "LDGSTS"],
+    "v3.4": ["HMMA", "LDSM", "LDGSTS"],
 }
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 

@@ -236,6 +236,12 @@ template <int THREADS>
 __device__ __forceinline__ void named_barrier_sync(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
 }
+// Arrive on barrier `id` (counting THREADS in all) without waiting: the producer side of a
+// barrier whose consumers bar.sync on it.
+template <int THREADS>
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+}
 // One box of a 4-d tensor map (coordinates innermost first: column, row, head, batch) from
 // global to shared memory at dst, completion counted on mbarrier bar.  tmap is the generic address
 // of the 128-byte CUtensorMap (a __grid_constant__ kernel parameter: TmaMaps, common.cuh).

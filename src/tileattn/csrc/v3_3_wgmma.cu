@@ -42,7 +42,7 @@ constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2).
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS>
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS, bool PINGPONG = false>
 __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "v3.3 is an fp16/bf16 rung");
@@ -190,6 +190,18 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
   };
 
+  // PINGPONG (v3.4, csrc/v3_4_pingpong.cu): the two consumer warpgroups take turns issuing their
+  // MMAs (named barrier 3 + w: warpgroup w's turn).  Each takes Tc + 1 turns (S_0, the Tc - 1
+  // loop steps, the last P V); warpgroup 0 goes first, and warpgroup 1's last hand-over, which
+  // nobody waits for, is skipped (a barrier must not be left half-arrived).
+  auto my_turn = [&] {
+    if (PINGPONG) named_barrier_sync<2 * V3_3_WG>(3 + cwg);
+  };
+  auto your_turn = [&](bool last) {
+    if (PINGPONG && !(last && cwg == 1)) named_barrier_arrive<2 * V3_3_WG>(3 + (1 - cwg));
+  };
+  if (PINGPONG && cwg == 1 && Tc > 0) named_barrier_arrive<2 * V3_3_WG>(3);
+
   // Intra-warpgroup pipelining: S_{j+1} = Q K_{j+1}^T and P_j V_j are issued together, and the
   // softmax of block j+1 runs on the CUDA cores while the tensor core does P_j V_j.  p and acc
   // belong to the in-flight P V until its wait (fence_operands keeps their registers pinned).
@@ -197,7 +209,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     {
       float S[NS];
       bars.wait_k_full(0);
+      my_turn();
       issue_s(S, 0);
+      your_turn(false);
       wgmma_wait<0>();
       fence_operands(S);
       mbar_arrive(bars.k_empty(0));
@@ -207,9 +221,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     for (int j = 0; j + 1 < Tc; ++j) {  // straight-line body: ptxas tracks the two groups
       float S[NS];
       bars.wait_k_full(j + 1);
+      my_turn();
       issue_s(S, j + 1);
       bars.wait_v_full(j);
       issue_pv(j);
+      your_turn(false);
       wgmma_wait<1>();  // S_{j+1} done (groups complete in order), P_j V_j may still run
       fence_operands(S);
       mbar_arrive(bars.k_empty(j + 1));
@@ -244,7 +260,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         named_barrier_sync<V3_3_WG>(1 + cwg);  // this warpgroup's stores
       }
     }
+    my_turn();
     issue_pv(Tc - 1);
+    your_turn(true);
     wgmma_wait<0>();
     fence_operands(acc);
     mbar_arrive(bars.v_empty(Tc - 1));
