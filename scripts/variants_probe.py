@@ -1,5 +1,6 @@
 """Probe: v3.3 plain vs its variants kernel with no variant on, and each variant alone (bf16 causal N=8192).
-No experiment is compiled in now (earlier ones: bench/NOTES.md).
+The experiments compiled in by --define: TILEATTN_SOFTCAP_RAW_MAX, TILEATTN_PINGPONG_NO_PIN
+(csrc/v3_3_wgmma.cu; v3.4's causal D=64 row is here for the second).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined (an experiment's
 switch in the CUDA sources; the kernel cache keys on the options, so every build stays cached).
@@ -19,16 +20,19 @@ if _nvrtc.EXPERIMENT_DEFINES:
     print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}")
 
 
-def max_error(D, softcap=0.0, alibi=False):
+def max_error(D, softcap=0.0, alibi=False, window=(-1, 0)):
     """Causal bf16 at an awkward length against float64, softcap and ALiBi on or off (a build's
     sanity check): the largest |error| of O and of lse."""
     q, k, v = (torch.randn(1, 777, 2, D, device="cuda", dtype=torch.bfloat16) * 2 for _ in range(3))
     slopes = torch.tensor([0.5, 0.05], device="cuda") if alibi else None
-    out, lse = flash_attn_func(q, k, v, causal=True, softcap=softcap, alibi_slopes=slopes, return_lse=True)
+    out, lse = flash_attn_func(
+        q, k, v, causal=True, window_size=window, softcap=softcap, alibi_slopes=slopes, return_lse=True
+    )
     heads = lambda t: t.double().cpu().numpy().transpose(0, 2, 1, 3)  # reference.py's (B, H, N, D)
     ref, ref_lse = reference.attention_serving(
         *map(heads, (q, k, v)),
         causal=True,
+        window=window,
         softcap=softcap,
         alibi_slopes=None if slopes is None else slopes.cpu().numpy(),
     )
@@ -40,7 +44,8 @@ def max_error(D, softcap=0.0, alibi=False):
 B, H, N = 2, 16, 8192
 for D in (64, 128):
     for name, kw in (("plain", {}), ("softcap 5", dict(softcap=5.0)), ("softcap 50", dict(softcap=50.0)),
-                     ("alibi", dict(alibi=True)), ("alibi + softcap 5", dict(alibi=True, softcap=5.0))):  # fmt: skip
+                     ("alibi", dict(alibi=True)), ("alibi + softcap 5", dict(alibi=True, softcap=5.0)),
+                     ("window 300 + softcap 5", dict(window=(300, 0), softcap=5.0))):  # fmt: skip
         o_err, lse_err = max_error(D, **kw)
         print(f"D={D} causal {name}: max |error| vs float64 O {o_err:.2e}, lse {lse_err:.2e}")
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -55,6 +60,7 @@ for D in (64, 128):
         "alibi": lambda: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes),
         "softcap": lambda: flash_attn_func(q, k, v, causal=True, softcap=50.0),
         "noncausal plain": lambda: flash_attn_func(q, k, v),
+        **({"v3.4 causal": lambda: flash_attn_func(q, k, v, causal=True, version="v3.4")} if D == 64 else {}),
         "noncausal, window (-1,-1) variants kernel + alibi": lambda: flash_attn_func(q, k, v, alibi_slopes=slopes),
     }
     print(f"D={D} plain causal {base:.3f} ms")
