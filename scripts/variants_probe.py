@@ -1,6 +1,5 @@
 """Probe: v3.3 plain vs its variants kernel with no variant on, and each variant alone (bf16 causal N=8192).
-The experiments compiled in by --define: TILEATTN_SOFTCAP_RAW_MAX, TILEATTN_PINGPONG_NO_PIN
-(csrc/v3_3_wgmma.cu; v3.4's causal D=64 row is here for the second).
+No experiment is compiled in now (earlier ones: bench/NOTES.md).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined (an experiment's
 switch in the CUDA sources; the kernel cache keys on the options, so every build stays cached).

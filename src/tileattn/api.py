@@ -506,7 +506,7 @@ def _plan(dtype: str, D: int, causal: bool, version, precision, device_index: in
 
 
 def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_index: int) -> Plan:
-    entry = _dispatch(version, dtype, D, causal, device_index, precision)
+    entry = _dispatch(version, dtype, D, device_index, precision)
     cc = _nvrtc.device_arch(device_index)
     arch_num = cc[0] * 10 + cc[1]
     arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
@@ -609,11 +609,11 @@ def load_kernel(
     )
 
 
-def _dispatch(version, dtype: str, head_dim: int, causal: bool, device_index: int, precision: str | None) -> Version:
+def _dispatch(version, dtype: str, head_dim: int, device_index: int, precision: str | None) -> Version:
     cc = _nvrtc.device_arch(device_index)
     arch = cc[0] * 10 + cc[1]
     if version is None:
-        entry = select(dtype, head_dim, arch, precision, causal)
+        entry = select(dtype, head_dim, arch, precision)
         if entry is None:
             alternatives = sorted({v.name for v in VERSIONS.values() if dtype in v.dtypes})
             raise ValueError(

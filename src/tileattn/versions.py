@@ -41,8 +41,6 @@ class Version:
     workspace_per_row: int = 0  # float32 scratch per (b, h, query row): v1's m_i, l_i in HBM
     precision: Precision = "fp32"
     priority: int = 0  # version=None picks the highest-priority rung that takes the inputs
-    # version=None may pick it for causal masks (False: a rung measured faster without a mask only).
-    default_causal: bool = True
     summary: str = ""
     # Per-arch overrides of `tiles`, chosen by measurement on that arch: {min arch: {head dim:
     # (Br, Bc)}}; the highest min arch <= the device's arch that lists the head dim wins.
@@ -248,13 +246,9 @@ _V3_4 = dataclasses.replace(
     file="v3_4_pingpong.cu",
     kernel="v3_4_fwd",
     # D=64 only: there v3.3's softmax costs about as much as its MMAs (v3_4_pingpong.cu); at D=128
-    # the ping-pong measured within 1.5% of v3.3.  Not causal: measured on an H200 (bf16 D=64, B*N =
-    # 32768, f02bce0) 1.07-1.10x of v3.3 without a mask at N = 1024..32768, but 1.03x, 1.01x, 0.99x
-    # and 0.97x with the causal mask, where v3.3's own D=64 schedule (the P V wait pinned behind
-    # the exponentials) already hides most of the softmax.
+    # the ping-pong measured within 1.5% of v3.3.
     tiles={64: (128, 128)},
     priority=14,
-    default_causal=False,
     summary="v3.3 with the two consumer warpgroups taking turns at the tensor core (ping-pong on named "
     "barriers): one's softmax runs under the other's MMAs (sm_90a)",
 )
@@ -311,13 +305,9 @@ VERSIONS: dict[str, Version] = {
 }
 
 
-def select(dtype: str, head_dim: int, arch: int, precision: str | None = None, causal: bool = False) -> Version | None:
+def select(dtype: str, head_dim: int, arch: int, precision: str | None = None) -> Version | None:
     """The fastest registered rung that takes these inputs on this arch at this precision, or None."""
-    candidates = [
-        v
-        for v in VERSIONS.values()
-        if v.supports(dtype, head_dim, arch, precision) and (v.default_causal or not causal)
-    ]
+    candidates = [v for v in VERSIONS.values() if v.supports(dtype, head_dim, arch, precision)]
     return max(candidates, key=lambda v: v.priority, default=None)
 
 

@@ -304,17 +304,11 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // (this thread's partial row sums) are updated; scale_old is the factor O must be rebased by.
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
-// CAP (an experiment, v3.3 with TILEATTN_SOFTCAP_RAW_MAX): softcap (c / s) tanh(S s / c) applied
-// here when cap is set, after the row max of the raw scores (tanh is monotonic, so the capped
-// max is the max's cap), so that the max and the quad's shuffles need not wait for the tanh;
-// masked keys (here, or by the window when pre_masked) stay -inf.
-template <bool CAUSAL, int NS, bool OFFSET = false, bool CAP = false>
+template <bool CAUSAL, int NS, bool OFFSET = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
-                                                        int causal_offset, float offset = 0.0f, bool cap = false,
-                                                        float cap_s = 0.0f, float inv_cap_s = 0.0f,
-                                                        bool pre_masked = false) {
+                                                        int causal_offset, float offset = 0.0f) {
   const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
   const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
   const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
@@ -328,27 +322,9 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
   float m_base[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the quad holds the row
-    float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
-    if (CAP && cap && m_blk != TILEATTN_NEG_INF) m_blk = cap_s * tanh_approx(m_blk * inv_cap_s);
+    const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
     scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h]);
     if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
-  }
-  if (CAP && cap) {
-    if (needs_mask || pre_masked) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        const float x = S[i] == TILEATTN_NEG_INF ? TILEATTN_NEG_INF : cap_s * tanh_approx(S[i] * inv_cap_s);
-        S[i] = softmax_weight(x, scale_log2, m_base[(i % 4) / 2]);
-        l_i[(i % 4) / 2] += S[i];
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        S[i] = softmax_weight(cap_s * tanh_approx(S[i] * inv_cap_s), scale_log2, m_base[(i % 4) / 2]);
-        l_i[(i % 4) / 2] += S[i];
-      }
-    }
-    return;
   }
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
@@ -395,9 +371,8 @@ __device__ __forceinline__ ScoreVariants head_variants(float softmax_scale, floa
 // row, or skipped: the kernel's loop covers only blocks some row sees).  Per score, ALiBi is an
 // FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL, the
 // SFU's tanh and an FMUL.
-// Returns whether the window masked anything in this block.
 template <int NS>
-__device__ __forceinline__ bool fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
+__device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
   if (var.softcap) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) S[i] = var.cap_s * tanh_approx(S[i] * var.inv_cap_s);
@@ -422,7 +397,6 @@ __device__ __forceinline__ bool fragment_variants(float (&S)[NS], const ScoreVar
       if (key < lo[r] || key > hi[r]) S[i] = TILEATTN_NEG_INF;
     }
   }
-  return left_edge || right_edge;
 }
 
 // ALiBi under a causal mask as one FFMA a score (v3.3's variants kernel).  Every visible key j is

@@ -8,12 +8,16 @@
 // turn over right after issuing, so one warpgroup's softmax runs while the other's MMAs occupy
 // the tensor core (FlashAttention-3's inter-warpgroup pingpong schedule; Shah et al. 2024, sec.
 // 3.1).  Everything else (TMA producer, two stages, setmaxnreg, the intra-warpgroup overlap, the
-// fragment layouts) is v3.3's body (v3_3_wgmma.cu), compiled with PINGPONG: the output is
-// bitwise v3.3's.
+// fragment layouts) is v3.3's body (v3_3_wgmma.cu), compiled with PINGPONG: the arithmetic is
+// v3.3's, so is the output.
 //
-// Measured on an H200 (bf16 B=2 H=16 N=8192, the same body before v3.3's D=64 wait pinning, 6fbf194):
-// D=64 causal 1.116x, non-causal 1.059x of v3.3; D=128 1.014x / 1.008x.  The registry runs it
-// at D=64 (versions.py).
+// v3.3's D=64 kernel pins the P V wait behind the softmax's exponentials (4% there); v3.4 leaves
+// it to ptxas: pinned, v3.4 ran 0.98x of v3.3 at causal D=64, unpinned 1.16x.
+//
+// Measured on an H200 (bf16, scripts/variants_probe.py B=2 H=16 N=8192, 2026-12-02): causal D=64
+// 0.723 ms against v3.3's 0.839 (1.16x), non-causal 1.355 ms against 1.485 with the pin (the
+// pinned v3.4 was 1.07-1.10x v3.3 without a mask, bench/results/sweeps/mma_d64_f02bce0.json).
+// At D=128 the ping-pong measured within 1.5% of v3.3 (6fbf194): the registry runs v3.4 at D=64.
 #include "v3_3_wgmma.cu"
 
 namespace tileattn {
