@@ -29,8 +29,8 @@ def test_backward_compiles_without_spills(entry, dtype, D, causal, arch):
     threads = _params.block_threads(cubin.data, cubin.lowered_name)
     assert res["registers"] * threads <= 65536
     assert _params.smem_bytes(cubin) <= (163 if arch == "sm_80" else 227) * 1024
-    layout = _params.packer(cubin.data, cubin.lowered_name, False, _params.BWD_ARGS, [])
-    assert layout.offsets[0] == 0 and layout.tma_offset is None
+    layout = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps, _params.BWD_ARGS, [])
+    assert layout.offsets[0] == 0 and (layout.tma_offset is not None) == entry.tensor_maps
     sass = _nvrtc.sass(cubin)
     # dQ, dK, dV reduced with fire-and-forget RED (bwd_common.cuh's red_add), never ATOMG, whose
     # unused result still stalls the warp; sm_90 adds dQ's adjacent pairs in one (F32x2).
@@ -41,6 +41,11 @@ def test_backward_compiles_without_spills(entry, dtype, D, causal, arch):
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and float_atomics  # mma, ldmatrix.trans
     elif entry.name == "bwd_v3":  # every product on wgmma: S^T, dP^T, dV, dK and dQ per D/64 part, per k16 step
         assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + 4 * D // 64 and "HMMA" not in sass
+        assert "REDG.E.ADD.F32x2" in sass and float_atomics
+    elif entry.name == "bwd_v4":  # bwd_v3's products (dQ: 128 keys of 64 columns at D=128, 64 keys at D=64),
+        # the producer's tensor copies (K, V once; Q, dO per block) and the register hand-over
+        assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + (8 if D == 128 else 4) and "HMMA" not in sass
+        assert sass.count("UTMALDG") == 4 * D // 64 and "USETMAXREG" in sass
         assert "REDG.E.ADD.F32x2" in sass and float_atomics
     else:
         assert "HMMA" not in sass  # CUDA cores only
@@ -188,6 +193,30 @@ def test_backward_wgmma_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, sc
     error at the same precision plus the floor, at the forward's awkward shapes."""
     _needs_hopper()
     _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version="bwd_v3")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "D,B,H,H_kv,Nq,Nk,causal,scale,layout", [(D, *shape) for D in BWD_VERSIONS["bwd_v4"].head_dims for shape in SHAPES]
+)
+def test_backward_ws_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout):
+    """bwd_v4 (warp-specialised, 128 keys a CTA) against float64 autograd, as bwd_v2 and bwd_v3."""
+    _needs_hopper()
+    _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version="bwd_v4")
+
+
+@pytest.mark.gpu
+def test_backward_ws_refuses_deterministic():
+    import torch
+
+    from tileattn.backward import attention_backward
+
+    _needs_hopper()
+    q, k, v, dO = (torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    lse = torch.zeros(1, 2, 64, device="cuda")
+    with pytest.raises(ValueError, match="'bwd_v4' has no deterministic mode"):
+        attention_backward(q, k, v, q, lse, dO, 0.125, None, "bnhd", version="bwd_v4", deterministic=True)
 
 
 @pytest.mark.gpu

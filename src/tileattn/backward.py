@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import api
+from . import _nvrtc, api
 from .versions import BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
 
 
@@ -44,6 +44,8 @@ def attention_backward(
         raise ValueError(
             f"backward rung {name!r} takes {entry.dtypes} at head dims {entry.head_dims}, got {dtype} D={D}"
         )
+    if deterministic and not entry.deterministic:
+        raise ValueError(f"backward rung {name!r} has no deterministic mode (bwd_v2 and bwd_v3 have)")
     for arg, t in (("out", out), ("dout", dout)):
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
             raise ValueError(f"{arg} must match q (shape {tuple(q.shape)}, {q.dtype}, head dim contiguous)")
@@ -75,11 +77,15 @@ def attention_backward(
             (BWD_PREPROCESS.name, False, -(-Nq // BWD_PRE_ROWS)),
             (name, causal is not None, -(-Nk // Bc)),
         )
+        maps = None
+        if entry.tensor_maps:  # bwd_v4 loads Q, dO, K, V through the copy engine
+            maps = _tensor_maps(q, k, v, dout, (B, H, Nq, D), (B, H_kv, Nk, D), qs, ks, vs, dos, Br, Bc)
         for kernel, is_causal, grid_x in launches:
             kern = api.entry_kernel(kernel, dtype, D, is_causal, device_index)
+            tmaps = maps if kernel == name else None
             for bh_offset in range(0, B * H, api._GRID_Y_MAX):
                 args[-1] = bh_offset
-                kern.launch(stream, grid_x, min(api._GRID_Y_MAX, B * H - bh_offset), args)
+                kern.launch(stream, grid_x, min(api._GRID_Y_MAX, B * H - bh_offset), args, tmaps)
 
     if deterministic and H != H_kv:  # per query head -> per K/V head, summed by torch in a fixed order
         dk_acc, dv_acc = (a.view(B, H_kv, H // H_kv, Nk, D).sum(2) for a in (dk_acc, dv_acc))
@@ -89,6 +95,25 @@ def attention_backward(
         return acc.to(torch.float32 if float32_grads else t.dtype).contiguous()
 
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
+
+
+def _tensor_maps(q, k, v, dout, q_shape, kv_shape, qs, ks, vs, dos, Br, Bc) -> bytes:
+    """A TMA backward rung's TmaMaps (common.cuh; bwd_v4_ws.cu reads them): q (map 0) and dO
+    (map 3) in boxes of 64 columns x Br rows, k (1) and v (2) of Bc rows; maps 4, 5 repeat k, v
+    (the rungs take whole 64-column panels, so no narrow maps)."""
+    dtype, esize = api._DTYPES[q.dtype], q.element_size()
+
+    def one(t, shape, stride, rows):
+        return _nvrtc.tensor_map_4d(
+            t.data_ptr(),
+            dtype,
+            dims=tuple(reversed(shape)),
+            strides_bytes=tuple(x * esize for x in reversed(stride[:3])),
+            box=(64, rows),
+        )
+
+    k_map, v_map = one(k, kv_shape, ks, Bc), one(v, kv_shape, vs, Bc)
+    return b"".join((one(q, q_shape, qs, Br), k_map, v_map, one(dout, q_shape, dos, Br), k_map, v_map))
 
 
 @torch.library.custom_op("tileattn::bwd", mutates_args=(), device_types="cuda")

@@ -334,6 +334,7 @@ class KernelEntry:
     max_arch: int | None = None  # as Version: wgmma kernels run on sm_90 only
     arch_specific: bool = False  # compiled for sm_XYa (wgmma, setmaxnreg)
     tensor_maps: bool = False  # takes a TmaMaps parameter after its fields
+    deterministic: bool = True  # backward: honours dq_semaphore (deterministic=True)
     # Decode kernels and page sizes: "any"; "tile" (runs any, but the default choice skips it for
     # pages shorter than its tile: slower there, serving._decode_entry); "copy_engine" (its tensor
     # copies take whole boxes of one page: a contiguous cache, pages of a multiple of Bc, or of a
@@ -416,6 +417,25 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
             # 80-88 bytes at D=128 under NVRTC 13.0 and 80-100 under 13.5 (D=64: 0 / 8), loop
             # invariants (addresses, indices), stored once and reloaded per Q block.
             spill_bytes={64: 16, 128: 112},
+        ),
+        # Not the default: written and compiled on the CPU (2026-12-02), not yet run on a GPU.
+        KernelEntry(
+            name="bwd_v4",
+            file="bwd_v4_ws.cu",
+            kernel="bwd_v4",
+            tiles={64: (64, 128), 128: (64, 128)},
+            dtypes=("float16", "bfloat16"),
+            summary="bwd_v3's products on a warp-specialised CTA of 128 keys: a producer warp streams Q_i, dO_i "
+            "(TMA), lse_i, D_i into two stages; two consumer warpgroups of 64 keys share them (sm_90a)",
+            min_arch=90,
+            max_arch=90,
+            arch_specific=True,
+            tensor_maps=True,
+            deterministic=False,
+            # D=128: dK and dV (64 registers each) beside step 4's dQ (32) and the P^T / dS^T
+            # fragments (32) of the dV / dK products still in flight: ptxas spills 136-152 bytes
+            # under NVRTC 13.0 (92-100 under 13.5).  D=64: none.
+            spill_bytes={128: 160},
         ),
     ]
 }

@@ -1,0 +1,239 @@
+// bwd_v4: bwd_v3's products on a warp-specialised CTA of 128 keys (sm_90a): a producer warp
+// streams Q_i, dO_i, lse_i and D_i by TMA into two stages, two consumer warpgroups of 64 keys
+// each share every one of them.  fp16 / bf16, head dims 64 and 128.
+//
+// Why (bwd_v3 measured on an H200, bench/NOTES.md): one warpgroup running its five products, the
+// elementwise step, the dS stores and the dQ adds strictly in sequence spends ~10x its tensor
+// time per Q block, and leaving the dQ adds out entirely gains only 15-25%: the schedule binds.
+// Here (FlashAttention-3's backward layout; Shah et al. 2024):
+//  * Bc = 128 keys per CTA over two consumer warpgroups: each Q_i / dO_i tile is read for twice
+//    the keys, and dQ's adds per key halve (at D=128 each warpgroup computes 64 of dQ's columns
+//    over all 128 keys; at D=64 each adds its own 64 keys' part);
+//  * a producer warp (the first warpgroup, its registers given to the consumers by setmaxnreg
+//    24 / 240) loads K_j, V_j once and then Q_i, dO_i (TMA tensor copies, 128-byte swizzle) and
+//    lse_i, D_i (its 32 lanes) into a two-stage ring on full / empty mbarriers, so the copies of
+//    block i + 1 run under block i's products;
+//  * the two warpgroups meet once per Q block (named barrier 1: every dS row is in shared
+//    memory before either multiplies dQ = dS K); dS is double-buffered so that a warpgroup that
+//    runs ahead writes the other buffer.
+// The products per warpgroup are bwd_v3's, with the key dimension as wgmma's M:
+//   S^T = K_w Q_i^T, dP^T = V_w dO_i^T (SS); P^T, dS^T in registers; dV_w += P^T dO_i,
+//   dK_w += dS^T Q_i (RS); dQ_i = dS K (SS), added into dq_accum with red.global.add.
+// Not deterministic (the dQ adds land in any order): attention_backward runs bwd_v2 for that.
+#include "bwd_common.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+namespace tileattn {
+
+constexpr int BWD_V4_WG = 128;
+constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2 x 64 floats a block
+constexpr int BWD_V4_CONSUMER_REGS = 240;  // 24 + 2 x 240 <= 512 (65536 registers / 128 threads)
+constexpr int BWD_V4_STAGES = 2;
+
+// Shared memory: K_j, V_j (Bc x D), BWD_V4_STAGES stages of Q_i and dO_i (Br x D), two dS tiles
+// (Br x Bc, [query row][key]), all 16-bit SwizzledTiles whose sizes are multiples of 1024 bytes
+// (the 128-byte swizzle's alignment); the stages' lse_i and D_i (Br floats each); 5 mbarriers.
+__host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc) {
+  return (2 * Bc * D + BWD_V4_STAGES * 2 * Br * D + 2 * Br * Bc) * 2 + BWD_V4_STAGES * 2 * Br * 4 +
+         (1 + 2 * BWD_V4_STAGES) * 8;
+}
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
+    bwd_v4(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(sizeof(T) == 2, "bwd_v4 takes 16-bit (fp16 / bf16) inputs");
+  static_assert(Br == 64 && Bc == 128, "wgmma's M = 64 keys per warpgroup, N = 64 query rows");
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column panels, dK and dV in 64 registers each");
+  constexpr int NS = Br / 2;        // S^T, dP^T values per thread (64 keys x Br rows over 128 threads)
+  constexpr int ND = HEAD_DIM / 2;  // dK, dV values per thread (64 keys x D)
+  constexpr int Q_BYTES = Br * HEAD_DIM * 2, KV_BYTES = Bc * HEAD_DIM * 2, DS_BYTES = Br * Bc * 2;
+  using STile = SwizzledTile<Br, Bc>;  // dS, [query row][key]: 2 panels of 64 keys
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const unsigned s_k = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned s_v = s_k + KV_BYTES;
+  auto s_q = [&](int st) { return s_k + 2 * KV_BYTES + st * 2 * Q_BYTES; };
+  auto s_do = [&](int st) { return s_q(st) + Q_BYTES; };
+  auto s_ds = [&](int buf) { return s_q(BWD_V4_STAGES) + buf * DS_BYTES; };
+  float* const stats = reinterpret_cast<float*>(smem + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES);
+  auto lse_s = [&](int st) { return stats + st * 2 * Br; };
+  auto Di_s = [&](int st) { return stats + st * 2 * Br + Br; };
+  // mbarriers: kv (K_j and V_j: the copying thread's 2 arrivals), full[st] (Q_i, dO_i: 2
+  // arrivals of the copying lane, 31 of the other lanes with lse_i, D_i), empty[st] (the 256
+  // consumer threads, once they are done with the stage).
+  const unsigned bar_kv = s_k + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES + BWD_V4_STAGES * 2 * Br * 4;
+  auto bar_full = [&](int st) { return bar_kv + 8 * (1 + st); };
+  auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + BWD_V4_STAGES + st); };
+  if (threadIdx.x == 0) {
+    mbar_init(bar_kv, 2);
+    for (int st = 0; st < BWD_V4_STAGES; ++st) {
+      mbar_init(bar_full(st), 2 + 31);
+      mbar_init(bar_empty(st), 2 * BWD_V4_WG);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  const int bh = blockIdx.y + bh_offset;
+  const int b = bh / H, h = bh % H, hk = h / h_per_kv;
+  const int kv_start = blockIdx.x * Bc;
+  const int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
+  const int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
+
+  if (threadIdx.x < BWD_V4_WG) {
+    // ---------------- producer: warp 0 (lane 0 issues the tensor copies) ----------------
+    setmaxnreg_dec<BWD_V4_PRODUCER_REGS>();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    // Maps (TmaMaps, built by backward.py): 0 q and 3 dO (boxes of Br rows), 1 k and 2 v (Bc rows).
+    if (lane == 0) {
+      tma_tile_load<HEAD_DIM>(&tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b);
+      tma_tile_load<HEAD_DIM>(&tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b);
+    }
+    const float* lse_bh = lse + (long long)bh * Nq;
+    const float* Di_bh = Di + (long long)bh * Nq;
+    for (int n = 0; n < n_blocks; ++n) {
+      const int st = n % BWD_V4_STAGES, q_start = q_first + n * Br;
+      if (n >= BWD_V4_STAGES) mbar_wait(bar_empty(st), ((n / BWD_V4_STAGES) & 1) ^ 1);
+      // Rows past Nq: lse -inf (weight 0 everywhere), D 0; their Q, dO rows arrive as zeros.
+#pragma unroll
+      for (int r = lane; r < Br; r += 32) {
+        const bool ok = q_start + r < Nq;
+        lse_s(st)[r] = ok ? lse_bh[q_start + r] : TILEATTN_NEG_INF;
+        Di_s(st)[r] = ok ? Di_bh[q_start + r] : 0.0f;
+      }
+      if (lane == 0) {  // arrivals release this lane's stores too
+        tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
+        tma_tile_load<HEAD_DIM>(&tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
+      } else {
+        mbar_arrive(bar_full(st));
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers: warpgroup w owns keys kv_start + 64 w .. + 63 ----------------
+  setmaxnreg_inc<BWD_V4_CONSUMER_REGS>();
+  const int tid = threadIdx.x - BWD_V4_WG, w = tid / BWD_V4_WG;
+  const int warp = tid / 32 % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  float* dq_bh = dq_accum + (long long)bh * Nq * HEAD_DIM;
+
+  // Descriptors.  K-major: A = K_w, V_w (rows 64 w.. of each 64-column panel of Bc rows), B = Q_i,
+  // dO_i (S^T's, dP^T's); A = dS (dQ's).  N-major (the next 64 columns are the next panel): B =
+  // dO_i, Q_i (dV's, dK's), B = K (dQ's, keys as the k16 steps).
+  const unsigned long long kw_desc = wgmma_desc_sw128(s_k + w * 64 * 128);
+  const unsigned long long vw_desc = wgmma_desc_sw128(s_v + w * 64 * 128);
+
+  float dK[ND], dV[ND];
+#pragma unroll
+  for (int i = 0; i < ND; ++i) dK[i] = dV[i] = 0.0f;
+
+  const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
+  mbar_wait(bar_kv, 0);
+  for (int n = 0; n < n_blocks; ++n) {
+    const int st = n % BWD_V4_STAGES, q_start = q_first + n * Br;
+    const unsigned ds_base = s_ds(n % 2);
+    mbar_wait(bar_full(st), (n / BWD_V4_STAGES) & 1);
+    const unsigned long long q_desc = wgmma_desc_sw128(s_q(st)), do_desc = wgmma_desc_sw128(s_do(st));
+    const unsigned long long q_ndesc = wgmma_desc_sw128(s_q(st), Br * 128);
+    const unsigned long long do_ndesc = wgmma_desc_sw128(s_do(st), Br * 128);
+    const float* lse_i = lse_s(st);
+    const float* Di_i = Di_s(st);
+
+    // 1. S^T = K_w Q_i^T, dP^T = V_w dO_i^T: one commit group, waited for.
+    float S[NS], dP[NS];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+      Wgmma16<T>::ss(S, kw_desc + (sw128_k_step(kk, Bc) >> 4), q_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
+      Wgmma16<T>::ss(dP, vw_desc + (sw128_k_step(kk, Bc) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(S);
+    fence_operands(dP);
+
+    // 2. P^T and dS^T in place (bwd_v3's step 3): value i is key 64 w + 16 warp + g + 8 ((i % 4) / 2)
+    //    of the block, query row 8 (i / 4) + 2t + (i % 2) of the Q block.
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int key = kv_start + 64 * w + 16 * warp + g + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
+      const float l = lse_i[r];
+      const bool seen = l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset);
+      const float p = seen ? softmax_weight(S[i], scale_log2, l * TILEATTN_LOG2E) : 0.0f;
+      S[i] = p;
+      dP[i] = p * (dP[i] - Di_i[r]);
+    }
+    unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
+#pragma unroll
+    for (int i = 0; i < NS; i += 2) {
+      const int n8 = i / 4;
+      p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
+      ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
+    }
+    unsigned char* ds_tile = smem + (ds_base - s_k);
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int key = 64 * w + 16 * warp + g + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
+      *reinterpret_cast<T*>(ds_tile + STile::offset_elem(r, key)) = static_cast<T>(dP[i]);
+    }
+    fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
+
+    // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
+    fence_operands(p_frag);
+    fence_operands(ds_frag);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Br / 16; ++ks) {
+      Wgmma16<T>::rs_bt(dV, p_frag[ks], do_ndesc + ((ks * 16 * 128) >> 4), 1);
+      Wgmma16<T>::rs_bt(dK, ds_frag[ks], q_ndesc + ((ks * 16 * 128) >> 4), 1);
+    }
+    wgmma_commit();
+    named_barrier_sync<2 * BWD_V4_WG>(1);  // both warpgroups' dS rows are in this block's tile
+
+    // 4. dQ_i = dS K: at D=128 warpgroup w takes columns 64 w.. over all Bc keys; at D=64 its own
+    //    64 keys (dS's panel w, K's rows 64 w..) for all 64 columns, both parts added.
+    float dq[32];
+    constexpr int DQ_KSTEPS = HEAD_DIM == 128 ? Bc / 16 : 64 / 16;
+    const unsigned long long dsa_desc = wgmma_desc_sw128(HEAD_DIM == 128 ? ds_base : ds_base + w * Br * 128);
+    const unsigned long long kn_desc =
+        wgmma_desc_sw128(HEAD_DIM == 128 ? s_k + w * Bc * 128 : s_k + w * 64 * 128, Bc * 128);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < DQ_KSTEPS; ++ks)
+      Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();  // (also step 3's group: the stage and the register operands are free from here)
+    fence_operands(p_frag);
+    fence_operands(ds_frag);
+    fence_operands(dq);
+    fence_operands(dV);
+    fence_operands(dK);
+    mbar_arrive(bar_empty(st));
+    const int col0 = HEAD_DIM == 128 ? 64 * w : 0;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = q_start + 16 * warp + g + 8 * hh;
+      if (row >= Nq) continue;
+      float* dq_row = dq_bh + (long long)row * HEAD_DIM + col0 + 2 * t;
+#pragma unroll
+      for (int n8 = 0; n8 < 8; ++n8)
+        red_add2(dq_row + 8 * n8, softmax_scale * dq[4 * n8 + 2 * hh], softmax_scale * dq[4 * n8 + 2 * hh + 1]);
+    }
+  }
+
+  // dK_w, dV_w into the accumulators (shared by the GQA group: red).
+#pragma unroll
+  for (int i = 0; i < ND; ++i) {
+    const int key = kv_start + 64 * w + 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + (i % 2);
+    if (key < Nk)
+      store_dkdv(dk_accum, dv_accum, nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i], dV[i]);
+  }
+#endif
+}
+
+TILEATTN_SMEM_BYTES(bwd_v4, bwd_v4_smem(HEAD_DIM, Br, Bc));
+
+}  // namespace tileattn
