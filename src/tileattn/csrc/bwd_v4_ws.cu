@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "bwd_v4 takes 16-bit (fp16 / bf16) inputs");
   static_assert(Br == 64 && Bc == 128, "wgmma's M = 64 keys per warpgroup, N = 64 query rows");
+  // (Whole 64-column panels also keep tma_tile_load off its narrow-panel maps 3..5: map 3 is dO here.)
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column panels, dK and dV in 64 registers each");
   constexpr int NS = Br / 2;        // S^T, dP^T values per thread (64 keys x Br rows over 128 threads)
   constexpr int ND = HEAD_DIM / 2;  // dK, dV values per thread (64 keys x D)
@@ -61,15 +62,15 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
   auto lse_s = [&](int st) { return stats + st * 2 * Br; };
   auto Di_s = [&](int st) { return stats + st * 2 * Br + Br; };
   // mbarriers: kv (K_j and V_j: the copying thread's 2 arrivals), full[st] (Q_i, dO_i: 2
-  // arrivals of the copying lane, 31 of the other lanes with lse_i, D_i), empty[st] (the 256
-  // consumer threads, once they are done with the stage).
+  // arrivals of the copying lane with the bytes, then one of each of the 32 lanes with its lse_i,
+  // D_i), empty[st] (the 256 consumer threads, once they are done with the stage).
   const unsigned bar_kv = s_k + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES + BWD_V4_STAGES * 2 * Br * 4;
   auto bar_full = [&](int st) { return bar_kv + 8 * (1 + st); };
   auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + BWD_V4_STAGES + st); };
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 2);
     for (int st = 0; st < BWD_V4_STAGES; ++st) {
-      mbar_init(bar_full(st), 2 + 31);
+      mbar_init(bar_full(st), 2 + 32);
       mbar_init(bar_empty(st), 2 * BWD_V4_WG);
     }
     mbar_fence_init();
@@ -97,6 +98,10 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     for (int n = 0; n < n_blocks; ++n) {
       const int st = n % BWD_V4_STAGES, q_start = q_first + n * Br;
       if (n >= BWD_V4_STAGES) mbar_wait(bar_empty(st), ((n / BWD_V4_STAGES) & 1) ^ 1);
+      if (lane == 0) {  // the tensor copies first: they need no register, the row statistics do
+        tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
+        tma_tile_load<HEAD_DIM>(&tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
+      }
       // Rows past Nq: lse -inf (weight 0 everywhere), D 0; their Q, dO rows arrive as zeros.
 #pragma unroll
       for (int r = lane; r < Br; r += 32) {
@@ -104,12 +109,7 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
         lse_s(st)[r] = ok ? lse_bh[q_start + r] : TILEATTN_NEG_INF;
         Di_s(st)[r] = ok ? Di_bh[q_start + r] : 0.0f;
       }
-      if (lane == 0) {  // arrivals release this lane's stores too
-        tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
-        tma_tile_load<HEAD_DIM>(&tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
-      } else {
-        mbar_arrive(bar_full(st));
-      }
+      mbar_arrive(bar_full(st));  // (a release: this lane's stores, before the consumers' wait)
     }
     return;
   }
@@ -205,13 +205,14 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     for (int ks = 0; ks < DQ_KSTEPS; ++ks)
       Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
     wgmma_commit();
-    wgmma_wait<0>();  // (also step 3's group: the stage and the register operands are free from here)
+    wgmma_wait<1>();  // step 3's group (groups retire in order): the stage is free, dQ may still run
     fence_operands(p_frag);
     fence_operands(ds_frag);
-    fence_operands(dq);
     fence_operands(dV);
     fence_operands(dK);
     mbar_arrive(bar_empty(st));
+    wgmma_wait<0>();
+    fence_operands(dq);
     const int col0 = HEAD_DIM == 128 ? 64 * w : 0;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
