@@ -433,8 +433,8 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
             tensor_maps=True,
             deterministic=False,
             # D=128: dK and dV (64 registers each) beside step 4's dQ (32) and the P^T / dS^T
-            # fragments (32) of the dV / dK products still in flight: ptxas spills 136-152 bytes
-            # under NVRTC 13.0 (92-100 under 13.5).  D=64: none.
+            # fragments (32) of the dV / dK products still in flight: ptxas spills 24-152 bytes
+            # under NVRTC 13.0 (92-124 under 13.5).  D=64: none.
             spill_bytes={128: 160},
         ),
     ]

@@ -28,6 +28,7 @@
 // sequence (each waited for): what the tensor core gains over mma.sync, before the overlap that
 // FlashAttention-3's backward adds.
 #include "bwd_common.cuh"
+#include "bwd_wgmma.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -140,32 +141,10 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
     fence_operands(S);
     fence_operands(dP);
 
-    // 3. P^T and dS^T in place: value i is key 16 warp + g + 8 ((i % 4) / 2) of the block, query
-    //    row 8 (i / 4) + 2t + (i % 2) of the Q block.  A row past Nq has lse -inf: weight 0.
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int key = kv_start + 16 * warp + g + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
-      const float l = lse_i[r];
-      const bool seen = l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset);
-      const float p = seen ? softmax_weight(S[i], scale_log2, l * TILEATTN_LOG2E) : 0.0f;
-      S[i] = p;
-      dP[i] = p * (dP[i] - Di_i[r]);
-    }
-    // As 16-bit A fragments of dV's and dK's products (k16 step ks = query rows 16 ks..: n8 tiles
-    // 2 ks and 2 ks + 1; v3.3's P V mapping), and dS to shared memory as [row][key] for dQ.
+    // 3. P^T and dS^T in place, their A fragments, dS to shared memory (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
-#pragma unroll
-    for (int i = 0; i < NS; i += 2) {
-      const int n8 = i / 4;
-      p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
-      ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
-    }
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int key = 16 * warp + g + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
-      *reinterpret_cast<T*>(dSs + STile::offset_elem(r, key)) = static_cast<T>(dP[i]);
-    }
-    fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
+    bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, dSs, lse_i, Di_i, kv_start, 16 * warp + g,
+                                   q_start, Nk, causal_offset, scale_log2, t);
 
     // 4. dV_j += P^T dO_i, dK_j += dS^T Q_i (RS, B N-major), one commit group.
     fence_operands(p_frag);

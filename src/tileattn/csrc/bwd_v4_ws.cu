@@ -21,6 +21,7 @@
 //   dK_w += dS^T Q_i (RS); dQ_i = dS K (SS), added into dq_accum with red.global.add.
 // Not deterministic (the dQ adds land in any order): attention_backward runs bwd_v2 for that.
 #include "bwd_common.cuh"
+#include "bwd_wgmma.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -155,31 +156,11 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     fence_operands(S);
     fence_operands(dP);
 
-    // 2. P^T and dS^T in place (bwd_v3's step 3): value i is key 64 w + 16 warp + g + 8 ((i % 4) / 2)
-    //    of the block, query row 8 (i / 4) + 2t + (i % 2) of the Q block.
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int key = kv_start + 64 * w + 16 * warp + g + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
-      const float l = lse_i[r];
-      const bool seen = l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset);
-      const float p = seen ? softmax_weight(S[i], scale_log2, l * TILEATTN_LOG2E) : 0.0f;
-      S[i] = p;
-      dP[i] = p * (dP[i] - Di_i[r]);
-    }
+    // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
-#pragma unroll
-    for (int i = 0; i < NS; i += 2) {
-      const int n8 = i / 4;
-      p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
-      ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
-    }
-    unsigned char* ds_tile = smem + (ds_base - s_k);
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int key = 64 * w + 16 * warp + g + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
-      *reinterpret_cast<T*>(ds_tile + STile::offset_elem(r, key)) = static_cast<T>(dP[i]);
-    }
-    fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
+    bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, smem + (ds_base - s_k), lse_i, Di_i,
+                                   kv_start, 64 * w + 16 * warp + g, q_start, Nk, causal_offset,
+                                   scale_log2, t);
 
     // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
     fence_operands(p_frag);

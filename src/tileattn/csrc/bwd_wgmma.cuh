@@ -1,0 +1,48 @@
+// The step the wgmma backward rungs (bwd_v3_wgmma.cu, bwd_v4_ws.cu) share: from one Q block's
+// transposed scores to the operands of dV, dK and dQ.
+//
+// Layout (wgmma m64n64, keys as M): a thread of warp w of its warpgroup holds, as value i, key
+// kv_start + key0 + 8 ((i % 4) / 2) (key0 = the warpgroup's first key in the K/V block + 16 w + g)
+// and query row 8 (i / 4) + 2t + (i % 2) of the Q block, for both S^T = K Q^T and dP^T = V dO^T.
+#pragma once
+
+#include "bwd_common.cuh"
+#include "mma.cuh"
+
+namespace tileattn {
+
+// P^T = 2^(scale log2(e) S^T - log2(e) lse) (0 where masked, and on rows past Nq, whose lse is
+// -inf) and dS^T = P^T (dP^T - D_i), in place in S and dP; both as 16-bit A fragments of dV +=
+// P^T dO and dK += dS^T Q (k16 step ks = query rows 16 ks..: n8 tiles 2 ks and 2 ks + 1, v3.3's
+// P V mapping); dS stored to shared memory as [query row][key in the block] (SwizzledTile STile)
+// for dQ = dS K.
+template <typename T, typename STile, int Br, bool CAUSAL>
+__device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
+                                         unsigned (&ds_frag)[Br / 16][4], unsigned char* ds_tile, const float* lse_i,
+                                         const float* Di_i, int kv_start, int key0, int q_start, int Nk,
+                                         int causal_offset, float scale_log2, int t) {
+  constexpr int NS = Br / 2;
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int key = kv_start + key0 + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
+    const float l = lse_i[r];
+    const bool seen = l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset);
+    const float p = seen ? softmax_weight(S[i], scale_log2, l * TILEATTN_LOG2E) : 0.0f;
+    S[i] = p;
+    dP[i] = p * (dP[i] - Di_i[r]);
+  }
+#pragma unroll
+  for (int i = 0; i < NS; i += 2) {
+    const int n8 = i / 4;
+    p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
+    ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
+  }
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int key = key0 + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
+    *reinterpret_cast<T*>(ds_tile + STile::offset_elem(r, key)) = static_cast<T>(dP[i]);
+  }
+  fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
+}
+
+}  // namespace tileattn
