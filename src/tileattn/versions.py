@@ -371,6 +371,42 @@ BWD_PREPROCESS = KernelEntry(
     causal_variants=(False,),
 )
 
+# Not the default (attention_backward's version="bwd_v3" runs it): right on the GPU (its float64
+# and determinism tests) but at 172-197 TFLOP/s no faster than bwd_v2 (bench/NOTES.md).
+_BWD_V3 = KernelEntry(
+    name="bwd_v3",
+    file="bwd_v3_wgmma.cu",
+    kernel="bwd_v3",
+    tiles={64: (64, 64), 128: (64, 64)},
+    dtypes=("float16", "bfloat16"),
+    summary="bwd_v2's loop nest on wgmma (one warpgroup): S^T, dP^T with keys as M, P^T and dS^T "
+    "from their accumulators as the register A operand of dV and dK, dQ = dS K from shared memory",
+    min_arch=90,
+    max_arch=90,
+    arch_specific=True,
+    # At 255 registers, S^T and dP^T (32 each) beside dK and dV (64 each at D=128), the P^T and dS^T
+    # fragments, step 5's dQ and the next Q block's row statistics: ptxas spills 80-92 bytes at
+    # D=128 under NVRTC 13.0 and 72-104 under 13.5 (D=64: 0 / 8), loop invariants (addresses,
+    # indices), stored once and reloaded per Q block.
+    spill_bytes={64: 16, 128: 112},
+)
+# Not the default: written and compiled on the CPU (2026-12-02), not yet run on a GPU.
+_BWD_V4 = dataclasses.replace(
+    _BWD_V3,
+    name="bwd_v4",
+    file="bwd_v4_ws.cu",
+    kernel="bwd_v4",
+    tiles={64: (64, 128), 128: (64, 128)},
+    summary="bwd_v3's products on a warp-specialised CTA of 128 keys: a producer warp streams Q_i, dO_i "
+    "(TMA), lse_i, D_i into two stages; two consumer warpgroups of 64 keys share them (sm_90a)",
+    tensor_maps=True,
+    deterministic=False,
+    # D=128: dK and dV (64 registers each) beside step 4's dQ (32) and the P^T / dS^T fragments
+    # (32) of the dV / dK products still in flight: ptxas spills 24-152 bytes under NVRTC 13.0
+    # (92-124 under 13.5).  D=64: none.
+    spill_bytes={128: 160},
+)
+
 # The autograd formula (backward.py) picks bwd_v1 for FP32 and bwd_v2 for fp16/bf16; an input that
 # requires grad at a head dim neither takes raises (api._check_backward_exists).
 BWD_VERSIONS: dict[str, KernelEntry] = {
@@ -399,44 +435,8 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
             # Hopper rung is meant to replace it there.
             spill_bytes={96: 16, 112: 32, 128: 32, 224: 16, 256: 32},
         ),
-        # Not the default (attention_backward's version="bwd_v3" runs it): right on the GPU (its
-        # float64 and determinism tests) but at 172-197 TFLOP/s no faster than bwd_v2 (bench/NOTES.md).
-        KernelEntry(
-            name="bwd_v3",
-            file="bwd_v3_wgmma.cu",
-            kernel="bwd_v3",
-            tiles={64: (64, 64), 128: (64, 64)},
-            dtypes=("float16", "bfloat16"),
-            summary="bwd_v2's loop nest on wgmma (one warpgroup): S^T, dP^T with keys as M, P^T and dS^T "
-            "from their accumulators as the register A operand of dV and dK, dQ = dS K from shared memory",
-            min_arch=90,
-            max_arch=90,
-            arch_specific=True,
-            # At 255 registers, S^T and dP^T (32 each) beside dK and dV (64 each at D=128), the P^T
-            # and dS^T fragments, step 5's dQ and the next Q block's row statistics: ptxas spills
-            # 80-88 bytes at D=128 under NVRTC 13.0 and 80-100 under 13.5 (D=64: 0 / 8), loop
-            # invariants (addresses, indices), stored once and reloaded per Q block.
-            spill_bytes={64: 16, 128: 112},
-        ),
-        # Not the default: written and compiled on the CPU (2026-12-02), not yet run on a GPU.
-        KernelEntry(
-            name="bwd_v4",
-            file="bwd_v4_ws.cu",
-            kernel="bwd_v4",
-            tiles={64: (64, 128), 128: (64, 128)},
-            dtypes=("float16", "bfloat16"),
-            summary="bwd_v3's products on a warp-specialised CTA of 128 keys: a producer warp streams Q_i, dO_i "
-            "(TMA), lse_i, D_i into two stages; two consumer warpgroups of 64 keys share them (sm_90a)",
-            min_arch=90,
-            max_arch=90,
-            arch_specific=True,
-            tensor_maps=True,
-            deterministic=False,
-            # D=128: dK and dV (64 registers each) beside step 4's dQ (32) and the P^T / dS^T
-            # fragments (32) of the dV / dK products still in flight: ptxas spills 24-152 bytes
-            # under NVRTC 13.0 (92-124 under 13.5).  D=64: none.
-            spill_bytes={128: 160},
-        ),
+        _BWD_V3,
+        _BWD_V4,
     ]
 }
 

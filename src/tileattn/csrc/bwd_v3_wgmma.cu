@@ -130,16 +130,7 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
 
     // 2. S^T = K_j Q_i^T, dP^T = V_j dO_i^T: one commit group, waited for.
     float S[NS], dP[NS];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-      Wgmma16<T>::ss(S, k_desc + (sw128_k_step(kk, Bc) >> 4), q_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
-      Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, Bc) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(S);
-    fence_operands(dP);
+    bwd_scores<T, HEAD_DIM, Br, Bc>(S, dP, k_desc, v_desc, q_desc, do_desc);
 
     // 3. P^T and dS^T in place, their A fragments, dS to shared memory (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
@@ -147,15 +138,7 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
                                    q_start, Nk, causal_offset, scale_log2, t);
 
     // 4. dV_j += P^T dO_i, dK_j += dS^T Q_i (RS, B N-major), one commit group.
-    fence_operands(p_frag);
-    fence_operands(ds_frag);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Br / 16; ++ks) {
-      Wgmma16<T>::rs_bt(dV, p_frag[ks], do_ndesc + ((ks * 16 * 128) >> 4), 1);
-      Wgmma16<T>::rs_bt(dK, ds_frag[ks], q_ndesc + ((ks * 16 * 128) >> 4), 1);
-    }
-    wgmma_commit();
+    bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
     __syncthreads();  // every thread's dS is in shared memory
 
     // 5. dQ_i = dS K_j, 64 columns at a time (K_j N-major: panel part), each added as it lands.

@@ -145,16 +145,7 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
 
     // 1. S^T = K_w Q_i^T, dP^T = V_w dO_i^T: one commit group, waited for.
     float S[NS], dP[NS];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-      Wgmma16<T>::ss(S, kw_desc + (sw128_k_step(kk, Bc) >> 4), q_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
-      Wgmma16<T>::ss(dP, vw_desc + (sw128_k_step(kk, Bc) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(S);
-    fence_operands(dP);
+    bwd_scores<T, HEAD_DIM, Br, Bc>(S, dP, kw_desc, vw_desc, q_desc, do_desc);
 
     // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
@@ -163,15 +154,7 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
                                    scale_log2, t);
 
     // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
-    fence_operands(p_frag);
-    fence_operands(ds_frag);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Br / 16; ++ks) {
-      Wgmma16<T>::rs_bt(dV, p_frag[ks], do_ndesc + ((ks * 16 * 128) >> 4), 1);
-      Wgmma16<T>::rs_bt(dK, ds_frag[ks], q_ndesc + ((ks * 16 * 128) >> 4), 1);
-    }
-    wgmma_commit();
+    bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
     named_barrier_sync<2 * BWD_V4_WG>(1);  // both warpgroups' dS rows are in this block's tile
 
     // 4. dQ_i = dS K: at D=128 warpgroup w takes columns 64 w.. over all Bc keys; at D=64 its own

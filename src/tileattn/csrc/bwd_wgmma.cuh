@@ -8,8 +8,44 @@
 
 #include "bwd_common.cuh"
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 namespace tileattn {
+
+// S^T = K Q_i^T and dP^T = V dO_i^T (SS, both K-major; A: 64 key rows of a KV_ROWS-row K / V tile,
+// B: the Q block's Br rows), one commit group, waited for.
+template <typename T, int HEAD_DIM, int Br, int KV_ROWS>
+__device__ __forceinline__ void bwd_scores(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned long long k_desc,
+                                           unsigned long long v_desc, unsigned long long q_desc,
+                                           unsigned long long do_desc) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+    Wgmma16<T>::ss(S, k_desc + (sw128_k_step(kk, KV_ROWS) >> 4), q_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
+    Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, KV_ROWS) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(S);
+  fence_operands(dP);
+}
+
+// dV += P^T dO_i and dK += dS^T Q_i (RS: A the fragments of bwd_p_ds, B N-major with the k16 step
+// 16 query rows on), one commit group, not waited for.
+template <typename T, int Br, int ND>
+__device__ __forceinline__ void bwd_dv_dk(float (&dV)[ND], float (&dK)[ND], unsigned (&p_frag)[Br / 16][4],
+                                          unsigned (&ds_frag)[Br / 16][4], unsigned long long do_ndesc,
+                                          unsigned long long q_ndesc) {
+  fence_operands(p_frag);
+  fence_operands(ds_frag);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < Br / 16; ++ks) {
+    Wgmma16<T>::rs_bt(dV, p_frag[ks], do_ndesc + ((ks * 16 * 128) >> 4), 1);
+    Wgmma16<T>::rs_bt(dK, ds_frag[ks], q_ndesc + ((ks * 16 * 128) >> 4), 1);
+  }
+  wgmma_commit();
+}
 
 // P^T = 2^(scale log2(e) S^T - log2(e) lse) (0 where masked, and on rows past Nq, whose lse is
 // -inf) and dS^T = P^T (dP^T - D_i), in place in S and dP; both as 16-bit A fragments of dV +=
