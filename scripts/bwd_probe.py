@@ -12,14 +12,14 @@ import argparse
 import torch
 from triton.testing import do_bench
 
-from tileattn import _nvrtc, api
+from tileattn import _nvrtc, api, bench
 from tileattn.backward import attention_backward
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE], defined in every kernel")
 parser.add_argument("--versions", nargs="+", default=["bwd_v2", "bwd_v3"])
 args = parser.parse_args()
-_nvrtc.EXPERIMENT_DEFINES[:] = [tuple(d.split("=", 1)) if "=" in d else d for d in args.define]
+_nvrtc.EXPERIMENT_DEFINES[:] = args.define
 print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}")
 
 B, H, N = 4, 16, 8192
@@ -29,7 +29,7 @@ for D in (64, 128):
         mode = "top_left" if causal else None
         with torch.no_grad():
             out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
-        flops = 2.5 * 4 * B * H * N * N * D / (2 if causal else 1)  # 5 products of the forward's 2
+        flops = 2.5 * bench.Case(B, H, N, D, "bfloat16", causal).flops  # 5 products of the forward's 2
         base = None
         for name in args.versions:
             run = lambda name=name: attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version=name)

@@ -15,7 +15,7 @@ from tileattn import _nvrtc, flash_attn_func, reference, serving
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE], defined in every kernel")
-_nvrtc.EXPERIMENT_DEFINES[:] = [tuple(d.split("=", 1)) if "=" in d else d for d in parser.parse_args().define]
+_nvrtc.EXPERIMENT_DEFINES[:] = parser.parse_args().define
 if _nvrtc.EXPERIMENT_DEFINES:
     print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}")
 

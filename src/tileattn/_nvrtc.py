@@ -127,7 +127,7 @@ def headers_version() -> str:
 
 
 # Experiment switches (scripts/*_probe.py --define): macros defined in every kernel this process
-# compiles, as NAME or (NAME, VALUE).  Part of the options, so of the cache key: each build
+# compiles, as "NAME" or "NAME=VALUE".  Part of the options, so of the cache key: each build
 # stays cached beside the plain one.
 EXPERIMENT_DEFINES: list = []
 
@@ -141,7 +141,7 @@ def _program_options(source_file: str, arch: str):
         ptxas_options=["-v"],
         include_path=[str(CSRC), cuda_include_dir()],
         name=source_file,
-        define_macro=list(EXPERIMENT_DEFINES) or None,
+        define_macro=[tuple(d.split("=", 1)) if "=" in d else d for d in EXPERIMENT_DEFINES] or None,
     )
 
 

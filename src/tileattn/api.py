@@ -462,18 +462,23 @@ def _tensor_maps(
     widths = panel_widths(q_layout[0][-1])
     maps = []
     for w in widths if len(widths) == 2 else widths * 2:  # narrow maps at index 3..5 (a copy if unused)
-        for ptr, (shape, stride), rows in ((q_ptr, q_layout, Br), (k_ptr, k_layout, Bc), (v_ptr, v_layout, Bc)):
-            maps.append(
-                _nvrtc.tensor_map_4d(
-                    ptr,
-                    dtype,
-                    dims=tuple(reversed(shape)),
-                    strides_bytes=tuple(s * esize for s in reversed(stride[:3])),
-                    box=(w, rows),
-                    l2_promotion=l2_promotion,
-                )
-            )
+        for ptr, layout, rows in ((q_ptr, q_layout, Br), (k_ptr, k_layout, Bc), (v_ptr, v_layout, Bc)):
+            maps.append(tensor_map(ptr, layout, dtype, esize, (w, rows), l2_promotion))
     return b"".join(maps)
+
+
+def tensor_map(ptr, layout, dtype: str, esize: int, box: tuple[int, int], l2_promotion=128) -> bytes:
+    """One TMA descriptor of a (B, H, N, D) view given as pointer and (shape, strides in elements):
+    boxes of box = (columns, rows)."""
+    shape, stride = layout
+    return _nvrtc.tensor_map_4d(
+        ptr,
+        dtype,
+        dims=tuple(reversed(shape)),
+        strides_bytes=tuple(s * esize for s in reversed(stride[:3])),
+        box=box,
+        l2_promotion=l2_promotion,
+    )
 
 
 @dataclasses.dataclass

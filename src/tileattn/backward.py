@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _nvrtc, api
+from . import api
 from .versions import BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
 
 
@@ -102,16 +102,7 @@ def _tensor_maps(q, k, v, dout, q_shape, kv_shape, qs, ks, vs, dos, Br, Bc) -> b
     (map 3) in boxes of 64 columns x Br rows, k (1) and v (2) of Bc rows; maps 4, 5 repeat k, v
     (the rungs take whole 64-column panels, so no narrow maps)."""
     dtype, esize = api._DTYPES[q.dtype], q.element_size()
-
-    def one(t, shape, stride, rows):
-        return _nvrtc.tensor_map_4d(
-            t.data_ptr(),
-            dtype,
-            dims=tuple(reversed(shape)),
-            strides_bytes=tuple(x * esize for x in reversed(stride[:3])),
-            box=(64, rows),
-        )
-
+    one = lambda t, shape, stride, rows: api.tensor_map(t.data_ptr(), (shape, stride), dtype, esize, (64, rows))
     k_map, v_map = one(k, kv_shape, ks, Bc), one(v, kv_shape, vs, Bc)
     return b"".join((one(q, q_shape, qs, Br), k_map, v_map, one(dout, q_shape, dos, Br), k_map, v_map))
 
