@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Where the time goes: pipe utilisation and issue-stall breakdown of one launch per kernel
-# (bf16, B=4 H=16 N=8192), for the given "kernel-regex version D" specs (default: v3.1, v3.2 and
+# Where the time goes: pipe utilisation (tensor pipe: hmma for mma.sync, gmma for wgmma) and
+# issue-stall breakdown of one launch per kernel (bf16, B=4 H=16 N=8192), for the given "kernel-regex version D" specs (default: v3.1, v3.2 and
 # PyTorch's FA2 at D=64 and 128).  Usage: bash scripts/ncu_pipes.sh ["v3_2_fwd v3.2 64" ...]
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-M=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__warps_active.avg.per_cycle_active,launch__registers_per_thread,gpu__time_duration.sum
+M=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__warps_active.avg.per_cycle_active,launch__registers_per_thread,gpu__time_duration.sum
 for r in math_pipe_throttle wait short_scoreboard mio_throttle barrier long_scoreboard not_selected dispatch_stall lg_throttle no_instruction branch_resolving; do
   M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
 done

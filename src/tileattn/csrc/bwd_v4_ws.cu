@@ -40,6 +40,45 @@ __host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc) {
          (1 + 2 * BWD_V4_STAGES) * 8;
 }
 
+// dQ's split between the two consumer warpgroups at D=128 (D=64 always takes the second form):
+// true, each takes 64 of dQ's columns over all 128 keys (one 256-thread barrier per Q block);
+// false, each its own 64 keys over all columns (no barrier between them, twice the dQ adds).
+#ifdef TILEATTN_BWD_V4_OWN_DQ
+constexpr bool BWD_V4_SHARED_DQ = false;
+#else
+constexpr bool BWD_V4_SHARED_DQ = true;
+#endif
+
+// After the dQ group is committed: wait for the dV / dK group before it (groups retire in order),
+// then free the stage; the dQ group may still run.
+template <int NF, int ND>
+__device__ __forceinline__ void bwd_v4_release_stage(unsigned (&p_frag)[NF][4], unsigned (&ds_frag)[NF][4],
+                                                     float (&dV)[ND], float (&dK)[ND], unsigned bar_empty) {
+  wgmma_wait<1>();
+  fence_operands(p_frag);
+  fence_operands(ds_frag);
+  fence_operands(dV);
+  fence_operands(dK);
+  mbar_arrive(bar_empty);
+  wgmma_wait<0>();
+}
+
+// One 64-row x 64-column dQ part (a wgmma m64n64 accumulator) added into dq_accum's rows q_start..
+// and columns col0.. (red.global, scaled by softmax_scale: S = scale Q K^T).
+__device__ __forceinline__ void bwd_v4_add_dq(float (&dq)[32], float* dq_bh, int q_start, int Nq, int head_dim,
+                                              int col0, float softmax_scale, int warp, int g, int t) {
+  fence_operands(dq);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = q_start + 16 * warp + g + 8 * hh;
+    if (row >= Nq) continue;
+    float* dq_row = dq_bh + (long long)row * head_dim + col0 + 2 * t;
+#pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8)
+      red_add2(dq_row + 8 * n8, softmax_scale * dq[4 * n8 + 2 * hh], softmax_scale * dq[4 * n8 + 2 * hh + 1]);
+  }
+}
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     bwd_v4(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
@@ -149,43 +188,54 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
 
     // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
-    bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, smem + (ds_base - s_k), lse_i, Di_i,
-                                   kv_start, 64 * w + 16 * warp + g, q_start, Nk, causal_offset,
-                                   scale_log2, t);
+    unsigned char* const ds_tile = smem + (ds_base - s_k);
+    const int key0 = 64 * w + 16 * warp + g;
+    if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, Bc, Nk, causal_offset))
+      bwd_p_ds<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, key0, q_start,
+                                            Nk, causal_offset, scale_log2, t);
+    else
+      bwd_p_ds<T, STile, Br, CAUSAL, true>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, key0, q_start,
+                                           Nk, causal_offset, scale_log2, t);
 
     // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
-    named_barrier_sync<2 * BWD_V4_WG>(1);  // both warpgroups' dS rows are in this block's tile
 
-    // 4. dQ_i = dS K: at D=128 warpgroup w takes columns 64 w.. over all Bc keys; at D=64 its own
-    //    64 keys (dS's panel w, K's rows 64 w..) for all 64 columns, both parts added.
-    float dq[32];
-    constexpr int DQ_KSTEPS = HEAD_DIM == 128 ? Bc / 16 : 64 / 16;
-    const unsigned long long dsa_desc = wgmma_desc_sw128(HEAD_DIM == 128 ? ds_base : ds_base + w * Br * 128);
-    const unsigned long long kn_desc =
-        wgmma_desc_sw128(HEAD_DIM == 128 ? s_k + w * Bc * 128 : s_k + w * 64 * 128, Bc * 128);
-    wgmma_fence();
+    // 4. dQ_i = dS K, added into dq_accum.
+    if constexpr (BWD_V4_SHARED_DQ && HEAD_DIM == 128) {
+      // Warpgroup w takes dQ's columns 64 w.. over all Bc keys: both warpgroups' dS rows must be
+      // in this block's tile first (named barrier 1 over the 256 consumers), which keeps the two
+      // in step, their elementwise work at the same time.
+      named_barrier_sync<2 * BWD_V4_WG>(1);
+      float dq[32];
+      const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base);
+      const unsigned long long kn_desc = wgmma_desc_sw128(s_k + w * Bc * 128, Bc * 128);
+      wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < DQ_KSTEPS; ++ks)
-      Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
-    wgmma_commit();
-    wgmma_wait<1>();  // step 3's group (groups retire in order): the stage is free, dQ may still run
-    fence_operands(p_frag);
-    fence_operands(ds_frag);
-    fence_operands(dV);
-    fence_operands(dK);
-    mbar_arrive(bar_empty(st));
-    wgmma_wait<0>();
-    fence_operands(dq);
-    const int col0 = HEAD_DIM == 128 ? 64 * w : 0;
+      for (int ks = 0; ks < Bc / 16; ++ks)
+        Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
+      wgmma_commit();
+      bwd_v4_release_stage(p_frag, ds_frag, dV, dK, bar_empty(st));
+      bwd_v4_add_dq(dq, dq_bh, q_start, Nq, HEAD_DIM, 64 * w, softmax_scale, warp, g, t);
+    } else {
+      // Warpgroup w multiplies only its own 64 keys (dS's panel w, K's rows 64 w..), for each
+      // 64-column panel of dQ in turn: it waits for its own dS stores only (named barrier 1 + w),
+      // so the two warpgroups drift apart and one's elementwise step runs under the other's
+      // products.  The cost: at D=128 twice the dQ adds of the shared split above.
+      named_barrier_sync<BWD_V4_WG>(1 + w);
+      const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base + w * Br * 128);
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = q_start + 16 * warp + g + 8 * hh;
-      if (row >= Nq) continue;
-      float* dq_row = dq_bh + (long long)row * HEAD_DIM + col0 + 2 * t;
+      for (int c = 0; c < HEAD_DIM / 64; ++c) {
+        float dq[32];
+        const unsigned long long kn_desc = wgmma_desc_sw128(s_k + c * Bc * 128 + w * 64 * 128, Bc * 128);
+        wgmma_fence();
 #pragma unroll
-      for (int n8 = 0; n8 < 8; ++n8)
-        red_add2(dq_row + 8 * n8, softmax_scale * dq[4 * n8 + 2 * hh], softmax_scale * dq[4 * n8 + 2 * hh + 1]);
+        for (int ks = 0; ks < 64 / 16; ++ks)
+          Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
+        wgmma_commit();
+        if (c == 0) bwd_v4_release_stage(p_frag, ds_frag, dV, dK, bar_empty(st));
+        else wgmma_wait<0>();
+        bwd_v4_add_dq(dq, dq_bh, q_start, Nq, HEAD_DIM, 64 * c, softmax_scale, warp, g, t);
+      }
     }
   }
 

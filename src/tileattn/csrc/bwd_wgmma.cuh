@@ -47,12 +47,25 @@ __device__ __forceinline__ void bwd_dv_dk(float (&dV)[ND], float (&dK)[ND], unsi
   wgmma_commit();
 }
 
+// True when rows q_start .. + Br - 1 and keys kv_start .. + kv_rows - 1 all exist and every row
+// sees every key: no masking.  (Such a row sees a key, so its lse is finite: the -inf test of
+// bwd_p_ds is needed only where this is false.)
+template <bool CAUSAL>
+__device__ __forceinline__ bool bwd_block_unmasked(int q_start, int Br, int Nq, int kv_start, int kv_rows, int Nk,
+                                                   int causal_offset) {
+  return q_start + Br <= Nq && kv_start + kv_rows <= Nk && (!CAUSAL || kv_start + kv_rows - 1 <= q_start + causal_offset);
+}
+
 // P^T = 2^(scale log2(e) S^T - log2(e) lse) (0 where masked, and on rows past Nq, whose lse is
 // -inf) and dS^T = P^T (dP^T - D_i), in place in S and dP; both as 16-bit A fragments of dV +=
 // P^T dO and dK += dS^T Q (k16 step ks = query rows 16 ks..: n8 tiles 2 ks and 2 ks + 1, v3.3's
 // P V mapping); dS stored to shared memory as [query row][key in the block] (SwizzledTile STile)
 // for dQ = dS K.
-template <typename T, typename STile, int Br, bool CAUSAL>
+//
+// MASK false: the caller has checked (bwd_block_unmasked) that every (row, key) pair of the block
+// is visible, so the weights need no test (and the registers of the per-element bounds are free:
+// at D=128 causal the tests alone made bwd_v4 spill).
+template <typename T, typename STile, int Br, bool CAUSAL, bool MASK>
 __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
                                          unsigned (&ds_frag)[Br / 16][4], unsigned char* ds_tile, const float* lse_i,
                                          const float* Di_i, int kv_start, int key0, int q_start, int Nk,
@@ -62,7 +75,7 @@ __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2]
   for (int i = 0; i < NS; ++i) {
     const int key = kv_start + key0 + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
     const float l = lse_i[r];
-    const bool seen = l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset);
+    const bool seen = !MASK || (l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset));
     const float p = seen ? softmax_weight(S[i], scale_log2, l * TILEATTN_LOG2E) : 0.0f;
     S[i] = p;
     dP[i] = p * (dP[i] - Di_i[r]);

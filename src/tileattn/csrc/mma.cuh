@@ -159,8 +159,17 @@ struct SwizzledTile {
   // Byte offset of logical chunk c of row r.  Earlier panels hold ROWS * chunk0 chunks; c0 is a
   // multiple of W, so XORing c itself with swz < W stays inside the panel.
   __device__ __forceinline__ static int offset(int r, int c) {
-    const int p = panel_of(c), W = panel_width(p), c0 = panel_chunk0(p);
-    return (ROWS * c0 + r * W + ((c ^ swz(r, W)) - c0)) * 16;
+    if constexpr (REM == 0) {
+      // Whole 64-column panels only: panel c / 8, width 8, swizzle r % 8, in unsigned shifts and
+      // masks.  (The general form below divides by the panel's width, which for a c known only
+      // at run time is a real integer division: bwd_p_ds's dS stores spent ~600 instructions a
+      // thread on it per Q block.)
+      const unsigned ur = r, uc = c;
+      return static_cast<int>((ROWS * 8 * (uc >> 3) + ur * 8 + ((uc ^ ur) & 7)) * 16);
+    } else {
+      const int p = panel_of(c), W = panel_width(p), c0 = panel_chunk0(p);
+      return (ROWS * c0 + r * W + ((c ^ swz(r, W)) - c0)) * 16;
+    }
   }
   // Byte offset of the row address one lane gives to ldmatrix: row row_base + lane_r, chunk
   // 2 kb + lane_c (kb: 16-column block, lane_c 0 or 1).  row_base must be a multiple of 8, so
@@ -190,7 +199,7 @@ struct SwizzledTile {
   }
   // Byte offset of element (r, col), col even: the 4-byte pair store of the epilogue.
   __device__ __forceinline__ static int offset_elem(int r, int col) {
-    return offset(r, col / 8) + (col % 8) * 2;
+    return offset(r, static_cast<unsigned>(col) / 8) + static_cast<int>(static_cast<unsigned>(col) % 8) * 2;
   }
 };
 
