@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import api
+from . import _nvrtc, api
 from .versions import BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
 
 
@@ -38,7 +38,7 @@ def attention_backward(
     float32_grads: return the float32 accumulators (for a caller that sums several calls' gradients,
     as the ring of tileattn.distributed does) instead of rounding them to the inputs' dtype."""
     dtype, (B, H, Nq, D), _, (_, H_kv, Nk, _), _, _, device_index = api._validate(q, k, v, None, None, layout)
-    name = version or ("bwd_v1" if dtype == "float32" else "bwd_v2")
+    name = version or default_rung(dtype, D, deterministic, device_index)
     entry = BWD_VERSIONS[name]
     if dtype not in entry.dtypes or D not in entry.tiles:
         raise ValueError(
@@ -95,6 +95,20 @@ def attention_backward(
         return acc.to(torch.float32 if float32_grads else t.dtype).contiguous()
 
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
+
+
+def default_rung(dtype: str, D: int, deterministic: bool, device_index: int) -> str:
+    """The rung autograd runs: on sm_90 at D = 64 and 128 the wgmma rungs, bwd_v4 (warp-specialised,
+    the fastest: 1.4-1.8x bwd_v2 on an H200, bench/NOTES.md) or, for a deterministic backward,
+    bwd_v3 (one warpgroup, which has the fixed-order dQ mode bwd_v4 lacks); bwd_v2 (mma.sync)
+    elsewhere for fp16 / bf16, bwd_v1 for FP32."""
+    if dtype == "float32":
+        return "bwd_v1"
+    cc = _nvrtc.device_arch(device_index)
+    hopper = BWD_VERSIONS["bwd_v4"].runs_on(cc[0] * 10 + cc[1])
+    if hopper and D in BWD_VERSIONS["bwd_v4"].tiles:
+        return "bwd_v3" if deterministic else "bwd_v4"
+    return "bwd_v2"
 
 
 def _tensor_maps(q, k, v, dout, q_shape, kv_shape, qs, ks, vs, dos, Br, Bc) -> bytes:

@@ -371,8 +371,8 @@ BWD_PREPROCESS = KernelEntry(
     causal_variants=(False,),
 )
 
-# Not the default (attention_backward's version="bwd_v3" runs it): right on the GPU (its float64
-# and determinism tests) but at 172-197 TFLOP/s no faster than bwd_v2 (bench/NOTES.md).
+# The deterministic default on sm_90 at D = 64 and 128 (backward.default_rung); bwd_v4 is faster
+# where the order of dQ's adds may vary.
 _BWD_V3 = KernelEntry(
     name="bwd_v3",
     file="bwd_v3_wgmma.cu",
@@ -390,7 +390,7 @@ _BWD_V3 = KernelEntry(
     # indices), stored once and reloaded per Q block.
     spill_bytes={64: 16, 128: 112},
 )
-# Not the default: written and compiled on the CPU (2026-12-02), not yet run on a GPU.
+# The default on sm_90 at D = 64 and 128 (backward.default_rung): 1.4-1.8x bwd_v2 on an H200.
 _BWD_V4 = dataclasses.replace(
     _BWD_V3,
     name="bwd_v4",
@@ -402,12 +402,14 @@ _BWD_V4 = dataclasses.replace(
     tensor_maps=True,
     deterministic=False,
     # D=128: dK and dV (64 registers each) beside step 4's dQ (32) and the P^T / dS^T fragments
-    # (32) of the dV / dK products still in flight: ptxas spills 24-152 bytes under NVRTC 13.0
-    # (92-124 under 13.5).  D=64: none.
-    spill_bytes={128: 160},
+    # (32) of the dV / dK products still in flight, in the consumers' 240 registers: ptxas spills
+    # 0-8 bytes under NVRTC 13.0 (104-152 before the dS stores' offsets lost their integer
+    # division, 6ce5495).  D=64: none.
+    spill_bytes={128: 32},
 )
 
-# The autograd formula (backward.py) picks bwd_v1 for FP32 and bwd_v2 for fp16/bf16; an input that
+# The autograd formula (backward.py) picks bwd_v1 for FP32, bwd_v4 / bwd_v3 on sm_90 at D = 64 and 128
+# and bwd_v2 elsewhere for fp16/bf16 (backward.default_rung); an input that
 # requires grad at a head dim neither takes raises (api._check_backward_exists).
 BWD_VERSIONS: dict[str, KernelEntry] = {
     v.name: v
