@@ -188,14 +188,13 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
 
     // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
-    unsigned char* const ds_tile = smem + (ds_base - s_k);
-    const int key0 = 64 * w + 16 * warp + g;
+    const int warp_key0 = 64 * w + 16 * warp;
     if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, Bc, Nk, causal_offset))
-      bwd_p_ds<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, key0, q_start,
-                                            Nk, causal_offset, scale_log2, t);
+      bwd_p_ds<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, warp_key0,
+                                            q_start, Nk, causal_offset, scale_log2, lane);
     else
-      bwd_p_ds<T, STile, Br, CAUSAL, true>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, key0, q_start,
-                                           Nk, causal_offset, scale_log2, t);
+      bwd_p_ds<T, STile, Br, CAUSAL, true>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, warp_key0,
+                                           q_start, Nk, causal_offset, scale_log2, lane);
 
     // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);

@@ -59,18 +59,20 @@ __device__ __forceinline__ bool bwd_block_unmasked(int q_start, int Br, int Nq, 
 // P^T = 2^(scale log2(e) S^T - log2(e) lse) (0 where masked, and on rows past Nq, whose lse is
 // -inf) and dS^T = P^T (dP^T - D_i), in place in S and dP; both as 16-bit A fragments of dV +=
 // P^T dO and dK += dS^T Q (k16 step ks = query rows 16 ks..: n8 tiles 2 ks and 2 ks + 1, v3.3's
-// P V mapping); dS stored to shared memory as [query row][key in the block] (SwizzledTile STile)
-// for dQ = dS K.
+// P V mapping); dS stored to shared memory (ds_tile, a shared-space address) as [query row][key in
+// the block] (SwizzledTile STile) for dQ = dS K.  warp_key0: the warp's first key in the block.
 //
 // MASK false: the caller has checked (bwd_block_unmasked) that every (row, key) pair of the block
 // is visible, so the weights need no test (and the registers of the per-element bounds are free:
 // at D=128 causal the tests alone made bwd_v4 spill).
 template <typename T, typename STile, int Br, bool CAUSAL, bool MASK>
 __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
-                                         unsigned (&ds_frag)[Br / 16][4], unsigned char* ds_tile, const float* lse_i,
-                                         const float* Di_i, int kv_start, int key0, int q_start, int Nk,
-                                         int causal_offset, float scale_log2, int t) {
+                                         unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
+                                         const float* Di_i, int kv_start, int warp_key0, int q_start, int Nk,
+                                         int causal_offset, float scale_log2, int lane) {
+  static_assert(STile::REM == 0, "whole 64-key panels: the k16 steps' row offset below");
   constexpr int NS = Br / 2;
+  const int key0 = warp_key0 + lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
     const int key = kv_start + key0 + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
@@ -86,11 +88,15 @@ __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2]
     p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
     ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
   }
+  // dS^T's fragments are 8x8 matrices (ds_frag[ks][j]: keys warp_key0 + 8 (j % 2) + row, query
+  // rows 16 ks + 8 (j / 2) + column), so stmatrix.trans writes each as 8 rows of 16 bytes of the
+  // [query row][key] tile: four instructions a thread instead of 32 two-byte stores.  Lane 8 j + c
+  // addresses query row 16 ks + 8 (j / 2) + c, key chunk (warp_key0 + 8 (j % 2)) / 8; the k16
+  // steps move 16 rows on, which leaves the swizzle (row % 8) and the panel alone.
+  const int j = lane / 8, c = lane % 8;
+  const unsigned row_addr = ds_tile + STile::offset(8 * (j / 2) + c, (warp_key0 + 8 * (j % 2)) / 8);
 #pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int key = key0 + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
-    *reinterpret_cast<T*>(ds_tile + STile::offset_elem(r, key)) = static_cast<T>(dP[i]);
-  }
+  for (int ks = 0; ks < Br / 16; ++ks) stmatrix_x4_trans(row_addr + STile::offset(16 * ks, 0), ds_frag[ks]);
   fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
 }
 

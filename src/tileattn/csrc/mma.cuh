@@ -42,6 +42,19 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned sme
                : "r"(smem_addr));
 }
 
+// ---- stmatrix (sm_90): four 8x8 16-bit matrices, registers -> shared memory. ----
+// r[i] is matrix i in the mma fragment layout (lane: row lane / 4, columns 2 (lane % 4) + 0, 1);
+// .trans stores its transpose: lane 8 i + c gives the address of the 16 bytes that receive
+// column c of matrix i.  "memory": the stores must stay before the fence / barrier that
+// publishes them.
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned smem_addr, const unsigned (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+
 // ---- mma.sync m16n8k16, fp32 accumulate: d += A (16x16) * B (16x8), fragments as above. ----
 template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
