@@ -126,10 +126,11 @@ def headers_version() -> str:
     return f"CUDART_VERSION {m.group(1) if m else '?'} (wheel {wheel}; {cuda_include_dir()})"
 
 
-# Experiment switches (scripts/*_probe.py --define): macros defined in every kernel this process
+# Experiment switches (scripts/*_probe.py --define, or the environment's TILEATTN_DEFINES, space
+# separated, for a test run of a switched build): macros defined in every kernel this process
 # compiles, as "NAME" or "NAME=VALUE".  Part of the options, so of the cache key: each build
 # stays cached beside the plain one.
-EXPERIMENT_DEFINES: list = []
+EXPERIMENT_DEFINES: list = os.environ.get("TILEATTN_DEFINES", "").split()
 
 
 def _program_options(source_file: str, arch: str):

@@ -246,6 +246,7 @@ def environment() -> dict:
         triton=triton.__version__,
         cuda=torch.version.cuda,
         nvrtc=_nvrtc.nvrtc_version(),
+        defines=list(_nvrtc.EXPERIMENT_DEFINES),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
 

@@ -30,14 +30,14 @@ namespace tileattn {
 constexpr int BWD_V4_WG = 128;
 constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2 x 64 floats a block
 constexpr int BWD_V4_CONSUMER_REGS = 240;  // 24 + 2 x 240 <= 512 (65536 registers / 128 threads)
-constexpr int BWD_V4_STAGES = 2;
+constexpr int BWD_V4_STAGES = 3;  // Q_i / dO_i / lse_i / D_i stages: fits beside K, V and dS at D=128 (194 KB)
 
 // Shared memory: K_j, V_j (Bc x D), BWD_V4_STAGES stages of Q_i and dO_i (Br x D), two dS tiles
 // (Br x Bc, [query row][key]), all 16-bit SwizzledTiles whose sizes are multiples of 1024 bytes
-// (the 128-byte swizzle's alignment); the stages' lse_i and D_i (Br floats each); 5 mbarriers.
+// (the 128-byte swizzle's alignment); the stages' lse_i and D_i (Br floats each); the mbarriers.
 __host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc) {
   return (2 * Bc * D + BWD_V4_STAGES * 2 * Br * D + 2 * Br * Bc) * 2 + BWD_V4_STAGES * 2 * Br * 4 +
-         (1 + 2 * BWD_V4_STAGES) * 8;
+         (1 + 2 * BWD_V4_STAGES + 4) * 8;
 }
 
 // dQ's split between the two consumer warpgroups at D=128 (D=64 always takes the second form):
@@ -47,6 +47,15 @@ __host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc) {
 constexpr bool BWD_V4_SHARED_DQ = false;
 #else
 constexpr bool BWD_V4_SHARED_DQ = true;
+#endif
+// With the shared split: dQ of block i issued in block i + 1, after that block's dV / dK, on
+// mbarriers (dS buffer b full: both warpgroups' rows stored; free: both warpgroups' dQ products
+// that read it retired) instead of a barrier that holds both warpgroups at the same point of
+// every block, so one's elementwise step may run under the other's products.
+#ifdef TILEATTN_BWD_V4_DELAYED_DQ
+constexpr bool BWD_V4_DELAYED_DQ = true;
+#else
+constexpr bool BWD_V4_DELAYED_DQ = false;
 #endif
 
 // After the dQ group is committed: wait for the dV / dK group before it (groups retire in order),
@@ -107,11 +116,17 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
   const unsigned bar_kv = s_k + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES + BWD_V4_STAGES * 2 * Br * 4;
   auto bar_full = [&](int st) { return bar_kv + 8 * (1 + st); };
   auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + BWD_V4_STAGES + st); };
+  auto bar_ds_full = [&](int buf) { return bar_kv + 8 * (1 + 2 * BWD_V4_STAGES + buf); };  // BWD_V4_DELAYED_DQ
+  auto bar_ds_free = [&](int buf) { return bar_kv + 8 * (3 + 2 * BWD_V4_STAGES + buf); };
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 2);
     for (int st = 0; st < BWD_V4_STAGES; ++st) {
       mbar_init(bar_full(st), 2 + 32);
       mbar_init(bar_empty(st), 2 * BWD_V4_WG);
+    }
+    for (int buf = 0; buf < 2; ++buf) {
+      mbar_init(bar_ds_full(buf), 2 * BWD_V4_WG);
+      mbar_init(bar_ds_free(buf), 2 * BWD_V4_WG);
     }
     mbar_fence_init();
   }
@@ -135,21 +150,34 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     }
     const float* lse_bh = lse + (long long)bh * Nq;
     const float* Di_bh = Di + (long long)bh * Nq;
+    // Block n's lse_i and D_i are loaded into registers while the warp waits for block n's stage
+    // to empty (their global-memory latency under that wait, not between the wait and the
+    // arrival).  Rows past Nq: lse -inf (weight 0 everywhere), D 0; their Q, dO rows arrive as zeros.
+    float lse_r[Br / 32], Di_r[Br / 32];
+    auto load_stats = [&](int n) {
+#pragma unroll
+      for (int k = 0; k < Br / 32; ++k) {
+        const int row = q_first + n * Br + lane + 32 * k;
+        const bool ok = n < n_blocks && row < Nq;
+        lse_r[k] = ok ? lse_bh[row] : TILEATTN_NEG_INF;
+        Di_r[k] = ok ? Di_bh[row] : 0.0f;
+      }
+    };
+    load_stats(0);
     for (int n = 0; n < n_blocks; ++n) {
       const int st = n % BWD_V4_STAGES, q_start = q_first + n * Br;
       if (n >= BWD_V4_STAGES) mbar_wait(bar_empty(st), ((n / BWD_V4_STAGES) & 1) ^ 1);
-      if (lane == 0) {  // the tensor copies first: they need no register, the row statistics do
+      if (lane == 0) {
         tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
         tma_tile_load<HEAD_DIM>(&tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
       }
-      // Rows past Nq: lse -inf (weight 0 everywhere), D 0; their Q, dO rows arrive as zeros.
 #pragma unroll
-      for (int r = lane; r < Br; r += 32) {
-        const bool ok = q_start + r < Nq;
-        lse_s(st)[r] = ok ? lse_bh[q_start + r] : TILEATTN_NEG_INF;
-        Di_s(st)[r] = ok ? Di_bh[q_start + r] : 0.0f;
+      for (int k = 0; k < Br / 32; ++k) {
+        lse_s(st)[lane + 32 * k] = lse_r[k];
+        Di_s(st)[lane + 32 * k] = Di_r[k];
       }
       mbar_arrive(bar_full(st));  // (a release: this lane's stores, before the consumers' wait)
+      load_stats(n + 1);
     }
     return;
   }
@@ -170,6 +198,19 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
 #pragma unroll
   for (int i = 0; i < ND; ++i) dK[i] = dV[i] = 0.0f;
 
+  // dQ's split at D=128 (BWD_V4_SHARED_DQ): warpgroup w takes dQ's columns 64 w.. over all Bc
+  // keys, from the dS tile at ds_addr (both warpgroups' rows), one commit group.
+  constexpr bool SHARED_DQ = BWD_V4_SHARED_DQ && HEAD_DIM == 128;
+  const unsigned long long kn_desc = wgmma_desc_sw128(s_k + w * Bc * 128, Bc * 128);
+  auto shared_dq = [&](float (&dq)[32], unsigned ds_addr) {
+    const unsigned long long dsa_desc = wgmma_desc_sw128(ds_addr);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Bc / 16; ++ks)
+      Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
+    wgmma_commit();
+  };
+
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
   mbar_wait(bar_kv, 0);
   for (int n = 0; n < n_blocks; ++n) {
@@ -189,6 +230,8 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
     const int warp_key0 = 64 * w + 16 * warp;
+    // (Delayed dQ: the dQ products of block n - 2 read this dS buffer; both must have retired.)
+    if (SHARED_DQ && BWD_V4_DELAYED_DQ && n >= 2) mbar_wait(bar_ds_free(n % 2), ((n - 2) / 2) & 1);
     if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, Bc, Nk, causal_offset))
       bwd_p_ds<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, warp_key0,
                                             q_start, Nk, causal_offset, scale_log2, lane);
@@ -200,19 +243,31 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
 
     // 4. dQ_i = dS K, added into dq_accum.
-    if constexpr (BWD_V4_SHARED_DQ && HEAD_DIM == 128) {
-      // Warpgroup w takes dQ's columns 64 w.. over all Bc keys: both warpgroups' dS rows must be
-      // in this block's tile first (named barrier 1 over the 256 consumers), which keeps the two
-      // in step, their elementwise work at the same time.
+    if constexpr (SHARED_DQ && BWD_V4_DELAYED_DQ) {
+      // dS_i is published (ds_full); dQ of the block before is issued now, once the other
+      // warpgroup has published its rows of that block.
+      mbar_arrive(bar_ds_full(n % 2));
+      if (n > 0) {
+        mbar_wait(bar_ds_full((n - 1) % 2), ((n - 1) / 2) & 1);
+        float dq[32];
+        shared_dq(dq, s_ds((n - 1) % 2));
+        bwd_v4_release_stage(p_frag, ds_frag, dV, dK, bar_empty(st));
+        mbar_arrive(bar_ds_free((n - 1) % 2));
+        bwd_v4_add_dq(dq, dq_bh, q_start - Br, Nq, HEAD_DIM, 64 * w, softmax_scale, warp, g, t);
+      } else {
+        wgmma_wait<0>();
+        fence_operands(p_frag);
+        fence_operands(ds_frag);
+        fence_operands(dV);
+        fence_operands(dK);
+        mbar_arrive(bar_empty(st));
+      }
+    } else if constexpr (SHARED_DQ) {
+      // Both warpgroups' dS rows must be in this block's tile first (named barrier 1 over the 256
+      // consumers), which keeps the two in step, their elementwise work at the same time.
       named_barrier_sync<2 * BWD_V4_WG>(1);
       float dq[32];
-      const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base);
-      const unsigned long long kn_desc = wgmma_desc_sw128(s_k + w * Bc * 128, Bc * 128);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < Bc / 16; ++ks)
-        Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
-      wgmma_commit();
+      shared_dq(dq, ds_base);
       bwd_v4_release_stage(p_frag, ds_frag, dV, dK, bar_empty(st));
       bwd_v4_add_dq(dq, dq_bh, q_start, Nq, HEAD_DIM, 64 * w, softmax_scale, warp, g, t);
     } else {
@@ -235,6 +290,17 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
         else wgmma_wait<0>();
         bwd_v4_add_dq(dq, dq_bh, q_start, Nq, HEAD_DIM, 64 * c, softmax_scale, warp, g, t);
       }
+    }
+  }
+
+  if constexpr (SHARED_DQ && BWD_V4_DELAYED_DQ) {  // the last block's dQ
+    if (n_blocks > 0) {
+      const int n = n_blocks - 1;
+      mbar_wait(bar_ds_full(n % 2), (n / 2) & 1);
+      float dq[32];
+      shared_dq(dq, s_ds(n % 2));
+      wgmma_wait<0>();
+      bwd_v4_add_dq(dq, dq_bh, q_first + n * Br, Nq, HEAD_DIM, 64 * w, softmax_scale, warp, g, t);
     }
   }
 
