@@ -37,7 +37,7 @@ constexpr int BWD_V4_STAGES = 3;  // Q_i / dO_i / lse_i / D_i stages: fits besid
 // (the 128-byte swizzle's alignment); the stages' lse_i and D_i (Br floats each); the mbarriers.
 __host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc) {
   return (2 * Bc * D + BWD_V4_STAGES * 2 * Br * D + 2 * Br * Bc) * 2 + BWD_V4_STAGES * 2 * Br * 4 +
-         (1 + 2 * BWD_V4_STAGES + 4) * 8;
+         (1 + 2 * BWD_V4_STAGES) * 8;
 }
 
 // dQ's split between the two consumer warpgroups at D=128 (D=64 always takes the second form):
@@ -47,15 +47,6 @@ __host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc) {
 constexpr bool BWD_V4_SHARED_DQ = false;
 #else
 constexpr bool BWD_V4_SHARED_DQ = true;
-#endif
-// With the shared split: dQ of block i issued in block i + 1, after that block's dV / dK, on
-// mbarriers (dS buffer b full: both warpgroups' rows stored; free: both warpgroups' dQ products
-// that read it retired) instead of a barrier that holds both warpgroups at the same point of
-// every block, so one's elementwise step may run under the other's products.
-#ifdef TILEATTN_BWD_V4_DELAYED_DQ
-constexpr bool BWD_V4_DELAYED_DQ = true;
-#else
-constexpr bool BWD_V4_DELAYED_DQ = false;
 #endif
 
 // After the dQ group is committed: wait for the dV / dK group before it (groups retire in order),
@@ -116,17 +107,11 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
   const unsigned bar_kv = s_k + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES + BWD_V4_STAGES * 2 * Br * 4;
   auto bar_full = [&](int st) { return bar_kv + 8 * (1 + st); };
   auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + BWD_V4_STAGES + st); };
-  auto bar_ds_full = [&](int buf) { return bar_kv + 8 * (1 + 2 * BWD_V4_STAGES + buf); };  // BWD_V4_DELAYED_DQ
-  auto bar_ds_free = [&](int buf) { return bar_kv + 8 * (3 + 2 * BWD_V4_STAGES + buf); };
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 2);
     for (int st = 0; st < BWD_V4_STAGES; ++st) {
       mbar_init(bar_full(st), 2 + 32);
       mbar_init(bar_empty(st), 2 * BWD_V4_WG);
-    }
-    for (int buf = 0; buf < 2; ++buf) {
-      mbar_init(bar_ds_full(buf), 2 * BWD_V4_WG);
-      mbar_init(bar_ds_free(buf), 2 * BWD_V4_WG);
     }
     mbar_fence_init();
   }
@@ -230,8 +215,6 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
     const int warp_key0 = 64 * w + 16 * warp;
-    // (Delayed dQ: the dQ products of block n - 2 read this dS buffer; both must have retired.)
-    if (SHARED_DQ && BWD_V4_DELAYED_DQ && n >= 2) mbar_wait(bar_ds_free(n % 2), ((n - 2) / 2) & 1);
     if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, Bc, Nk, causal_offset))
       bwd_p_ds<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, warp_key0,
                                             q_start, Nk, causal_offset, scale_log2, lane);
@@ -243,26 +226,7 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
 
     // 4. dQ_i = dS K, added into dq_accum.
-    if constexpr (SHARED_DQ && BWD_V4_DELAYED_DQ) {
-      // dS_i is published (ds_full); dQ of the block before is issued now, once the other
-      // warpgroup has published its rows of that block.
-      mbar_arrive(bar_ds_full(n % 2));
-      if (n > 0) {
-        mbar_wait(bar_ds_full((n - 1) % 2), ((n - 1) / 2) & 1);
-        float dq[32];
-        shared_dq(dq, s_ds((n - 1) % 2));
-        bwd_v4_release_stage(p_frag, ds_frag, dV, dK, bar_empty(st));
-        mbar_arrive(bar_ds_free((n - 1) % 2));
-        bwd_v4_add_dq(dq, dq_bh, q_start - Br, Nq, HEAD_DIM, 64 * w, softmax_scale, warp, g, t);
-      } else {
-        wgmma_wait<0>();
-        fence_operands(p_frag);
-        fence_operands(ds_frag);
-        fence_operands(dV);
-        fence_operands(dK);
-        mbar_arrive(bar_empty(st));
-      }
-    } else if constexpr (SHARED_DQ) {
+    if constexpr (SHARED_DQ) {
       // Both warpgroups' dS rows must be in this block's tile first (named barrier 1 over the 256
       // consumers), which keeps the two in step, their elementwise work at the same time.
       named_barrier_sync<2 * BWD_V4_WG>(1);
@@ -290,17 +254,6 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
         else wgmma_wait<0>();
         bwd_v4_add_dq(dq, dq_bh, q_start, Nq, HEAD_DIM, 64 * c, softmax_scale, warp, g, t);
       }
-    }
-  }
-
-  if constexpr (SHARED_DQ && BWD_V4_DELAYED_DQ) {  // the last block's dQ
-    if (n_blocks > 0) {
-      const int n = n_blocks - 1;
-      mbar_wait(bar_ds_full(n % 2), (n / 2) & 1);
-      float dq[32];
-      shared_dq(dq, s_ds(n % 2));
-      wgmma_wait<0>();
-      bwd_v4_add_dq(dq, dq_bh, q_first + n * Br, Nq, HEAD_DIM, 64 * w, softmax_scale, warp, g, t);
     }
   }
 
