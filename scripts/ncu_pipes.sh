@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Where the time goes: pipe utilisation (tensor pipe: hmma for mma.sync, gmma for wgmma) and
-# issue-stall breakdown of one launch per kernel (bf16, B=4 H=16 N=8192), for the given "kernel-regex version D" specs (default: v3.1, v3.2 and
+# Where the time goes: pipe utilisation (tensor pipe: hmma for mma.sync, gmma for wgmma; the gmma
+# name read n/a on the H200's ncu at 6ce5495) and issue-stall breakdown of one launch per kernel
+# (bf16, B=4 H=16 N=8192), for the given "kernel-regex version D" specs (default: v3.1, v3.2 and
 # PyTorch's FA2 at D=64 and 128).  Usage: bash scripts/ncu_pipes.sh ["v3_2_fwd v3.2 64" ...]
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}

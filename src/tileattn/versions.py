@@ -385,9 +385,9 @@ _BWD_V3 = KernelEntry(
     max_arch=90,
     arch_specific=True,
     # At 255 registers, S^T and dP^T (32 each) beside dK and dV (64 each at D=128), the P^T and dS^T
-    # fragments, step 5's dQ and the next Q block's row statistics: ptxas spills 80-92 bytes at
-    # D=128 under NVRTC 13.0 and 72-104 under 13.5 (D=64: 0 / 8), loop invariants (addresses,
-    # indices), stored once and reloaded per Q block.
+    # fragments, step 5's dQ and the next Q block's row statistics: ptxas spills 32-40 bytes at
+    # D=128 under NVRTC 13.0 (80-92 before the dS stores' fix, 6ce5495 / 4f9549b; D=64: 0), loop
+    # invariants (addresses, indices), stored once and reloaded per Q block.
     spill_bytes={64: 16, 128: 112},
 )
 # The default on sm_90 at D = 64 and 128 (backward.default_rung): 1.4-1.8x bwd_v2 on an H200.
@@ -398,7 +398,7 @@ _BWD_V4 = dataclasses.replace(
     kernel="bwd_v4",
     tiles={64: (64, 128), 128: (64, 128)},
     summary="bwd_v3's products on a warp-specialised CTA of 128 keys: a producer warp streams Q_i, dO_i "
-    "(TMA), lse_i, D_i into two stages; two consumer warpgroups of 64 keys share them (sm_90a)",
+    "(TMA), lse_i, D_i into three stages; two consumer warpgroups of 64 keys share them (sm_90a)",
     tensor_maps=True,
     deterministic=False,
     # D=128: dK and dV (64 registers each) beside step 4's dQ (32) and the P^T / dS^T fragments

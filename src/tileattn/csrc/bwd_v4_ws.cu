@@ -1,25 +1,25 @@
 // bwd_v4: bwd_v3's products on a warp-specialised CTA of 128 keys (sm_90a): a producer warp
-// streams Q_i, dO_i, lse_i and D_i by TMA into two stages, two consumer warpgroups of 64 keys
+// streams Q_i, dO_i (TMA), lse_i and D_i into three stages, two consumer warpgroups of 64 keys
 // each share every one of them.  fp16 / bf16, head dims 64 and 128.
 //
-// Why (bwd_v3 measured on an H200, bench/NOTES.md): one warpgroup running its five products, the
-// elementwise step, the dS stores and the dQ adds strictly in sequence spends ~10x its tensor
-// time per Q block, and leaving the dQ adds out entirely gains only 15-25%: the schedule binds.
+// Why: bwd_v3 (one warpgroup per 64 keys) runs its five products, the elementwise step, the dS
+// stores and the dQ adds strictly in sequence, and two of its CTAs an SM fill few of the gaps:
+// 245-276 TFLOP/s on an H200 against 380-410 here at D=128 (bench/NOTES.md).
 // Here (FlashAttention-3's backward layout; Shah et al. 2024):
 //  * Bc = 128 keys per CTA over two consumer warpgroups: each Q_i / dO_i tile is read for twice
 //    the keys, and dQ's adds per key halve (at D=128 each warpgroup computes 64 of dQ's columns
 //    over all 128 keys; at D=64 each adds its own 64 keys' part);
 //  * a producer warp (the first warpgroup, its registers given to the consumers by setmaxnreg
 //    24 / 240) loads K_j, V_j once and then Q_i, dO_i (TMA tensor copies, 128-byte swizzle) and
-//    lse_i, D_i (its 32 lanes) into a two-stage ring on full / empty mbarriers, so the copies of
-//    block i + 1 run under block i's products;
-//  * the two warpgroups meet once per Q block (named barrier 1: every dS row is in shared
-//    memory before either multiplies dQ = dS K); dS is double-buffered so that a warpgroup that
-//    runs ahead writes the other buffer.
+//    lse_i, D_i (its 32 lanes) into a three-stage ring on full / empty mbarriers, so the copies
+//    of the next blocks run under this block's products;
+//  * at D=128 the two warpgroups meet once per Q block (named barrier 1: every dS row is in
+//    shared memory before either multiplies dQ = dS K); dS is double-buffered so that a
+//    warpgroup that runs ahead writes the other buffer.  At D=64 each waits for its own rows only.
 // The products per warpgroup are bwd_v3's, with the key dimension as wgmma's M:
 //   S^T = K_w Q_i^T, dP^T = V_w dO_i^T (SS); P^T, dS^T in registers; dV_w += P^T dO_i,
 //   dK_w += dS^T Q_i (RS); dQ_i = dS K (SS), added into dq_accum with red.global.add.
-// Not deterministic (the dQ adds land in any order): attention_backward runs bwd_v2 for that.
+// Not deterministic (the dQ adds land in any order): a deterministic backward runs bwd_v3.
 #include "bwd_common.cuh"
 #include "bwd_wgmma.cuh"
 #include "mma.cuh"
