@@ -1,10 +1,10 @@
-"""Probe: the 16-bit backward rungs (bwd_v2, bwd_v3) at bf16 B=4 H=16 N=8192, D=64 and 128, causal
-and not, timed with triton's do_bench (median), with each rung's largest dQ difference from
-bwd_v2 as a sanity check (a build that leaves something out on purpose shows it here).
+"""Probe: the 16-bit backward rungs (bwd_v2, bwd_v3, bwd_v4) at bf16 B=4 H=16 N=8192, D=64 and
+128, causal and not, timed with triton's do_bench (median), with each rung's largest dQ difference
+from the first as a sanity check (a build that leaves something out on purpose shows it here).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined, as
-scripts/variants_probe.py (an experiment's switch in the CUDA sources; none is in them now: the
-ones measured so far are in bench/NOTES.md).
+scripts/variants_probe.py (an experiment's switch in the CUDA sources: bwd_v4_ws.cu's
+TILEATTN_BWD_V4_OWN_DQ; the ones measured and removed are in bench/NOTES.md).
 """
 
 import argparse
@@ -17,7 +17,7 @@ from tileattn.backward import attention_backward
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE], defined in every kernel")
-parser.add_argument("--versions", nargs="+", default=["bwd_v2", "bwd_v3"])
+parser.add_argument("--versions", nargs="+", default=["bwd_v2", "bwd_v3", "bwd_v4"])
 args = parser.parse_args()
 _nvrtc.EXPERIMENT_DEFINES[:] = args.define
 print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}")
