@@ -212,7 +212,7 @@ struct SwizzledTile {
   }
   // Byte offset of element (r, col), col even: the 4-byte pair store of the epilogue.
   __device__ __forceinline__ static int offset_elem(int r, int col) {
-    return offset(r, static_cast<unsigned>(col) / 8) + static_cast<int>(static_cast<unsigned>(col) % 8) * 2;
+    return offset(r, col / 8) + (col % 8) * 2;
   }
 };
 
