@@ -70,7 +70,7 @@ __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2]
                                          unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
                                          const float* Di_i, int kv_start, int warp_key0, int q_start, int Nk,
                                          int causal_offset, float scale_log2, int lane) {
-  static_assert(STile::REM == 0, "whole 64-key panels: the k16 steps' row offset below");
+  static_assert(STile::REM == 0, "whole 64-key panels: offset_panels, the k16 steps' row offset below");
   constexpr int NS = Br / 2;
   const int key0 = warp_key0 + lane / 4, t = lane % 4;
 #pragma unroll
@@ -94,9 +94,9 @@ __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2]
   // addresses query row 16 ks + 8 (j / 2) + c, key chunk (warp_key0 + 8 (j % 2)) / 8; the k16
   // steps move 16 rows on, which leaves the swizzle (row % 8) and the panel alone.
   const int j = lane / 8, c = lane % 8;
-  const unsigned row_addr = ds_tile + STile::offset(8 * (j / 2) + c, (warp_key0 + 8 * (j % 2)) / 8);
+  const unsigned row_addr = ds_tile + STile::offset_panels(8 * (j / 2) + c, (warp_key0 + 8 * (j % 2)) / 8);
 #pragma unroll
-  for (int ks = 0; ks < Br / 16; ++ks) stmatrix_x4_trans(row_addr + STile::offset(16 * ks, 0), ds_frag[ks]);
+  for (int ks = 0; ks < Br / 16; ++ks) stmatrix_x4_trans(row_addr + STile::offset_panels(16 * ks, 0), ds_frag[ks]);
   fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
 }
 

@@ -172,17 +172,19 @@ struct SwizzledTile {
   // Byte offset of logical chunk c of row r.  Earlier panels hold ROWS * chunk0 chunks; c0 is a
   // multiple of W, so XORing c itself with swz < W stays inside the panel.
   __device__ __forceinline__ static int offset(int r, int c) {
-    if constexpr (REM == 0) {
-      // Whole 64-column panels only: panel c / 8, width 8, swizzle r % 8, in unsigned shifts and
-      // masks.  (The general form below divides by the panel's width, which for a c known only
-      // at run time is a real integer division: bwd_p_ds's dS stores spent ~600 instructions a
-      // thread on it per Q block.)
-      const unsigned ur = r, uc = c;
-      return static_cast<int>((ROWS * 8 * (uc >> 3) + ur * 8 + ((uc ^ ur) & 7)) * 16);
-    } else {
-      const int p = panel_of(c), W = panel_width(p), c0 = panel_chunk0(p);
-      return (ROWS * c0 + r * W + ((c ^ swz(r, W)) - c0)) * 16;
-    }
+    const int p = panel_of(c), W = panel_width(p), c0 = panel_chunk0(p);
+    return (ROWS * c0 + r * W + ((c ^ swz(r, W)) - c0)) * 16;
+  }
+  // offset(r, c) for tiles of whole 64-column panels only (REM == 0): panel c / 8, width 8,
+  // swizzle r % 8, in unsigned shifts and masks.  The general form divides by the panel's width,
+  // which for a c known only at run time is a real integer division (the backward's dS stores
+  // spent ~600 instructions a thread per Q block on it, 6ce5495).  Where c is a compile-time
+  // constant both give the same offsets; the forward rungs keep the general form, the SASS their
+  // tests and benchmarks ran.
+  __device__ __forceinline__ static int offset_panels(int r, int c) {
+    static_assert(REM == 0, "whole 64-column panels");
+    const unsigned ur = r, uc = c;
+    return static_cast<int>((ROWS * 8 * (uc >> 3) + ur * 8 + ((uc ^ ur) & 7)) * 16);
   }
   // Byte offset of the row address one lane gives to ldmatrix: row row_base + lane_r, chunk
   // 2 kb + lane_c (kb: 16-column block, lane_c 0 or 1).  row_base must be a multiple of 8, so
