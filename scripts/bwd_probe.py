@@ -3,8 +3,8 @@
 from the first as a sanity check (a build that leaves something out on purpose shows it here).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined, as
-scripts/variants_probe.py (an experiment's switch in the CUDA sources: bwd_v4_ws.cu's
-TILEATTN_BWD_V4_OWN_DQ; the ones measured and removed are in bench/NOTES.md).
+scripts/variants_probe.py (an experiment's switch in the CUDA sources; none is in them now: the
+ones measured so far are in bench/NOTES.md).
 """
 
 import argparse

@@ -1,6 +1,5 @@
 """Probe: v3.3 plain vs its variants kernel with no variant on, and each variant alone (bf16 causal N=8192).
-The experiment compiled in by --define: TILEATTN_VARIANTS_PINGPONG (csrc/v3_3_wgmma.cu: the variants
-kernel with v3.4's ping-pong consumers at D=64).
+No experiment is compiled in now (earlier ones: bench/NOTES.md).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined (an experiment's
 switch in the CUDA sources; the kernel cache keys on the options, so every build stays cached).

@@ -45,7 +45,8 @@ def attention_backward(
             f"backward rung {name!r} takes {entry.dtypes} at head dims {entry.head_dims}, got {dtype} D={D}"
         )
     if deterministic and not entry.deterministic:
-        raise ValueError(f"backward rung {name!r} has no deterministic mode (bwd_v2 and bwd_v3 have)")
+        have = [n for n, e in BWD_VERSIONS.items() if e.deterministic]
+        raise ValueError(f"backward rung {name!r} has no deterministic mode ({', '.join(have)} have)")
     for arg, t in (("out", out), ("dout", dout)):
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
             raise ValueError(f"{arg} must match q (shape {tuple(q.shape)}, {q.dtype}, head dim contiguous)")

@@ -134,12 +134,8 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
 
     // 3. P^T and dS^T in place, their A fragments, dS to shared memory (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
-    if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, Bc, Nk, causal_offset))
-      bwd_p_ds<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, dSs_a, lse_i, Di_i, kv_start, 16 * warp,
-                                            q_start, Nk, causal_offset, scale_log2, lane);
-    else
-      bwd_p_ds<T, STile, Br, CAUSAL, true>(S, dP, p_frag, ds_frag, dSs_a, lse_i, Di_i, kv_start, 16 * warp,
-                                           q_start, Nk, causal_offset, scale_log2, lane);
+    bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, dSs_a, lse_i, Di_i, kv_start, Bc, 16 * warp, q_start, Nq,
+                                   Nk, causal_offset, scale_log2, lane);
 
     // 4. dV_j += P^T dO_i, dK_j += dS^T Q_i (RS, B N-major), one commit group.
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);

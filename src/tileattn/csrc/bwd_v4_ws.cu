@@ -40,45 +40,6 @@ __host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc) {
          (1 + 2 * BWD_V4_STAGES) * 8;
 }
 
-// dQ's split between the two consumer warpgroups at D=128 (D=64 always takes the second form):
-// true, each takes 64 of dQ's columns over all 128 keys (one 256-thread barrier per Q block);
-// false, each its own 64 keys over all columns (no barrier between them, twice the dQ adds).
-#ifdef TILEATTN_BWD_V4_OWN_DQ
-constexpr bool BWD_V4_SHARED_DQ = false;
-#else
-constexpr bool BWD_V4_SHARED_DQ = true;
-#endif
-
-// After the dQ group is committed: wait for the dV / dK group before it (groups retire in order),
-// then free the stage; the dQ group may still run.
-template <int NF, int ND>
-__device__ __forceinline__ void bwd_v4_release_stage(unsigned (&p_frag)[NF][4], unsigned (&ds_frag)[NF][4],
-                                                     float (&dV)[ND], float (&dK)[ND], unsigned bar_empty) {
-  wgmma_wait<1>();
-  fence_operands(p_frag);
-  fence_operands(ds_frag);
-  fence_operands(dV);
-  fence_operands(dK);
-  mbar_arrive(bar_empty);
-  wgmma_wait<0>();
-}
-
-// One 64-row x 64-column dQ part (a wgmma m64n64 accumulator) added into dq_accum's rows q_start..
-// and columns col0.. (red.global, scaled by softmax_scale: S = scale Q K^T).
-__device__ __forceinline__ void bwd_v4_add_dq(float (&dq)[32], float* dq_bh, int q_start, int Nq, int head_dim,
-                                              int col0, float softmax_scale, int warp, int g, int t) {
-  fence_operands(dq);
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int row = q_start + 16 * warp + g + 8 * hh;
-    if (row >= Nq) continue;
-    float* dq_row = dq_bh + (long long)row * head_dim + col0 + 2 * t;
-#pragma unroll
-    for (int n8 = 0; n8 < 8; ++n8)
-      red_add2(dq_row + 8 * n8, softmax_scale * dq[4 * n8 + 2 * hh], softmax_scale * dq[4 * n8 + 2 * hh + 1]);
-  }
-}
-
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     bwd_v4(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
@@ -183,18 +144,15 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
 #pragma unroll
   for (int i = 0; i < ND; ++i) dK[i] = dV[i] = 0.0f;
 
-  // dQ's split at D=128 (BWD_V4_SHARED_DQ): warpgroup w takes dQ's columns 64 w.. over all Bc
-  // keys, from the dS tile at ds_addr (both warpgroups' rows), one commit group.
-  constexpr bool SHARED_DQ = BWD_V4_SHARED_DQ && HEAD_DIM == 128;
-  const unsigned long long kn_desc = wgmma_desc_sw128(s_k + w * Bc * 128, Bc * 128);
-  auto shared_dq = [&](float (&dq)[32], unsigned ds_addr) {
-    const unsigned long long dsa_desc = wgmma_desc_sw128(ds_addr);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Bc / 16; ++ks)
-      Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
-    wgmma_commit();
-  };
+  // dQ's split between the warpgroups.  D=128: warpgroup w takes dQ's columns 64 w.. over all Bc
+  // keys (both warpgroups' dS rows; one 256-thread barrier per Q block).  D=64: each its own 64
+  // keys over all columns (dS's panel w, K's rows 64 w..), with no barrier between the two, so
+  // they drift apart and one's elementwise step runs under the other's products.  (At D=128 that
+  // form, with twice the dQ adds, measured 306 / 262 TFLOP/s against 362 / 334.)
+  constexpr bool SHARED_DQ = HEAD_DIM == 128;
+  constexpr int DQ_KEYS = SHARED_DQ ? Bc : 64;  // the dQ product's k extent
+  const unsigned long long kn_desc =
+      wgmma_desc_sw128(SHARED_DQ ? s_k + w * Bc * 128 : s_k + w * 64 * 128, Bc * 128);
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
   mbar_wait(bar_kv, 0);
@@ -215,45 +173,39 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
     const int warp_key0 = 64 * w + 16 * warp;
-    if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, Bc, Nk, causal_offset))
-      bwd_p_ds<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, warp_key0,
-                                            q_start, Nk, causal_offset, scale_log2, lane);
-    else
-      bwd_p_ds<T, STile, Br, CAUSAL, true>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, warp_key0,
-                                           q_start, Nk, causal_offset, scale_log2, lane);
+    bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, Bc, warp_key0, q_start,
+                                   Nq, Nk, causal_offset, scale_log2, lane);
 
     // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
 
-    // 4. dQ_i = dS K, added into dq_accum.
-    if constexpr (SHARED_DQ) {
-      // Both warpgroups' dS rows must be in this block's tile first (named barrier 1 over the 256
-      // consumers), which keeps the two in step, their elementwise work at the same time.
-      named_barrier_sync<2 * BWD_V4_WG>(1);
-      float dq[32];
-      shared_dq(dq, ds_base);
-      bwd_v4_release_stage(p_frag, ds_frag, dV, dK, bar_empty(st));
-      bwd_v4_add_dq(dq, dq_bh, q_start, Nq, HEAD_DIM, 64 * w, softmax_scale, warp, g, t);
-    } else {
-      // Warpgroup w multiplies only its own 64 keys (dS's panel w, K's rows 64 w..), for each
-      // 64-column panel of dQ in turn: it waits for its own dS stores only (named barrier 1 + w),
-      // so the two warpgroups drift apart and one's elementwise step runs under the other's
-      // products.  The cost: at D=128 twice the dQ adds of the shared split above.
-      named_barrier_sync<BWD_V4_WG>(1 + w);
-      const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base + w * Br * 128);
+    // 4. dQ_i = dS K, added into dq_accum, once this block's dS rows it reads are in the tile.
+    if constexpr (SHARED_DQ) named_barrier_sync<2 * BWD_V4_WG>(1);
+    else named_barrier_sync<BWD_V4_WG>(1 + w);
+    float dq[32];
+    const unsigned long long dsa_desc = wgmma_desc_sw128(SHARED_DQ ? ds_base : ds_base + w * Br * 128);
+    wgmma_fence();
 #pragma unroll
-      for (int c = 0; c < HEAD_DIM / 64; ++c) {
-        float dq[32];
-        const unsigned long long kn_desc = wgmma_desc_sw128(s_k + c * Bc * 128 + w * 64 * 128, Bc * 128);
-        wgmma_fence();
+    for (int ks = 0; ks < DQ_KEYS / 16; ++ks)
+      Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
+    wgmma_commit();
+    wgmma_wait<1>();  // step 3's group (groups retire in order): the stage is free, dQ may still run
+    fence_operands(p_frag);
+    fence_operands(ds_frag);
+    fence_operands(dV);
+    fence_operands(dK);
+    mbar_arrive(bar_empty(st));
+    wgmma_wait<0>();
+    fence_operands(dq);
+    const int col0 = SHARED_DQ ? 64 * w : 0;
 #pragma unroll
-        for (int ks = 0; ks < 64 / 16; ++ks)
-          Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
-        wgmma_commit();
-        if (c == 0) bwd_v4_release_stage(p_frag, ds_frag, dV, dK, bar_empty(st));
-        else wgmma_wait<0>();
-        bwd_v4_add_dq(dq, dq_bh, q_start, Nq, HEAD_DIM, 64 * c, softmax_scale, warp, g, t);
-      }
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = q_start + 16 * warp + g + 8 * hh;
+      if (row >= Nq) continue;
+      float* dq_row = dq_bh + (long long)row * HEAD_DIM + col0 + 2 * t;
+#pragma unroll
+      for (int n8 = 0; n8 < 8; ++n8)
+        red_add2(dq_row + 8 * n8, softmax_scale * dq[4 * n8 + 2 * hh], softmax_scale * dq[4 * n8 + 2 * hh + 1]);
     }
   }
 

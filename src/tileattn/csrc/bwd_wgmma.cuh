@@ -62,11 +62,11 @@ __device__ __forceinline__ bool bwd_block_unmasked(int q_start, int Br, int Nq, 
 // P V mapping); dS stored to shared memory (ds_tile, a shared-space address) as [query row][key in
 // the block] (SwizzledTile STile) for dQ = dS K.  warp_key0: the warp's first key in the block.
 //
-// MASK false: the caller has checked (bwd_block_unmasked) that every (row, key) pair of the block
+// MASK false: bwd_p_ds below has checked (bwd_block_unmasked) that every (row, key) pair of the block
 // is visible, so the weights need no test (and the registers of the per-element bounds are free:
 // at D=128 causal the tests alone made bwd_v4 spill).
 template <typename T, typename STile, int Br, bool CAUSAL, bool MASK>
-__device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
+__device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
                                          unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
                                          const float* Di_i, int kv_start, int warp_key0, int q_start, int Nk,
                                          int causal_offset, float scale_log2, int lane) {
@@ -98,6 +98,21 @@ __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2]
 #pragma unroll
   for (int ks = 0; ks < Br / 16; ++ks) stmatrix_x4_trans(row_addr + STile::offset_panels(16 * ks, 0), ds_frag[ks]);
   fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
+}
+
+// bwd_p_ds_step for the block of Br query rows and kv_rows keys, without the per-element tests
+// where bwd_block_unmasked holds (uniform over the CTA: both builds inline, one runs).
+template <typename T, typename STile, int Br, bool CAUSAL>
+__device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
+                                         unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
+                                         const float* Di_i, int kv_start, int kv_rows, int warp_key0, int q_start,
+                                         int Nq, int Nk, int causal_offset, float scale_log2, int lane) {
+  if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, kv_rows, Nk, causal_offset))
+    bwd_p_ds_step<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, warp_key0,
+                                               q_start, Nk, causal_offset, scale_log2, lane);
+  else
+    bwd_p_ds_step<T, STile, Br, CAUSAL, true>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, warp_key0,
+                                              q_start, Nk, causal_offset, scale_log2, lane);
 }
 
 }  // namespace tileattn

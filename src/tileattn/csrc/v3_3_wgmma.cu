@@ -286,17 +286,11 @@ __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T
 }
 
 // The same rung with the score variants read from the room fields (window, softcap, ALiBi).
-// An experiment, off unless defined (scripts/variants_probe.py --define): at D=64, v3.4's
-// ping-pong consumers for the variants too (v3.4 is plain D=64's default).
-#ifdef TILEATTN_VARIANTS_PINGPONG
-constexpr bool V3_3_VARIANTS_PINGPONG_64 = true;
-#else
-constexpr bool V3_3_VARIANTS_PINGPONG_64 = false;
-#endif
+// (With v3.4's ping-pong consumers at D=64 it measured 7% slower, bench/NOTES.md.)
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(V3_3_WG * 3, 1)
     v3_3_variants_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, V3_3_VARIANTS_PINGPONG_64 && HEAD_DIM == 64>(TILEATTN_FWD_ARGS, &tmaps);
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, true>(TILEATTN_FWD_ARGS, &tmaps);
 }
 
 // Q, 2 stages of K and V, 9 mbarriers (KVBarriers<2>).
