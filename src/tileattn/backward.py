@@ -29,6 +29,7 @@ def attention_backward(
     version: str | None = None,
     deterministic: bool = False,
     float32_grads: bool = False,
+    precision: str | None = None,
 ):
     """dq, dk, dv of attention(q, k, v) for the upstream gradient ``dout``, given the forward's
     ``out`` and ``lse`` ((B, H, Nq) float32).  All in ``layout`` ("bnhd" or "bhnd"), dq like q,
@@ -36,14 +37,17 @@ def attention_backward(
     deterministic: dQ is added in a fixed K/V-block order and dK, dV are kept per query head and
     summed by torch, so two calls give bitwise-identical gradients (bwd_common.cuh).
     float32_grads: return the float32 accumulators (for a caller that sums several calls' gradients,
-    as the ring of tileattn.distributed does) instead of rounding them to the inputs' dtype."""
+    as the ring of tileattn.distributed does) instead of rounding them to the inputs' dtype.
+    precision: the forward's (FP32 inputs): "tf32" picks, and is needed by, the TF32 rung."""
     dtype, (B, H, Nq, D), _, (_, H_kv, Nk, _), _, _, device_index = api._validate(q, k, v, None, None, layout)
-    name = version or default_rung(dtype, D, deterministic, device_index)
+    name = version or default_rung(dtype, D, deterministic, device_index, precision)
     entry = BWD_VERSIONS[name]
     if dtype not in entry.dtypes or D not in entry.tiles:
         raise ValueError(
             f"backward rung {name!r} takes {entry.dtypes} at head dims {entry.head_dims}, got {dtype} D={D}"
         )
+    if entry.precision == "tf32" and precision != "tf32":
+        raise ValueError(f"backward rung {name!r} computes with TF32 products (~1e-3 error): pass precision='tf32'")
     if deterministic and not entry.deterministic:
         have = [n for n, e in BWD_VERSIONS.items() if e.deterministic]
         raise ValueError(f"backward rung {name!r} has no deterministic mode ({', '.join(have)} have)")
@@ -98,13 +102,14 @@ def attention_backward(
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
 
 
-def default_rung(dtype: str, D: int, deterministic: bool, device_index: int) -> str:
+def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, precision: str | None = None) -> str:
     """The rung autograd runs: on sm_90 at D = 64 and 128 the wgmma rungs, bwd_v4 (warp-specialised,
     the fastest: 1.4-1.8x bwd_v2 on an H200, bench/NOTES.md) or, for a deterministic backward,
     bwd_v3 (one warpgroup, which has the fixed-order dQ mode bwd_v4 lacks); bwd_v2 (mma.sync)
-    elsewhere for fp16 / bf16, bwd_v1 for FP32."""
+    elsewhere for fp16 / bf16; for FP32 bwd_v2.2 (3xTF32 on mma.sync), bwd_v2.2_tf32 when the
+    forward ran with precision="tf32"."""
     if dtype == "float32":
-        return "bwd_v1"
+        return "bwd_v2.2_tf32" if precision == "tf32" else "bwd_v2.2"
     cc = _nvrtc.device_arch(device_index)
     hopper = BWD_VERSIONS["bwd_v4"].runs_on(cc[0] * 10 + cc[1])
     if hopper and D in BWD_VERSIONS["bwd_v4"].tiles:
@@ -134,32 +139,37 @@ def _bwd_op(
     causal: int,
     layout: str,
     deterministic: bool,
+    precision: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """tileattn::bwd(q, k, v, O, lse, dO, softmax_scale, causal, layout, deterministic) -> (dq, dk,
-    dv), arguments as tileattn::fwd's; dq, dk, dv contiguous in ``layout``."""
+    """tileattn::bwd(q, k, v, O, lse, dO, softmax_scale, causal, layout, deterministic, precision) ->
+    (dq, dk, dv), arguments as tileattn::fwd's; dq, dk, dv contiguous in ``layout``."""
     mode = api._CAUSAL_OF_CODE[causal]
-    return attention_backward(q, k, v, out, lse, dout, softmax_scale, mode, layout, deterministic=deterministic)
+    return attention_backward(
+        q, k, v, out, lse, dout, softmax_scale, mode, layout, deterministic=deterministic, precision=precision
+    )
 
 
 @_bwd_op.register_fake
-def _(q, k, v, out, lse, dout, softmax_scale, causal, layout, deterministic):
+def _(q, k, v, out, lse, dout, softmax_scale, causal, layout, deterministic, precision):
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, layout, _version, _precision, deterministic = inputs
+    q, k, v, softmax_scale, causal, layout, _version, precision, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.args = (softmax_scale, causal, layout, deterministic)
+    ctx.args = (softmax_scale, causal, layout, deterministic, precision)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    softmax_scale, causal, layout, deterministic = ctx.args
+    softmax_scale, causal, layout, deterministic, precision = ctx.args
     if dout.stride(-1) != 1:  # the kernels read dO rows with a contiguous head dim
         dout = dout.contiguous()
-    dq, dk, dv = torch.ops.tileattn.bwd(q, k, v, out, lse, dout, softmax_scale, causal, layout, deterministic)
+    dq, dk, dv = torch.ops.tileattn.bwd(
+        q, k, v, out, lse, dout, softmax_scale, causal, layout, deterministic, precision
+    )
     return dq, dk, dv, None, None, None, None, None, None
 
 

@@ -607,8 +607,18 @@ def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
                         return api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
 
                 for det in (False, True) if entry.deterministic else (False,):
-                    bwd = lambda o, name=name, det=det: backward.attention_backward(
-                        q, k, v, *o, dO, case.D**-0.5, mode, "bhnd", version=name, deterministic=det
+                    bwd = lambda o, name=name, det=det, p=entry.precision: backward.attention_backward(
+                        q,
+                        k,
+                        v,
+                        *o,
+                        dO,
+                        case.D**-0.5,
+                        mode,
+                        "bhnd",
+                        version=name,
+                        deterministic=det,
+                        precision=p if p == "tf32" else None,
                     )
                     impls[name + "_deterministic" * det] = (fwd, bwd)
         for name in BWD_PEERS[case.dtype]:

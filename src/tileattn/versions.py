@@ -335,6 +335,7 @@ class KernelEntry:
     arch_specific: bool = False  # compiled for sm_XYa (wgmma, setmaxnreg)
     tensor_maps: bool = False  # takes a TmaMaps parameter after its fields
     deterministic: bool = True  # backward: honours dq_semaphore (deterministic=True)
+    precision: Precision = "fp32"  # as Version's: "tf32" runs only for precision="tf32" (FP32 inputs)
     # Decode kernels and page sizes: "any"; "tile" (runs any, but the default choice skips it for
     # pages shorter than its tile: slower there, serving._decode_entry); "copy_engine" (its tensor
     # copies take whole boxes of one page: a contiguous cache, pages of a multiple of Bc, or of a
@@ -408,9 +409,33 @@ _BWD_V4 = dataclasses.replace(
     spill_bytes={128: 32},
 )
 
-# The autograd formula (backward.py) picks bwd_v1 for FP32, bwd_v4 / bwd_v3 on sm_90 at D = 64 and 128
-# and bwd_v2 elsewhere for fp16/bf16 (backward.default_rung); an input that
-# requires grad at a head dim neither takes raises (api._check_backward_exists).
+# FP32 on tensor cores: the default FP32 backward (backward.default_rung), bwd_v2.2_tf32 with
+# precision="tf32".
+_BWD_V2_2 = KernelEntry(
+    name="bwd_v2.2",
+    file="bwd_v2_2_tf32x3.cu",
+    kernel="bwd_v2_2",
+    # Bc = 32 at D=128: K and V hi / lo, two stages of Q and dO and P^T / dS^T in 212 KB (sm_90).
+    tiles={32: (64, 64), 64: (64, 64), 128: (64, 32)},
+    dtypes=("float32",),
+    # D=64 non-causal on sm_90 (two Q / dO stages): 254 registers and 8 bytes of spills under
+    # NVRTC 13.0, the per-block sums of dV and dK (64 registers) beside dV, dK (64) at their peak.
+    spill_bytes={64: 8},
+    summary="bwd_v2's loop nest for FP32 on mma.sync m16n8k8 TF32, every operand split hi + lo and 3 "
+    "products summed (3xTF32): FP32-level error",
+)
+_BWD_V2_2_TF32 = dataclasses.replace(
+    _BWD_V2_2,
+    name="bwd_v2.2_tf32",
+    kernel="bwd_v2_2_tf32",
+    precision="tf32",
+    summary="bwd_v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
+)
+
+# The autograd formula (backward.py) picks bwd_v2.2 for FP32 (bwd_v2.2_tf32 with precision="tf32"),
+# bwd_v4 / bwd_v3 on sm_90 at D = 64 and 128 and bwd_v2 elsewhere for fp16/bf16
+# (backward.default_rung); an input that requires grad at a head dim none takes raises
+# (api._check_backward_exists).
 BWD_VERSIONS: dict[str, KernelEntry] = {
     v.name: v
     for v in [
@@ -437,6 +462,8 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
             # Hopper rung is meant to replace it there.
             spill_bytes={96: 16, 112: 32, 128: 32, 224: 16, 256: 32},
         ),
+        _BWD_V2_2,
+        _BWD_V2_2_TF32,
         _BWD_V3,
         _BWD_V4,
     ]

@@ -36,6 +36,7 @@ namespace tileattn {
   X(const float, softmax_scale) SEP X(const int, causal_offset) SEP X(const int, bh_offset)
 
 #define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
+#define TILEATTN_BWD_ARGS TILEATTN_BWD_FIELDS(TILEATTN_NAME_, TILEATTN_COMMA_)  // (a shared body's call)
 
 // The first Q block (its first row, a multiple of Br) a K/V block starting at kv_start visits:
 // causal, the first query row that sees key kv_start is kv_start - causal_offset; the Q blocks

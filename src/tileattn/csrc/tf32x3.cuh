@@ -6,6 +6,8 @@
 // lo_a*lo_b is ~2^-22 relative: three TF32 products per FP32 product, FP32-level error.
 #pragma once
 
+#include "mma.cuh"  // ldmatrix_x4
+
 namespace tileattn {
 
 // x = hi + lo, hi exactly representable in TF32 (low 13 mantissa bits cleared), lo = x - hi exact.
@@ -19,5 +21,56 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) 
 // P*V is a sum over keys, so any permutation works if V's rows follow it: k-index t <-> key 2t,
 // k-index t+4 <-> key 2t+1.  This is the position of `key` (within its group of 8) in that order.
 __device__ __forceinline__ int permuted_key(int key) { return (key & ~7) | ((key & 1) << 2) | ((key & 7) >> 1); }
+
+// ---- mma.sync m16n8k8 TF32 (v2.2, bwd_v2.2) ----
+// Fragment layouts (PTX ISA, mma.m16n8k8 .tf32; lane = 4*g + t, g = lane/4 in 0..7, t = lane%4):
+//   A 16x8 (row-major):  a0 = (g, t)  a1 = (g+8, t)  a2 = (g, t+4)  a3 = (g+8, t+4)
+//   B 8x8  (k x n):      b0 = (k=t, n=g)             b1 = (k=t+4, n=g)
+//   C 16x8 (fp32):       c0 = (g, 2t)  c1 = (g, 2t+1)  c2 = (g+8, 2t)  c3 = (g+8, 2t+1)
+
+__device__ __forceinline__ void mma_tf32_m16n8k8(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Four 8x8 b16 matrices (= four 8x4 FP32 matrices) from shared memory (mma.cuh's ldmatrix_x4);
+// lane L gives the address of row L%8 of matrix L/8 and receives word (L/4, L%4) of each matrix.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const float* row_ptr) {
+  ldmatrix_x4(r, static_cast<unsigned>(__cvta_generic_to_shared(row_ptr)));
+}
+
+// An FP32 A fragment (4 values) as TF32 hi (and lo) registers.
+template <bool SPLIT>
+struct FragA {
+  unsigned hi[4], lo[4];
+  __device__ __forceinline__ void set(int i, float x) {
+    if (SPLIT) split_tf32(x, hi[i], lo[i]);
+    else hi[i] = __float_as_uint(x);  // the tensor core truncates to TF32
+  }
+};
+
+// c += a*b with FP32 operands: 3 TF32 products (SPLIT) or 1.  b_hi/b_lo are pre-split B fragments.
+template <bool SPLIT>
+__device__ __forceinline__ void mma_fp32(float (&c)[4], const FragA<SPLIT>& a, const unsigned (&b_hi)[2],
+                                         const unsigned (&b_lo)[2]) {
+  if (SPLIT) {  // the small terms first
+    mma_tf32_m16n8k8(c, a.lo, b_hi);
+    mma_tf32_m16n8k8(c, a.hi, b_lo);
+  }
+  mma_tf32_m16n8k8(c, a.hi, b_hi);
+}
+
+// An FP32 B fragment (2 values) as TF32 hi (and lo) registers.
+template <bool SPLIT>
+struct FragB {
+  unsigned hi[2], lo[2];
+  __device__ __forceinline__ void set(int i, float x) {
+    if (SPLIT) split_tf32(x, hi[i], lo[i]);
+    else hi[i] = __float_as_uint(x);
+  }
+};
 
 }  // namespace tileattn

@@ -33,45 +33,9 @@
 // fragment).  Row strides D+4 and Bc+4 floats put the 8 rows of each ldmatrix in 8 different
 // 16-byte bank groups (conflict-free).  8 warps (Br=128) share each split, one block per SM.
 #include "softmax.cuh"
-#include "mma.cuh"  // ldmatrix_x4
-#include "tf32x3.cuh"
+#include "tf32x3.cuh"  // mma_fp32, FragA, ldmatrix_x4 of FP32 rows
 
 namespace tileattn {
-
-__device__ __forceinline__ void mma_tf32_m16n8k8(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// Four 8x8 b16 matrices (= four 8x4 FP32 matrices) from shared memory (mma.cuh's ldmatrix_x4);
-// lane L gives the address of row L%8 of matrix L/8 and receives word (L/4, L%4) of each matrix.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const float* row_ptr) {
-  ldmatrix_x4(r, static_cast<unsigned>(__cvta_generic_to_shared(row_ptr)));
-}
-
-// An FP32 A fragment (4 values) as TF32 hi (and lo) registers.
-template <bool SPLIT>
-struct FragA {
-  unsigned hi[4], lo[4];
-  __device__ __forceinline__ void set(int i, float x) {
-    if (SPLIT) split_tf32(x, hi[i], lo[i]);
-    else hi[i] = __float_as_uint(x);  // the tensor core truncates to TF32
-  }
-};
-
-// c += a*b with FP32 operands: 3 TF32 products (SPLIT) or 1.  b_hi/b_lo are pre-split B fragments.
-template <bool SPLIT>
-__device__ __forceinline__ void mma_fp32(float (&c)[4], const FragA<SPLIT>& a, const unsigned (&b_hi)[2],
-                                         const unsigned (&b_lo)[2]) {
-  if (SPLIT) {  // the small terms first
-    mma_tf32_m16n8k8(c, a.lo, b_hi);
-    mma_tf32_m16n8k8(c, a.hi, b_lo);
-  }
-  mma_tf32_m16n8k8(c, a.hi, b_hi);
-}
 
 // Rows [row0, row0 + ROWS) of a (rows x HEAD_DIM) FP32 matrix into shared memory with row stride
 // SSTRIDE floats, 16-byte cp.async copies; rows >= nrows are zero-filled without being read.
