@@ -1,38 +1,53 @@
-"""Probe: the 16-bit backward rungs (bwd_v2, bwd_v3, bwd_v4) at bf16 B=4 H=16 N=8192, D=64 and
-128, causal and not, timed with triton's do_bench (median), with each rung's largest dQ difference
-from the first as a sanity check (a build that leaves something out on purpose shows it here).
+"""Probe: the backward rungs (by default the 16-bit bwd_v2, bwd_v3, bwd_v4 at bf16 B=4 H=16; with
+--dtype float32 the FP32 ones at H=8) at N=8192, D=64 and 128, causal and not, timed with triton's
+do_bench (median), with each rung's largest dQ difference from the first as a sanity check (a
+build that leaves something out on purpose shows it here).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined, as
-scripts/variants_probe.py (an experiment's switch in the CUDA sources; none is in them now: the
-ones measured so far are in bench/NOTES.md).
+scripts/variants_probe.py (an experiment's switch in the CUDA sources); `--tile RUNG:D=Br,Bc` runs
+a rung at a tile other than the registry's.
 """
 
 import argparse
+import dataclasses
 
 import torch
 from triton.testing import do_bench
 
 from tileattn import _nvrtc, api, bench
 from tileattn.backward import attention_backward
+from tileattn.versions import BWD_VERSIONS, KERNEL_ENTRIES
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE], defined in every kernel")
 parser.add_argument("--versions", nargs="+", default=["bwd_v2", "bwd_v3", "bwd_v4"])
+parser.add_argument("--tile", action="append", default=[], help="RUNG:D=Br,Bc, a tile other than the registry's")
+parser.add_argument("--dtype", default="bfloat16", help="float32: the FP32 rungs, at H=8 as the bwd suite")
 args = parser.parse_args()
 _nvrtc.EXPERIMENT_DEFINES[:] = args.define
-print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}")
+for spec in args.tile:  # the backward reads BWD_VERSIONS, the loader KERNEL_ENTRIES: both replaced
+    rung, rest = spec.split(":")
+    D, tile = rest.split("=")
+    entry = BWD_VERSIONS[rung]
+    entry = dataclasses.replace(entry, tiles={**entry.tiles, int(D): tuple(map(int, tile.split(",")))})
+    BWD_VERSIONS[rung] = KERNEL_ENTRIES[rung] = entry
+print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}, tiles {args.tile}")
 
-B, H, N = 4, 16, 8192
+B, H, N = 4, 16 if args.dtype != "float32" else 8, 8192
+dt = getattr(torch, args.dtype)
 for D in (64, 128):
     for causal in (False, True):
-        q, k, v, dO = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        q, k, v, dO = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(4))
         mode = "top_left" if causal else None
         with torch.no_grad():
             out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
-        flops = 2.5 * bench.Case(B, H, N, D, "bfloat16", causal).flops  # 5 products of the forward's 2
+        flops = 2.5 * bench.Case(B, H, N, D, args.dtype, causal).flops  # 5 products of the forward's 2
         base = None
         for name in args.versions:
-            run = lambda name=name: attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version=name)
+            p = "tf32" if BWD_VERSIONS[name].precision == "tf32" else None
+            run = lambda name=name, p=p: attention_backward(
+                q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version=name, precision=p
+            )
             dq = run()[0].float()
             base = dq if base is None else base
             ms = do_bench(run, warmup=25, rep=200, return_mode="median")

@@ -45,7 +45,7 @@ __device__ __forceinline__ int qk_swizzle(int r) { return 8 * (r % 4) + 4 * ((r 
 
 // Q_i, dO_i stages: two where the shared memory of sm_90 (227 KB) holds them, one on sm_80 (163 KB).
 __host__ __device__ constexpr int bwd_v2_2_stages() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(TILEATTN_BWD_V22_ONE_STAGE)
   return 2;
 #else
   return 1;
@@ -68,7 +68,11 @@ __device__ __forceinline__ void bwd_v2_2_body(TILEATTN_BWD_PARAMS(T)) {
   // Step 4: KC chunks of 16 keys, each taken by DPARTS warps that split the head dim; DTW = the
   // 8-column tiles of dK and dV one warp holds.
   constexpr int KC = Bc / 16, DPARTS = 4 / KC, DTW = DT / DPARTS;
+#ifdef TILEATTN_BWD_V22_DQ8
+  constexpr int DQ_TILES = DT >= 8 ? 8 : DT;  // (experiment: twice the independent chains)
+#else
   constexpr int DQ_TILES = 4;  // dQ's 8-column tiles per pass (16 partial sums live)
+#endif
   static_assert(DT % DQ_TILES == 0, "whole dQ passes");
 
   extern __shared__ __align__(16) float smem[];
