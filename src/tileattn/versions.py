@@ -415,12 +415,13 @@ _BWD_V2_2 = KernelEntry(
     name="bwd_v2.2",
     file="bwd_v2_2_tf32x3.cu",
     kernel="bwd_v2_2",
-    # Bc = 32 at D=128: K and V hi / lo, two stages of Q and dO and P^T / dS^T in 212 KB (sm_90).
-    tiles={32: (64, 64), 64: (64, 64), 128: (64, 32)},
+    # Bc = 32 at D=128: K and V hi / lo, Q and dO, P^T / dS^T in 151 KB.  At D=64 too: 85 KB and 186
+    # registers, two blocks an SM, 8-10% faster than Bc = 64's one (H200, bench/NOTES.md).
+    tiles={32: (64, 64), 64: (64, 32), 128: (64, 32)},
     dtypes=("float32",),
-    # D=64 non-causal on sm_90 (two Q / dO stages): 254 registers and 8 bytes of spills under
-    # NVRTC 13.0, the per-block sums of dV and dK (64 registers) beside dV, dK (64) at their peak.
-    spill_bytes={64: 8},
+    # D=128 causal on sm_90: 255 registers and 4 bytes of spills (8 of stack) under NVRTC 13.0,
+    # since dQ's passes hold 32 partial sums (measured faster than 16, bench/NOTES.md).
+    spill_bytes={128: 8},
     summary="bwd_v2's loop nest for FP32 on mma.sync m16n8k8 TF32, every operand split hi + lo and 3 "
     "products summed (3xTF32): FP32-level error",
 )
@@ -428,6 +429,8 @@ _BWD_V2_2_TF32 = dataclasses.replace(
     _BWD_V2_2,
     name="bwd_v2.2_tf32",
     kernel="bwd_v2_2_tf32",
+    # Bc = 64 at D=64: two stages, one block an SM, 10% faster here than Bc = 32's two blocks.
+    tiles={32: (64, 64), 64: (64, 64), 128: (64, 32)},
     precision="tf32",
     summary="bwd_v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
 )

@@ -43,10 +43,12 @@ constexpr int BWD_V2_2_THREADS = 128;
 
 __device__ __forceinline__ int qk_swizzle(int r) { return 8 * (r % 4) + 4 * ((r / 4) % 2); }
 
-// Q_i, dO_i stages: two where the shared memory of sm_90 (227 KB) holds them, one on sm_80 (163 KB).
-__host__ __device__ constexpr int bwd_v2_2_stages() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(TILEATTN_BWD_V22_ONE_STAGE)
-  return 2;
+// Q_i, dO_i stages.  3xTF32: one (measured on an H200: 7-9% faster than two at D = 64 and 128,
+// and at D=64 it lets two blocks of Bc = 32 share an SM).  TF32: two where the shared memory of
+// sm_90 (227 KB) holds them (2-5% faster than one), one on sm_80 (163 KB).
+__host__ __device__ constexpr int bwd_v2_2_stages(bool split) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return split ? 1 : 2;
 #else
   return 1;
 #endif
@@ -54,7 +56,7 @@ __host__ __device__ constexpr int bwd_v2_2_stages() {
 
 // K, V hi (and lo) [Bc][D + 4]; per stage Q, dO [Br][D]; P^T, dS^T [Bc][Br + 4]; per stage lse_i, D_i.
 __host__ __device__ constexpr int bwd_v2_2_smem(int D, int Br, int Bc, bool split) {
-  return ((split ? 4 : 2) * Bc * (D + 4) + bwd_v2_2_stages() * 2 * (Br * D + Br) + 2 * Bc * (Br + 4)) * 4;
+  return ((split ? 4 : 2) * Bc * (D + 4) + bwd_v2_2_stages(split) * 2 * (Br * D + Br) + 2 * Bc * (Br + 4)) * 4;
 }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool SPLIT>
@@ -62,17 +64,15 @@ __device__ __forceinline__ void bwd_v2_2_body(TILEATTN_BWD_PARAMS(T)) {
   static_assert(sizeof(T) == 4, "bwd_v2.2 is an FP32 rung");
   static_assert(Br == 64 && (Bc == 64 || Bc == 32), "four warps: 16 query rows each in steps 2-3");
   static_assert(HEAD_DIM % 32 == 0, "the Q / dO swizzle works in 32-column chunks");
-  constexpr int NTHREADS = BWD_V2_2_THREADS, STAGES = bwd_v2_2_stages();
+  constexpr int NTHREADS = BWD_V2_2_THREADS, STAGES = bwd_v2_2_stages(SPLIT);
   constexpr int KSTEPS = HEAD_DIM / 8, NT = Bc / 8, DT = HEAD_DIM / 8;
   constexpr int SK = HEAD_DIM + 4, SP = Br + 4;  // row strides (floats) of K / V and of P^T / dS^T
   // Step 4: KC chunks of 16 keys, each taken by DPARTS warps that split the head dim; DTW = the
   // 8-column tiles of dK and dV one warp holds.
   constexpr int KC = Bc / 16, DPARTS = 4 / KC, DTW = DT / DPARTS;
-#ifdef TILEATTN_BWD_V22_DQ8
-  constexpr int DQ_TILES = DT >= 8 ? 8 : DT;  // (experiment: twice the independent chains)
-#else
-  constexpr int DQ_TILES = 4;  // dQ's 8-column tiles per pass (16 partial sums live)
-#endif
+  // dQ's 8-column tiles per pass: 8 independent accumulator chains of (Bc / 8) x 3 dependent mma
+  // (32 partial sums live); 4 measured 2-5% slower (H200, bench/NOTES.md).
+  constexpr int DQ_TILES = DT >= 8 ? 8 : DT;
   static_assert(DT % DQ_TILES == 0, "whole dQ passes");
 
   extern __shared__ __align__(16) float smem[];
