@@ -417,7 +417,7 @@ _BWD_V2_2 = KernelEntry(
     kernel="bwd_v2_2",
     # Bc = 32 at D=128: K and V hi / lo, Q and dO, P^T / dS^T in 151 KB.  At D=64 too: 85 KB and 186
     # registers, two blocks an SM, 8-10% faster than Bc = 64's one (H200, bench/NOTES.md).
-    tiles={32: (64, 64), 64: (64, 16), 128: (64, 16)},
+    tiles={32: (64, 64), 64: (64, 32), 128: (64, 32)},
     dtypes=("float32",),
     # D=128 causal on sm_90: 255 registers and 4 bytes of spills (8 of stack) under NVRTC 13.0,
     # since dQ's passes hold 32 partial sums (measured faster than 16, bench/NOTES.md).

@@ -62,7 +62,7 @@ __host__ __device__ constexpr int bwd_v2_2_smem(int D, int Br, int Bc, bool spli
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool SPLIT>
 __device__ __forceinline__ void bwd_v2_2_body(TILEATTN_BWD_PARAMS(T)) {
   static_assert(sizeof(T) == 4, "bwd_v2.2 is an FP32 rung");
-  static_assert(Br == 64 && (Bc == 64 || Bc == 32 || Bc == 16), "four warps: 16 query rows each in steps 2-3");
+  static_assert(Br == 64 && (Bc == 64 || Bc == 32), "four warps: 16 query rows each in steps 2-3");
   static_assert(HEAD_DIM % 32 == 0, "the Q / dO swizzle works in 32-column chunks");
   constexpr int NTHREADS = BWD_V2_2_THREADS, STAGES = bwd_v2_2_stages(SPLIT);
   constexpr int KSTEPS = HEAD_DIM / 8, NT = Bc / 8, DT = HEAD_DIM / 8;
