@@ -99,6 +99,31 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {  // p 8-b
 #endif
 }
 
+// The mma.sync rungs' (bwd_v2, bwd_v2.2) step on a warp's 16 query rows in the C fragment layout
+// ([nt] holds keys 8 nt + 2t, +1 of rows g (values 0, 1) and g + 8 (2, 3)):
+// P = 2^(scale log2(e) S - log2(e) lse) (0 where masked, past Nk, and on a row whose lse is -inf:
+// it saw no key, or lies past Nq) and dS = P (dP - D_i), in place in S and dP.  warp_row0: the
+// warp's first row in the Q block; lse_i, D_i: the Q block's row statistics.
+template <bool CAUSAL, int NT>
+__device__ __forceinline__ void frag_p_ds(float (&S)[NT][4], float (&dP)[NT][4], const float* lse_i, const float* Di_i,
+                                          int warp_row0, int q_start, int kv_start, int Nk, int causal_offset,
+                                          float scale_log2, int g, int t) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = warp_row0 + 8 * hh + g;  // row in the Q block
+    const float l = lse_i[r], m = l * TILEATTN_LOG2E, di = Di_i[r];
+    const int kend = l == TILEATTN_NEG_INF ? 0 : key_end<CAUSAL>(q_start + r, Nk, causal_offset) - kv_start - 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = 8 * nt + e < kend ? softmax_weight(S[nt][2 * hh + e], scale_log2, m) : 0.0f;
+        S[nt][2 * hh + e] = p;
+        dP[nt][2 * hh + e] = p * (dP[nt][2 * hh + e] - di);
+      }
+  }
+}
+
 // The end of a K/V block: its dK (already scaled) and dV values at (key, column) of query head h
 // into the accumulators: atomics into the K/V head's slice, or (deterministic) a plain store
 // into the query head's own slice.

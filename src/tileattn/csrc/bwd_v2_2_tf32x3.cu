@@ -224,20 +224,7 @@ __device__ __forceinline__ void bwd_v2_2_body(TILEATTN_BWD_PARAMS(T)) {
       }
     }
     // P and dS in place (S becomes P, dP becomes dS).
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = 16 * warp + 8 * hh + g;  // row in the Q block
-      const float l = lse_i[r], m = l * TILEATTN_LOG2E, di = Di_i[r];
-      const int kend = l == TILEATTN_NEG_INF ? 0 : key_end<CAUSAL>(q_start + r, Nk, causal_offset) - kv_start - 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = 8 * nt + e < kend ? softmax_weight(S[nt][2 * hh + e], scale_log2, m) : 0.0f;
-          S[nt][2 * hh + e] = p;
-          dP[nt][2 * hh + e] = p * (dP[nt][2 * hh + e] - di);
-        }
-    }
+    frag_p_ds<CAUSAL>(S, dP, lse_i, Di_i, 16 * warp, q_start, kv_start, Nk, causal_offset, scale_log2, g, t);
 
     // 3. P^T and dS^T to shared memory as [key][row]: one store instruction covers keys 8 nt +
     //    2t + e (bank 8t + 4e + const) of rows g (+ const): 32 different banks.

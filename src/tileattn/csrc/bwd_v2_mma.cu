@@ -124,20 +124,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
       }
     }
     // P and dS in place (S becomes P, dP becomes dS).
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = 16 * warp + 8 * hh + g;  // row in the Q block
-      const float l = lse_s[r], m = l * TILEATTN_LOG2E, di = Di_s[r];
-      const int kend = l == TILEATTN_NEG_INF ? 0 : key_end<CAUSAL>(q_start + r, Nk, causal_offset) - kv_start - 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = 8 * nt + e < kend ? softmax_weight(S[nt][2 * hh + e], scale_log2, m) : 0.0f;
-          S[nt][2 * hh + e] = p;
-          dP[nt][2 * hh + e] = p * (dP[nt][2 * hh + e] - di);
-        }
-    }
+    frag_p_ds<CAUSAL>(S, dP, lse_s, Di_s, 16 * warp, q_start, kv_start, Nk, causal_offset, scale_log2, g, t);
 
     // 3. P and dS to shared memory (this warp's rows), dS as the A fragments of dS Kj.
     unsigned ds_frag[Bc / 16][4];
