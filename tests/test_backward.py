@@ -192,6 +192,35 @@ def test_autograd_fp32_matches_float64(layout, causal):
     _assert_within_torch_error([q.grad, k.grad, v.grad], expected, torch_grads, "float32")
 
 
+@pytest.mark.gpu
+def test_autograd_follows_the_forwards_precision():
+    """precision="tf32" in the forward reaches the backward op: its gradients are the TF32 rung's
+    (close to float64 within TF32_REL, and not the 3xTF32 rung's bits); the TF32 rung asked for by
+    name without precision="tf32" raises."""
+    import torch
+
+    import tileattn
+    from tileattn.backward import attention_backward
+
+    q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", requires_grad=True) for _ in range(3))
+    dO = torch.randn_like(q)
+    grads = {}
+    for precision in (None, "tf32"):
+        for t in (q, k, v):
+            t.grad = None
+        tileattn.flash_attn_func(q, k, v, causal=True, precision=precision).backward(dO)
+        grads[precision] = [t.grad.clone() for t in (q, k, v)]
+    expected = reference_grads(q, k, v, dO, 0.125, "bottom_right", "bnhd")
+    scale = max(_rms(e) for e in expected)
+    for name, g32, g, e in zip(("dq", "dk", "dv"), grads[None], grads["tf32"], expected):
+        assert _rms(g.double() - e) <= TF32_REL * scale, name
+        assert _rms(g32.double() - e) < _rms(g.double() - e) / 10, f"{name}: the default is not FP32-accurate"
+    with torch.no_grad():
+        out, lse = tileattn.flash_attn_func(q, k, v, return_lse=True)
+        with pytest.raises(ValueError, match="'bwd_v2.2_tf32' computes with TF32 products"):
+            attention_backward(q, k, v, out, lse, dO, 0.125, None, "bnhd", version="bwd_v2.2_tf32")
+
+
 # Every head dim bwd_v2 takes, at every shape for 64, 128 and 256 (one per tiling, and the widest)
 # and at all but N=4224 for the others.
 BWD_V2_CASES = [
