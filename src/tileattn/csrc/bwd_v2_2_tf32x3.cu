@@ -10,8 +10,8 @@
 //   0. K_j, V_j are read once, split into hi/lo and kept in shared memory ([key][d], row stride
 //      D + 4: conflict-free ldmatrix of S's and dP's B fragments, and conflict-free scalar reads
 //      of dQ's, below);
-//   1. per Q block (Br = 64 rows, double-buffered on sm_90): Q_i, dO_i by cp.async as raw FP32
-//      into XOR-swizzled [row][d] tiles, lse_i, D_i;
+//   1. per Q block (Br = 64 rows; bwd_v2_2_stages: one stage for 3xTF32, two for TF32 on sm_90):
+//      Q_i, dO_i by cp.async as raw FP32 into XOR-swizzled [row][d] tiles, lse_i, D_i;
 //   2. warp w takes rows 16w..16w+15: S = Q_w K_j^T and dP = dO_w V_j^T (A fragments by ldmatrix,
 //      split in registers), P = 2^(scale log2(e) S - log2(e) lse) (0 where masked), dS = P (dP - D_i);
 //   3. P^T and dS^T to shared memory as FP32 [key][row] (stride Br + 4), and dQ_w = dS_w K_j from
@@ -43,9 +43,10 @@ constexpr int BWD_V2_2_THREADS = 128;
 
 __device__ __forceinline__ int qk_swizzle(int r) { return 8 * (r % 4) + 4 * ((r / 4) % 2); }
 
-// Q_i, dO_i stages.  3xTF32: one (measured on an H200: 7-9% faster than two at D = 64 and 128,
-// and at D=64 it lets two blocks of Bc = 32 share an SM).  TF32: two where the shared memory of
-// sm_90 (227 KB) holds them (2-5% faster than one), one on sm_80 (163 KB).
+// Q_i, dO_i stages.  3xTF32: one (measured on an H200, scripts/bwd_probe.py: 2-7% faster than two
+// at D=128, and at D=64 it lets two blocks of Bc = 32 share an SM: 8-10% faster than one block of
+// Bc = 64 with two).  TF32: two where the shared memory of sm_90 (227 KB) holds them (0-5% faster
+// than one), one on sm_80 (163 KB).
 __host__ __device__ constexpr int bwd_v2_2_stages(bool split) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   return split ? 1 : 2;
@@ -71,7 +72,7 @@ __device__ __forceinline__ void bwd_v2_2_body(TILEATTN_BWD_PARAMS(T)) {
   // 8-column tiles of dK and dV one warp holds.
   constexpr int KC = Bc / 16, DPARTS = 4 / KC, DTW = DT / DPARTS;
   // dQ's 8-column tiles per pass: 8 independent accumulator chains of (Bc / 8) x 3 dependent mma
-  // (32 partial sums live); 4 measured 2-5% slower (H200, bench/NOTES.md).
+  // (32 partial sums live); 4 measured 0-5% slower (H200, bench/NOTES.md).
   constexpr int DQ_TILES = DT >= 8 ? 8 : DT;
   static_assert(DT % DQ_TILES == 0, "whole dQ passes");
 
