@@ -606,19 +606,10 @@ def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
                     with torch.no_grad():
                         return api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
 
+                prec = "tf32" if entry.precision == "tf32" else None  # the TF32 rung runs only when asked
                 for det in (False, True) if entry.deterministic else (False,):
-                    bwd = lambda o, name=name, det=det, p=entry.precision: backward.attention_backward(
-                        q,
-                        k,
-                        v,
-                        *o,
-                        dO,
-                        case.D**-0.5,
-                        mode,
-                        "bhnd",
-                        version=name,
-                        deterministic=det,
-                        precision=p if p == "tf32" else None,
+                    bwd = lambda o, name=name, det=det, prec=prec: backward.attention_backward(
+                        q, k, v, *o, dO, case.D**-0.5, mode, "bhnd", version=name, deterministic=det, precision=prec
                     )
                     impls[name + "_deterministic" * det] = (fwd, bwd)
         for name in BWD_PEERS[case.dtype]:

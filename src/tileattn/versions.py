@@ -335,7 +335,7 @@ class KernelEntry:
     arch_specific: bool = False  # compiled for sm_XYa (wgmma, setmaxnreg)
     tensor_maps: bool = False  # takes a TmaMaps parameter after its fields
     deterministic: bool = True  # backward: honours dq_semaphore (deterministic=True)
-    precision: Precision = "fp32"  # as Version's: "tf32" runs only for precision="tf32" (FP32 inputs)
+    precision: Precision = "native"  # as Version's: "fp32" / "tf32" for the FP32 backward rungs
     # Decode kernels and page sizes: "any"; "tile" (runs any, but the default choice skips it for
     # pages shorter than its tile: slower there, serving._decode_entry); "copy_engine" (its tensor
     # copies take whole boxes of one page: a contiguous cache, pages of a multiple of Bc, or of a
@@ -419,6 +419,7 @@ _BWD_V2_2 = KernelEntry(
     # registers, two blocks an SM, 8-10% faster than Bc = 64's one (H200, bench/NOTES.md).
     tiles={32: (64, 64), 64: (64, 32), 128: (64, 32)},
     dtypes=("float32",),
+    precision="fp32",
     # D=128 causal on sm_90: 255 registers and 4 bytes of spills (8 of stack) under NVRTC 13.0,
     # since dQ's passes hold 32 partial sums (measured faster than 16, bench/NOTES.md).
     spill_bytes={128: 8},
@@ -448,6 +449,7 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
             kernel="bwd_v1",
             tiles={32: (64, 64), 64: (64, 64), 128: (32, 64)},
             dtypes=("float32",),
+            precision="fp32",
             summary="FA2 backward on CUDA cores, FP32: K/V blocks outer, P from the forward's lse, dS in "
             "shared memory, dK/dV in registers, dQ by float32 atomics",
         ),
