@@ -15,9 +15,9 @@ with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1
 TMA loads, v3.3 on wgmma and, at D=64, v3.4: v3.3 with ping-pong consumers) at every head dim that
 is a multiple of 8 from 16 to 256; any Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous
 head dim; causal masks aligned top-left or bottom-right; GQA/MQA; the log-sum-exp of each row.
-Gradients (backward.py, registered as the custom op's autograd formula) for FP32 (bwd_v1) at head
-dims 32, 64, 128, fp16 and bf16 (bwd_v2; on sm_90 at 64 and 128 bwd_v4, or bwd_v3 when
-deterministic) at multiples of 16 up to 128 and of 32 up to 256.
+Gradients (backward.py, registered as the custom op's autograd formula) for FP32 (bwd_v2.2, 3xTF32;
+bwd_v2.2_tf32 under precision="tf32") at head dims 32, 64, 128, fp16 and bf16 (bwd_v2; on sm_90 at
+64 and 128 bwd_v4, or bwd_v3 when deterministic) at multiples of 16 up to 128 and of 32 up to 256.
 flash_attn_func's window_size, softcap and alibi_slopes run v3.3's variants kernel (serving.py).
 Variable-length batches and KV caches: serving.py.  Not yet: dropout, arbitrary masks.
 """

@@ -135,24 +135,17 @@ __device__ __forceinline__ void bwd_v2_2_body(TILEATTN_BWD_PARAMS(T)) {
       const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       const float4 kx = ok ? *reinterpret_cast<const float4*>(k_bh + (kv_start + r) * k_sn + c4) : zero;
       const float4 vx = ok ? *reinterpret_cast<const float4*>(v_bh + (kv_start + r) * v_sn + c4) : zero;
-      const float kxs[4] = {kx.x, kx.y, kx.z, kx.w}, vxs[4] = {vx.x, vx.y, vx.z, vx.w};
-      uint4 khi, klo, vhi, vlo;
-      unsigned *kh = &khi.x, *kl = &klo.x, *vh = &vhi.x, *vl = &vlo.x;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (SPLIT) {
-          split_tf32(kxs[e], kh[e], kl[e]);
-          split_tf32(vxs[e], vh[e], vl[e]);
-        } else {
-          kh[e] = __float_as_uint(kxs[e]);  // the tensor core truncates to TF32
-          vh[e] = __float_as_uint(vxs[e]);
-        }
-      }
-      *reinterpret_cast<uint4*>(Khi + r * SK + c4) = khi;
-      *reinterpret_cast<uint4*>(Vhi + r * SK + c4) = vhi;
       if (SPLIT) {
-        *reinterpret_cast<uint4*>(Klo + r * SK + c4) = klo;
-        *reinterpret_cast<uint4*>(Vlo + r * SK + c4) = vlo;
+        uint4 hi, lo;
+        split_tf32x4(kx, hi, lo);
+        *reinterpret_cast<uint4*>(Khi + r * SK + c4) = hi;
+        *reinterpret_cast<uint4*>(Klo + r * SK + c4) = lo;
+        split_tf32x4(vx, hi, lo);
+        *reinterpret_cast<uint4*>(Vhi + r * SK + c4) = hi;
+        *reinterpret_cast<uint4*>(Vlo + r * SK + c4) = lo;
+      } else {  // the tensor core truncates to TF32
+        *reinterpret_cast<float4*>(Khi + r * SK + c4) = kx;
+        *reinterpret_cast<float4*>(Vhi + r * SK + c4) = vx;
       }
     }
   }

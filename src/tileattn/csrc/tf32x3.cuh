@@ -16,6 +16,14 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) 
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
+// split_tf32 of a 16-byte vector's four values (the rungs' split passes).
+__device__ __forceinline__ void split_tf32x4(const float4& x, uint4& hi, uint4& lo) {
+  split_tf32(x.x, hi.x, lo.x);
+  split_tf32(x.y, hi.y, lo.y);
+  split_tf32(x.z, hi.z, lo.z);
+  split_tf32(x.w, hi.w, lo.w);
+}
+
 // P*V without a shared-memory round trip: an S accumulator fragment holds keys 2t and 2t+1 of
 // each 8-key block, the A fragment of the next product wants k-indices t and t+4.  The k index of
 // P*V is a sum over keys, so any permutation works if V's rows follow it: k-index t <-> key 2t,

@@ -138,10 +138,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
         const int r = i / (HEAD_DIM / 4), c = (i % (HEAD_DIM / 4)) * 4;
         const float4 x = *reinterpret_cast<const float4*>(Kc + r * SK + c);
         uint4 hi, lo;
-        split_tf32(x.x, hi.x, lo.x);
-        split_tf32(x.y, hi.y, lo.y);
-        split_tf32(x.z, hi.z, lo.z);
-        split_tf32(x.w, hi.w, lo.w);
+        split_tf32x4(x, hi, lo);
         *reinterpret_cast<uint4*>(Khi + r * SK + c) = SPLIT ? hi : make_uint4(__float_as_uint(x.x),
             __float_as_uint(x.y), __float_as_uint(x.z), __float_as_uint(x.w));
         if (SPLIT) *reinterpret_cast<uint4*>(Klo + r * SK + c) = lo;

@@ -67,10 +67,7 @@ __device__ __forceinline__ void split_store(const float4& x, unsigned hi_tile, u
     return;
   }
   uint4 hi, lo;
-  split_tf32(x.x, hi.x, lo.x);
-  split_tf32(x.y, hi.y, lo.y);
-  split_tf32(x.z, hi.z, lo.z);
-  split_tf32(x.w, hi.w, lo.w);
+  split_tf32x4(x, hi, lo);
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(hi_tile + off), "r"(hi.x), "r"(hi.y), "r"(hi.z),
                "r"(hi.w) : "memory");
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(lo_tile + off), "r"(lo.x), "r"(lo.y), "r"(lo.z),
