@@ -178,7 +178,7 @@ def cmd_compile(args) -> int:
     return 0
 
 
-_SPECIAL_SUITES = ("story", "overhead", "hf", "bwd", "decode", "varlen", "variants")
+_SPECIAL_SUITES = ("story", "overhead", "hf", "bwd", "decode", "varlen", "variants", "fp8")
 # Suites that name others: serving runs the three of issue 12 (each writes its own results file).
 _SUITE_GROUPS = {"serving": ("decode", "varlen", "variants")}
 
@@ -233,6 +233,7 @@ def cmd_bench(args) -> int:
                     "decode": bench.decode_steps,
                     "varlen": lambda: 2 * (2 + len(bench.VARLEN_PEERS)),
                     "variants": bench.variants_steps,
+                    "fp8": lambda: 2 * 5 * len(bench.FP8_SHAPES),
                 }.get(suite_name, lambda: None)(),
                 desc=f"bench {suite_name}",
                 file=sys.stderr,
@@ -245,6 +246,7 @@ def cmd_bench(args) -> int:
                     "decode": lambda: bench.decode_suite(progress=bar.update),
                     "varlen": lambda: bench.varlen_suite(progress=bar.update),
                     "variants": lambda: bench.variants_suite(progress=bar.update),
+                    "fp8": lambda: bench.fp8_suite(progress=bar.update),
                 }[suite_name]()
             if suite_name == "story":
                 bench.add_ratios(rows)
@@ -390,7 +392,8 @@ def main(argv=None) -> int:
         "beside cuDNN, FA2, efficient and FlexAttention, with peak memory; decode: split-KV decoding over "
         "contiguous and paged KV caches beside SDPA flash and cuDNN; varlen: packed documents beside "
         "varlen_attn and FlexAttention; variants: window, softcap, ALiBi beside plain causal and "
-        "FlexAttention; serving: decode, varlen and variants",
+        "FlexAttention; fp8: v3.5 (e4m3) beside bf16 tileattn, cuDNN and SDPA flash; serving: decode, varlen "
+        "and variants",
     )
     b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help="override the suite's rungs")
     b.add_argument("--seqlen", type=int, nargs="*", help="keep only these lengths of the suite")

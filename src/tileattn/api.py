@@ -37,7 +37,12 @@ from . import _nvrtc, _params
 from .reference import CAUSAL_MODES
 from .versions import VERSIONS, Version, select
 
-_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float8_e4m3fn: "float8_e4m3fn",  # flash_attn_func only (fp8.py: v3.5, bf16 output)
+}
 _GRID_Y_MAX = 65535  # gridDim.y limit: B*H above it is split over several launches
 _CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}  # how the custom op takes the mode
 _CAUSAL_OF_CODE = {c: m for m, c in _CAUSAL_CODE.items()}
@@ -57,6 +62,9 @@ def flash_attn_func(
     return_lse=False,
     precision=None,
     deterministic=False,
+    descale_q=None,
+    descale_k=None,
+    descale_v=None,
 ):
     """Attention in flash-attn's layout.
 
@@ -85,14 +93,26 @@ def flash_attn_func(
             tensor-core products, faster but with ~1e-3 relative error (10-bit mantissas).
         deterministic: the backward pass adds dQ in a fixed order, so gradients are
             bitwise-reproducible (also on under ``torch.use_deterministic_algorithms(True)``).
+        descale_q, descale_k, descale_v: FP8 inputs only (q, k, v ``torch.float8_e4m3fn``, as
+            FlashAttention-3): float32 (B, H_kv) factors (or one-element / Python numbers; None: 1)
+            that an element of the tensor is multiplied by (``tileattn.fp8.quantize_e4m3`` makes
+            them).  FP8 runs v3.5 on Hopper at head dims 64, 128, 256, forward only, causal or not,
+            without window_size / softcap / alibi_slopes, and returns bf16.
 
     Returns:
-        O (B, Nq, H, D) in q's dtype, or (O, lse) when return_lse.
+        O (B, Nq, H, D) in q's dtype (bf16 for FP8 inputs), or (O, lse) when return_lse.
 
     Differentiable in q, k and v (lse is not) for the dtypes and head dims of
     ``tileattn.backward_head_dims``; elsewhere an input that requires grad raises.
     """
     mode = _causal_mode(causal, default_true="bottom_right")
+    descales = (descale_q, descale_k, descale_v)
+    if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
+        out, lse = _fp8_call(q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes,
+                             descales, return_lse)  # fmt: skip
+        return (out, lse) if return_lse else out
+    if descales != (None, None, None):
+        raise TypeError(f"descale_q, descale_k and descale_v apply to float8_e4m3fn inputs, got q of dtype {q.dtype}")
     if not (type(window_size) is tuple and window_size == (-1, -1)) or softcap or alibi_slopes is not None:
         variants = _variants_call(
             q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, return_lse
@@ -103,6 +123,20 @@ def flash_attn_func(
         q, k, v, softmax_scale, mode, "bnhd", version, precision, "softmax_scale", return_lse, False, deterministic
     )
     return (out, lse) if return_lse else out
+
+
+def _fp8_call(q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, descales, with_lse):
+    """flash_attn_func with float8_e4m3fn inputs: checks, then fp8.attention (v3.5)."""
+    from . import fp8
+
+    _check_rank(q=q, k=k, v=v)
+    if not (type(window_size) is tuple and window_size == (-1, -1)) or softcap or alibi_slopes is not None:
+        raise NotImplementedError(
+            "window_size, softcap and alibi_slopes are not supported for float8_e4m3fn inputs yet"
+        )
+    fp8.check_inputs(q, k, v, version, precision)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else _scale(softmax_scale, "softmax_scale")
+    return fp8.attention(q, k, v, scale, mode, "bnhd", descales, with_lse)
 
 
 def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, with_lse):
@@ -277,6 +311,11 @@ def _call(
         and v.dim() == 4
     ):
         _check_rank(q=q, k=k, v=v)  # raises, naming the argument
+    if q.dtype == torch.float8_e4m3fn:
+        raise TypeError(
+            "float8_e4m3fn inputs run through tileattn.flash_attn_func (with descale_q/k/v, as FlashAttention-3), "
+            "not scaled_dot_product_attention"
+        )
     if same_heads and q.shape[1] != k.shape[1]:  # (SDPA's layout: heads are dim 1)
         raise ValueError(
             f"key has {k.shape[1]} heads but query has {q.shape[1]}: pass enable_gqa=True "
@@ -349,7 +388,8 @@ def _validate(q, k, v, version, precision, layout: str):
     B, H, Nq, D = qsh
     if ksh[0] != B or ksh[3] != D or ksh != vsh or ksh[1] == 0 or H % ksh[1] or Nq > _INT32_MAX or ksh[2] > _INT32_MAX:
         _shape_error(q, k, v, layout)
-    _static_checks(dtype, int(D), version, precision)
+    if dtype != "float8_e4m3fn":  # (FP8's dtype-level checks: fp8.check_inputs)
+        _static_checks(dtype, int(D), version, precision)
     if qst[3] != 1 or kst[3] != 1 or vst[3] != 1:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.stride(-1) != 1 and t.shape[-1] > 1:

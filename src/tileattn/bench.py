@@ -337,7 +337,8 @@ def save(result: dict, out: Path) -> Path | None:
     if result.get("suite") in _NO_CHART:
         return None
     chart = out.with_suffix(".png")
-    charts = {"bwd": bwd_chart, "decode": decode_chart, "varlen": varlen_chart, "variants": variants_chart}
+    charts = {"bwd": bwd_chart, "decode": decode_chart, "varlen": varlen_chart, "variants": variants_chart,
+              "fp8": fp8_chart}  # fmt: skip
     charts.get(result.get("suite"), _chart)(result, chart)
     return chart
 
@@ -1128,6 +1129,93 @@ def variants_chart(result: dict, path: Path) -> None:
     _save_figure(fig, path)
 
 
+# ---- FP8 (issue 13): v3.5 beside tileattn's bf16 default and cuDNN on the same values --------------
+
+FP8_SHAPES = tuple((32768 // N, 16, N, D) for D in (64, 128, 256) for N in (1024, 8192))  # (B, H, N, D)
+
+
+def fp8_suite(shapes=FP8_SHAPES, progress=None) -> list[dict]:
+    """bf16 inputs x, quantized per (batch, head) by fp8.quantize_e4m3: flash_attn_func on the e4m3
+    tensors (tileattn_fp8: the whole call, V^T's copy included; tileattn_fp8_kernel: the kernel
+    alone, given V^T), beside tileattn (bf16 default), cuDNN and SDPA flash on x.  rel_err: O
+    against float64 attention of x (input quantization included); rel_err_dequant (FP8 rows):
+    against float64 of the values the e4m3 inputs stand for (the kernel's own error)."""
+    from . import fp8
+    from .api import flash_attn_func
+
+    rows = []
+    for B, H, N, D in shapes:
+        for causal in (False, True):
+            gen = torch.Generator(device="cuda").manual_seed(N + D)
+            x = [torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3)]
+            (q8, dq), (k8, dk), (v8, dv) = quantized = [fp8.quantize_e4m3(t) for t in x]
+            vt = fp8.v_transposed(v8.transpose(1, 2))
+            xt = [t.transpose(1, 2) for t in x]  # (B, H, N, D) views
+            dequant = [(t8.float() * d.view(B, 1, H, 1)).transpose(1, 2) for t8, d in quantized]
+            mode = "bottom_right" if causal else None
+            builders = {
+                "tileattn_fp8": lambda: (
+                    lambda: flash_attn_func(q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv)
+                ),
+                "tileattn_fp8_kernel": lambda: (
+                    lambda: fp8.attention(q8, k8, v8, D**-0.5, mode, "bnhd", (dq, dk, dv), False, vt=vt)[0]
+                ),
+                "tileattn_bf16": lambda: lambda: flash_attn_func(*x, causal=causal),
+                "sdpa_cudnn": lambda: _peer_fn("sdpa_cudnn", *xt, causal),
+                "sdpa_flash": lambda: _peer_fn("sdpa_flash", *xt, causal),
+            }
+            flops = Case(B, H, N, D, "bfloat16", causal).flops
+            for name, build in builders.items():
+                dtype = "float8_e4m3fn" if "fp8" in name else "bfloat16"
+                base = dict(impl=name, B=B, H=H, Nq=N, Nk=N, D=D, dtype=dtype, causal=causal)
+                layout = (lambda o: o.transpose(1, 2)) if name.startswith("tileattn") else (lambda o: o)
+                row = _timed_row(base, build, "tflops", flops / 1e9, lambda o: rel_err(layout(o), *xt, causal))
+                if "fp8" in name and row.get("ms"):
+                    row["rel_err_dequant"] = rel_err(layout(build()()), *dequant, causal)
+                rows.append(row)
+                if progress:
+                    progress()
+    same_case = lambda a, b: all(a[k] == b[k] for k in ("B", "H", "Nq", "D", "causal"))
+    for r in rows:
+        for p in rows:
+            if r.get("tflops") and p.get("tflops") and same_case(r, p) and r["impl"] != p["impl"]:
+                if p["impl"] in ("tileattn_bf16", "sdpa_cudnn", "sdpa_flash"):
+                    r[f"vs_{p['impl']}"] = r["tflops"] / p["tflops"]
+    return rows
+
+
+def fp8_table(result: dict) -> str:
+    return _result_rows(
+        ["impl", "D", "N", "causal", "ms", "TFLOP/s", "vs tileattn bf16", "vs cuDNN (bf16)", "vs SDPA flash (bf16)",
+         "rel. err"],
+        result["rows"],
+        lambda r: [r["impl"], r["D"], r["Nq"], "yes" if r["causal"] else "no"],
+        ("tflops", ".0f"),
+        ["vs_tileattn_bf16", "vs_sdpa_cudnn", "vs_sdpa_flash"],
+    ) + (
+        "\n\nH=16, B*N = 32768; bf16 inputs quantized to e4m3 per (batch, head) for the FP8 rows (rel. err against "
+        "float64 of the bf16 inputs, input quantization included; rel_err_dequant in the JSON: against the values "
+        "the e4m3 inputs stand for).  tileattn_fp8 includes V^T's copy; tileattn_fp8_kernel is the kernel alone."
+    )  # fmt: skip
+
+
+def fp8_chart(result: dict, path: Path) -> None:
+    """TFLOP/s per case, the FP8 call beside the bf16 ones."""
+    plt = _pyplot()
+
+    rows = [r for r in result["rows"] if r.get("tflops")]
+    groups = list(dict.fromkeys((r["D"], r["Nq"], r["causal"]) for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    tflops = {(r["D"], r["Nq"], r["causal"], r["impl"]): r["tflops"] for r in rows}
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    _grouped_bars(ax, groups, impls, lambda g, name: tflops.get((*g, name), 0))
+    ax.set_xticklabels([f"D={d} N={n}\n{'causal' if c else 'full'}" for d, n, c in groups], fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=7)
+    ax.set_title(f"FP8 e4m3 (v3.5) beside bf16, H=16, {result['gpu']} ({result['commit']})", fontsize=9)
+    _save_figure(fig, path)
+
+
 # ---- the main job: the whole ladder in about two minutes ----------------------------------------
 
 # (rungs, peers, case): the K/V-outer v1 rungs take seconds per call at N=8192, so they run at
@@ -1192,6 +1280,8 @@ def result_table(result: dict) -> str:
         return varlen_table(result)
     if suite == "variants":
         return variants_table(result)
+    if suite == "fp8":
+        return fp8_table(result)
     if suite == "bwd":
         return bwd_table(result) + "\n\n" + "\n".join(f"- {line}" for line in bwd_summary(result["rows"]).splitlines())
     table = markdown_table(result)

@@ -56,6 +56,27 @@ def attention_naive(q, k, v, softmax_scale=None, causal=None):
     return _softmax_times_v(S, v)
 
 
+def round_e4m3(x):
+    """x rounded to FP8 e4m3 (round to nearest even; 3 mantissa bits, normals from 2^-6, subnormals
+    in steps of 2^-9, saturating at +-448), in float64: what v3.5 does to P before P V."""
+    x = np.asarray(x, dtype=np.float64)
+    mag = np.abs(x)
+    e = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
+    step = 2.0 ** (np.maximum(e, -6) - 3)  # the spacing of e4m3 numbers around |x|
+    return np.sign(x) * np.minimum(np.round(mag / step) * step, 448.0)  # (np.round: half to even)
+
+
+def attention_fp8(q, k, v, descale_q, descale_k, descale_v, softmax_scale=None, causal=None):
+    """The truth for FP8 inputs: the float64 attention of the values q, k, v stand for, each
+    element times its (batch, KV head)'s descale factor (arrays (B, H_kv); FlashAttention-3's
+    convention, q's factor taken by the KV head of its group).  Returns (O, lse) as attention_naive."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    per_kv = lambda d: np.asarray(d, dtype=np.float64).reshape(k.shape[0], k.shape[1], 1, 1)
+    q = q * np.repeat(per_kv(descale_q), group, axis=1)
+    return attention_naive(q, k * per_kv(descale_k), v * per_kv(descale_v), softmax_scale, causal)
+
+
 def _softmax_times_v(S, v):
     """(softmax(S) v, lse) in float64; a row of S that is all -inf, or has no key at all,
     outputs 0 with lse -inf."""

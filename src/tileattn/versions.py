@@ -17,7 +17,12 @@ Kind = Literal["simt", "tensor_fp32", "mma"]
 # TF32 product per multiply, ~1e-3 error, only with precision="tf32"), "native" (fp16/bf16 inputs).
 Precision = Literal["fp32", "tf32", "native"]
 GridStyle = Literal["per_head", "q_outer"]
-_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+_CTYPE = {
+    "float32": "float",
+    "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
+    "float8_e4m3fn": "tileattn::fp8_e4m3",  # one byte, csrc/common.cuh (v3.5)
+}
 
 
 def name_expression(kernel: str, dtype: str, head_dim: int, Br: int, Bc: int, causal: bool) -> str:
@@ -620,10 +625,27 @@ V3_1_VARIANTS = dataclasses.replace(
     spill_bytes={},
 )
 
+# FP8 (e4m3) inputs, bf16 output: v3.3's body on 8-bit wgmma, launched with every forward field
+# (its descale factors are a room field) by fp8.py, which also writes the V^T it reads.
+V3_5_FP8 = KernelEntry(
+    name="v3.5",
+    file="v3_5_fp8.cu",
+    kernel="v3_5_fwd",
+    tiles={64: (128, 128), 128: (128, 128), 256: (128, 128)},
+    dtypes=("float8_e4m3fn",),
+    fields="fwd",
+    summary="v3.3 on FP8: e4m3 Q, K and V^T (wgmma k32), per-(batch, KV head) descale factors folded "
+    "into the exponent, P rounded to e4m3 for P V, bf16 output (sm_90a)",
+    min_arch=90,
+    max_arch=90,
+    arch_specific=True,
+    tensor_maps=True,
+)
+
 # The forward kernels the packed paths launch with every field (serving._launch_packed).
 PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
-    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, *PACKED_ENTRIES)
+    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8)
 }

@@ -7,6 +7,12 @@
 
 namespace tileattn {
 
+// An FP8 e4m3 value as the kernels' T (v3.5): one byte, no arithmetic (the tensor core and
+// cvt's e4m3x2 conversions are all that read or write it), so no header's type is needed.
+struct fp8_e4m3 {
+  unsigned char bits;
+};
+
 // NVRTC ships no <cmath>, so INFINITY is undefined; this is the IEEE bit pattern of +inf.
 #define TILEATTN_NEG_INF (-__int_as_float(0x7f800000))
 // log2(e): rungs that use exp2 fold it into softmax_scale once, on the host side of the loop.
@@ -69,7 +75,8 @@ struct alignas(64) TmaMaps {
   X(const float, softcap) SEP                    /* tanh soft-capping of scores, 0: off */   \
   X(const int, bottom_right) SEP                 /* variable-length: causal offset Nk_b - Nq_b */ \
   X(const float* __restrict__, alibi_slopes) SEP /* [B][H] at alibi_sb, [H] (alibi_sb 0); null: off */ \
-  X(const long long, alibi_sb)
+  X(const long long, alibi_sb) SEP                                                         \
+  X(const float* __restrict__, descale)          /* [B * H_kv][3] q, k, v factors of FP8 inputs (v3.5) */
 
 #define TILEATTN_COMMA_ ,
 #define TILEATTN_SEMI_ ;

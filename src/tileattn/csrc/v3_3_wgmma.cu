@@ -45,11 +45,14 @@ constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS, bool PINGPONG = false>
 __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static_assert(sizeof(T) == 2, "v3.3 is an fp16/bf16 rung");
+  // FP8: v3.5 (v3_5_fp8.cu), e4m3 Q, K and V^T, bf16 O; its differences are marked FP8 below.
+  constexpr bool FP8 = sizeof(T) == 1;
+  static_assert(sizeof(T) == 2 || FP8, "v3.3 is an fp16/bf16 rung, v3.5 an e4m3 one");
   static_assert(Br == 128, "two consumer warpgroups of 64 query rows");
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128), "whole 64-column panels");
+  static_assert(!FP8 || (Bc == 128 && !VARIANTS), "FP8: V^T rows of 128 key bytes (the 128-byte swizzle)");
   constexpr int STAGES = 2;
-  constexpr int Q_BYTES = Br * HEAD_DIM * 2, KV_BYTES = Bc * HEAD_DIM * 2;
+  constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned s_q = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -96,6 +99,17 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // ---------------- producer: one thread issues every copy ----------------
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
+    if constexpr (FP8) {  // maps: q, k (rows of D bytes), v^T (rows of keys, the host's copy)
+      tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, q0 + q_start, h_, tma_b);
+      for (int n = 0; n < Tc; ++n) {
+        bars.wait_k_empty(n);
+        tma_rows_load_e4m3<HEAD_DIM>(tmaps, 1, s_k(n % STAGES), bars.k_full(n), Bc, (j_lo + n) * Bc, hk_, tma_b);
+        bars.wait_v_empty(n);
+        mbar_arrive_expect_tx(bars.v_full(n), HEAD_DIM * Bc);  // D rows of Bc key bytes (64 16-bit columns)
+        tma_load_4d(s_v(n % STAGES), tmaps->desc[2], (j_lo + n) * Bc / 2, 0, hk_, tma_b, bars.v_full(n));
+      }
+      return;
+    }
     tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, q0 + q_start, h_, tma_b);  // maps: q, k, v
     for (int n = 0; n < Tc; ++n) {
       const int row = k0 + (j_lo + n) * Bc;
@@ -115,7 +129,12 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   const int g = lane / 4, t = lane % 4;
   const int row_a = q_start + cwg * 64 + warp * 16 + g;  // this thread's query rows: row_a, row_a + 8
   // > 0, so max(s S) = s max(S) and the scale folds into one FFMA per score (softmax.cuh).
-  const float scale_log2 = folded_scale_log2(softmax_scale);
+  // FP8: the scores are S ds_q ds_k (per-(batch, KV head) descale factors); any sign of that
+  // product is folded in by negating S (fp8_negate, one uniform branch a block).
+  const float* ds = FP8 ? descale + 3 * (b_ * (H / h_per_kv) + hk_) : nullptr;
+  const float score_scale = FP8 ? softmax_scale * ds[0] * ds[1] : softmax_scale;
+  const bool fp8_negate = FP8 && score_scale < 0.0f;
+  const float scale_log2 = folded_scale_log2(FP8 ? fabsf(score_scale) : softmax_scale);
   constexpr int NS = Bc / 2, NO = HEAD_DIM / 2;  // accumulator values per thread: S (64 x Bc), O (64 x D)
 
   float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
@@ -127,27 +146,49 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // Descriptors: Q and K K-major (k16 step kk: panel kk / 4, 32 bytes per step inside the row);
   // this warpgroup's Q rows start 64 rows into each panel.  V N-major: k16 step ks starts 16 key
   // rows (2048 bytes) further; the next 64 columns of d are the next panel (leading byte offset).
-  const unsigned long long dq = wgmma_desc_sw128(s_q + cwg * 64 * 128);
+  // FP8 at D = 64: rows of 64 bytes, the 64-byte swizzle (wgmma_desc_sw64); else 128-byte rows.
+  constexpr int ROW_BYTES = (FP8 && HEAD_DIM == 64) ? 64 : 128;
+  auto desc_qk = [](unsigned addr) {
+    if constexpr (ROW_BYTES == 64)
+      return wgmma_desc_sw64(addr);
+    else
+      return wgmma_desc_sw128(addr);
+  };
+  const unsigned long long dq = desc_qk(s_q + cwg * 64 * ROW_BYTES);
   mbar_wait(bars.q, 0);  // even with no K/V block: no copy may outlive the CTA
 
   // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the blocks.
   auto issue_s = [&](float (&S)[NS], int n) {
-    const unsigned long long dk = wgmma_desc_sw128(s_k(n % STAGES));
+    // (The 16-bit path calls wgmma_desc_sw128 itself: through desc_qk, ptxas ORs instead of adding
+    // the descriptor's bits, one instruction more in v3.3's SASS.)
+    const unsigned long long dk = FP8 ? desc_qk(s_k(n % STAGES)) : wgmma_desc_sw128(s_k(n % STAGES));
     wgmma_fence();
+    if constexpr (FP8) {  // k32 steps of 32 bytes
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-      Wgmma16<T>::ss(S, dq + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
+      for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
+        WgmmaE4M3::ss(S, dq + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+        Wgmma16<T>::ss(S, dq + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
+    }
     wgmma_commit();
   };
   // acc += P V_j (asynchronous), V read N-major: k16 step ks starts 16 key rows (2048 bytes)
   // further; the next 64 columns of d are the next panel (the leading byte offset).
-  unsigned p[Bc / 16][4];
+  // FP8: V^T [d][key] K-major (8-bit wgmma has no N-major form), k32 step ks 32 bytes along its rows.
+  unsigned p[Bc / (FP8 ? 32 : 16)][4];
   auto issue_pv = [&](int n) {
-    const unsigned long long dv = wgmma_desc_sw128(s_v(n % STAGES), Bc * 128);
+    const unsigned long long dv = wgmma_desc_sw128(s_v(n % STAGES), FP8 ? 16 : Bc * 128);
     fence_operands(acc);
     wgmma_fence();
+    if constexpr (FP8) {
 #pragma unroll
-    for (int ks = 0; ks < Bc / 16; ++ks) Wgmma16<T>::rs_bt(acc, p[ks], dv + ((ks * 16 * 128) >> 4), 1);
+      for (int ks = 0; ks < Bc / 32; ++ks) WgmmaE4M3::rs(acc, p[ks], dv + ((ks * 32) >> 4), 1);
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < Bc / 16; ++ks) Wgmma16<T>::rs_bt(acc, p[ks], dv + ((ks * 16 * 128) >> 4), 1);
+    }
     wgmma_commit();
   };
   ScoreVariants var{};
@@ -168,6 +209,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
   float scale_old[2];
   auto softmax = [&](float (&S)[NS], int n) {
+    if (fp8_negate) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) S[i] = -S[i];
+    }
     if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
     if constexpr (ALIBI_KEYS) {
       const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
@@ -180,11 +225,24 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   };
   // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
   // the even tile are a0 / a1, of the odd tile a2 / a3), and O rebased to the new row max.
+  // FP8: k32 step c takes S's n8 tiles 4c .. 4c + 3; register r (rows g / g + 8 as r % 2) holds
+  // keys 2t, 2t + 1 of tile 4c + 2 (r / 2) and of the next tile, where the A layout expects keys
+  // 4t .. 4t + 3 (16 further for r / 2 = 1): the host permutes V^T's keys to match (v3_5_fp8.cu).
   auto to_p_and_rescale = [&](const float (&S)[NS]) {
+    if constexpr (FP8) {
 #pragma unroll
-    for (int i = 0; i < NS; i += 2) {
-      const int n8 = i / 4;
-      p[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
+      for (int c = 0; c < Bc / 32; ++c)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = 16 * c + 8 * (r / 2) + 2 * (r % 2);
+          p[c][r] = pack4_e4m3(S[i], S[i + 1], S[i + 4], S[i + 5]);
+        }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NS; i += 2) {
+        const int n8 = i / 4;
+        p[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
@@ -245,7 +303,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       to_p_and_rescale(S);
     }
     bars.wait_v_full(Tc - 1);
-    if (cu_seqlens_q) {
+    if (!FP8 && cu_seqlens_q) {
       // Packed sequences: the last tile's rows past the sequence's keys hold the next sequence's
       // values or whatever the buffer holds past cu_seqlens_k[B] (NaN included); P is 0 there,
       // but 0 x NaN is NaN, so each consumer warpgroup zeroes those rows of every 64-column
@@ -276,7 +334,14 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   }
   // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
   float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
-  fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
+  if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
+#pragma unroll
+    for (int i = 0; i < NO; ++i) acc[i] *= ds[2];
+    __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
+    fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
+  } else {
+    fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
+  }
 #endif
 }
 

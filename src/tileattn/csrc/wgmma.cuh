@@ -1,5 +1,5 @@
-// Warpgroup MMA (wgmma, sm_90a) with TF32 (v2.3) or fp16/bf16 (v3.3) operands and FP32
-// accumulators, and the fences and shared-memory descriptors it needs.
+// Warpgroup MMA (wgmma, sm_90a) with TF32 (v2.3), fp16/bf16 (v3.3) or FP8 e4m3 (v3.5) operands and
+// FP32 accumulators, and the fences and shared-memory descriptors it needs.
 //
 // wgmma.mma_async.m64nNk8.f32.tf32.tf32: the 4 warps of a warpgroup (128 threads, warps 4w..4w+3)
 // compute D[64 x N] (+)= A[64 x 8] * B[8 x N].  B is read from shared memory through a descriptor;
@@ -35,6 +35,15 @@ __device__ __forceinline__ unsigned long long wgmma_desc_sw128(unsigned smem_add
          | (static_cast<unsigned long long>((lbo & 0x3FFFF) >> 4) << 16)  // leading byte offset
          | (static_cast<unsigned long long>(1024 >> 4) << 32)           // stride byte offset
          | (1ull << 62);                                                // 128-byte swizzle
+}
+
+// The same for a K-major operand with 64-byte rows and the 64-byte swizzle (v3.5's FP8 Q and K
+// at D = 64: chunk c of row r at c ^ (r / 2 % 4), groups of 8 rows 512 bytes apart, tile base
+// 512-byte aligned); k-steps of 32 bytes as above (sw128_k_step: one panel, two steps).
+__device__ __forceinline__ unsigned long long wgmma_desc_sw64(unsigned smem_addr) {
+  return static_cast<unsigned long long>((smem_addr & 0x3FFFF) >> 4) | (1ull << 16)  // start; lbo unused
+         | (static_cast<unsigned long long>(512 >> 4) << 32)                           // stride byte offset
+         | (2ull << 62);                                                               // 64-byte swizzle
 }
 
 // Byte offset, from a K-major 128-byte-swizzled tile's start, of the descriptor of k-step kk when
@@ -237,5 +246,68 @@ struct Wgmma16;
 TILEATTN_WGMMA16(__nv_bfloat16, "bf16")
 TILEATTN_WGMMA16(__half, "f16")
 #undef TILEATTN_WGMMA16
+
+
+// `rows` rows of an FP8 (B, H, N, D) tensor's D bytes into a K-major tile (v3.5's Q and K): map
+// `map` of the kernel's TmaMaps describes the tensor as D / 2 16-bit columns with boxes of
+// min(D, 128) bytes (the 64- or 128-byte swizzle, wgmma_desc_sw64 / _sw128), so D = 256 is two
+// panels of rows x 128 bytes, counted on mbarrier bar.
+template <int HEAD_DIM>
+__device__ __forceinline__ void tma_rows_load_e4m3(const TmaMaps* tmaps, int map, unsigned dst, unsigned bar,
+                                                   int rows, int first_row, int head, int batch) {
+  constexpr int PANEL = HEAD_DIM < 128 ? HEAD_DIM : 128;  // bytes of a row per copy
+  mbar_arrive_expect_tx(bar, rows * HEAD_DIM);
+#pragma unroll
+  for (int p = 0; p < HEAD_DIM / PANEL; ++p)
+    tma_load_4d(dst + p * rows * PANEL, tmaps->desc[map], p * PANEL / 2, first_row, head, batch, bar);
+}
+
+// Four floats as one register of e4m3 bytes, a in byte 0 (round to nearest even, saturating
+// at +-448: cvt...e4m3x2 puts its first source in the upper byte).
+__device__ __forceinline__ unsigned pack4_e4m3(float a, float b, float c, float d) {
+  unsigned r;
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      " mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(r)
+      : "f"(a), "f"(b), "f"(c), "f"(d));
+  return r;
+}
+
+// m64nNk32 with FP8 e4m3 operands (v3.5) and FP32 accumulators.  8-bit wgmma takes both shared
+// memory operands K-major only (no transpose bits), so P V reads V^T [d][key] (the host writes
+// it, v3_5_fp8.cu).  Bytes per k-step: 32, as a k16 step of fp16/bf16, so sw128_k_step applies.
+// A from registers (m64k32, warp w of the group owning rows 16w..16w+15, lane = 4g + t): four
+// registers of four bytes, a0 = row g, k 4t..4t+3; a1 = row g+8, the same k; a2 = row g,
+// k 16+4t..16+4t+3; a3 = row g+8, the same (byte j of a register: k 4t + j).
+struct WgmmaE4M3 {
+  // SS, both K-major: D (+)= A [64 x 32] * B [32 x 128], both by descriptor.
+  __device__ __forceinline__ static void ss(float (&d)[64], unsigned long long a_desc, unsigned long long b_desc, int accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+  }
+  // RS, B K-major: D (+)= A [64 x 32] in registers * B [32 x 64] by descriptor.
+  __device__ __forceinline__ static void rs(float (&d)[32], const unsigned (&a)[4], unsigned long long b_desc, int accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  }
+  // RS, B K-major: D (+)= A [64 x 32] in registers * B [32 x 128] by descriptor.
+  __device__ __forceinline__ static void rs(float (&d)[64], const unsigned (&a)[4], unsigned long long b_desc, int accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  }
+  // RS, B K-major: D (+)= A [64 x 32] in registers * B [32 x 256] by descriptor.
+  __device__ __forceinline__ static void rs(float (&d)[128], const unsigned (&a)[4], unsigned long long b_desc, int accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %133, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+  }
+};
 
 }  // namespace tileattn

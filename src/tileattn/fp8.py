@@ -1,0 +1,175 @@
+"""FP8 (e4m3) attention on Hopper: ``flash_attn_func`` with ``torch.float8_e4m3fn`` q, k, v runs
+v3.5 (csrc/v3_5_fp8.cu: v3.3's body on 8-bit wgmma) and returns bf16.
+
+As FlashAttention-3's FP8 forward: q, k, v carry descale factors (the value of an element is its
+e4m3 number times its (batch, KV head)'s factor), given as ``descale_q``, ``descale_k``,
+``descale_v`` of shape (B, H_kv) float32 (or a scalar / one-element tensor for one factor per
+tensor; None means 1).  ``quantize_e4m3`` makes such a pair from a float tensor.
+
+What the kernel needs of the host: V^T.  8-bit wgmma reads both shared-memory operands K-major,
+so P V takes V as (B, H_kv, D, keys): one copy per call (``v_transposed``), with the keys of each
+group of 32 permuted so that P's A fragment comes straight from S's accumulator registers
+(``key_permutation``; the product sums over keys, so their order is free).  The copy reads and
+writes Nk D bytes per (batch, KV head), about 1-3% of a long call's time (bench --suite fp8
+times the call with and without it).
+
+Forward only: an FP8 input that requires grad raises (there is no FP8 backward).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from . import api
+from .versions import V3_5_FP8
+
+E4M3_MAX = 448.0  # the largest finite e4m3 magnitude
+KEY_GROUP = 32  # keys per k32 step of P V: V^T's keys are permuted within groups of this many
+
+
+def key_permutation() -> np.ndarray:
+    """slot -> key inside a group of 32 keys of V^T: slot 16 h + 4 t + 2 a + b holds key
+    16 h + 8 a + 2 t + b.  A thread t of a quad holds S's keys 2t, 2t + 1 of each n8 tile; the
+    m64k32 A fragment of 8-bit wgmma wants keys 4t .. 4t + 3 in a register (16 on for its second
+    pair of registers): packing keys (2t, 2t + 1, 8 + 2t, 9 + 2t) there means slot 4t + j holds
+    those keys, and V^T is written in the same order (csrc/v3_5_fp8.cu)."""
+    h, t, a, b = np.meshgrid(range(2), range(4), range(2), range(2), indexing="ij")
+    return (16 * h + 8 * a + 2 * t + b).reshape(-1)
+
+
+def v_transposed(v) -> torch.Tensor:
+    """V (B, H_kv, Nk, D) (any strides, e4m3) as the kernel reads it: (B, H_kv, D, Nk_pad) bytes,
+    Nk_pad = Nk rounded up to 32 (zeros past Nk), keys in key_permutation's order in each group."""
+    B, H_kv, Nk, D = v.shape
+    v8 = v.view(torch.uint8)  # (the copy kernels below have no float8 instantiations)
+    pad = -Nk % KEY_GROUP
+    if pad:
+        v8 = torch.cat([v8, v8.new_zeros(B, H_kv, pad, D)], dim=2)
+    # key = 32 g + 16 h + 8 a + 2 t + b  ->  slot = 32 g + 16 h + 4 t + 2 a + b
+    groups = v8.unflatten(2, (-1, 2, 2, 4, 2))  # (B, H_kv, g, h, a, t, b, D)
+    return groups.permute(0, 1, 7, 2, 3, 5, 4, 6).reshape(B, H_kv, D, Nk + pad)
+
+
+def quantize_e4m3(x: torch.Tensor, layout: str = "bnhd") -> tuple[torch.Tensor, torch.Tensor]:
+    """x (float) as e4m3 with one descale factor per (batch, head): amax / 448 (1 for an all-zero
+    head), so that each head uses e4m3's whole range.  Returns (x_e4m3, descale (B, heads) float32);
+    x ~= x_e4m3.float() * descale.  layout: "bnhd" (flash-attn's (B, N, H, D)) or "bhnd"."""
+    heads_dim = 2 if layout == "bnhd" else 1
+    dims = [d for d in range(4) if d not in (0, heads_dim)]
+    amax = x.detach().abs().amax(dim=dims).float()
+    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    shape = [x.shape[0], 1, 1, 1]
+    shape[heads_dim] = x.shape[heads_dim]
+    xq = (x.float() / descale.view(shape)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return xq, descale
+
+
+def _descale_table(descale_q, descale_k, descale_v, B: int, H_kv: int, device) -> torch.Tensor:
+    """The kernel's descale field: float32 [B * H_kv][3] (q's, k's, v's factor per (batch, KV head))."""
+    if descale_q is None and descale_k is None and descale_v is None:
+        return _ones(B * H_kv, device)
+    cols = []
+    for name, d in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v)):
+        if d is None:
+            d = 1.0
+        if not isinstance(d, torch.Tensor):
+            if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
+                raise TypeError(f"{name} must be None, a finite number or a float32 tensor, got {d!r}")
+            d = torch.tensor(float(d), device=device)
+        elif d.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {d.dtype}")
+        elif d.device != device:
+            raise ValueError(f"{name} is on {d.device} but q is on {device}")
+        elif d.numel() != 1 and tuple(d.shape) != (B, H_kv):
+            raise ValueError(f"{name} must have shape (B, H_kv) = ({B}, {H_kv}) or one element, got {tuple(d.shape)}")
+        cols.append(d.reshape(-1).expand(B * H_kv) if d.numel() == 1 else d.reshape(B * H_kv))
+    return torch.stack(cols, dim=1).contiguous()
+
+
+@functools.lru_cache(maxsize=64)
+def _ones(rows: int, device) -> torch.Tensor:
+    return torch.ones(rows, 3, dtype=torch.float32, device=device)
+
+
+def check_inputs(q, k, v, version, precision) -> None:
+    """What only FP8 calls need checked before api._validate's shapes and devices."""
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        name, t = ("k", k) if k.dtype != q.dtype else ("v", v)
+        raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    if version not in (None, V3_5_FP8.name):
+        raise ValueError(f"float8_e4m3fn inputs run on version {V3_5_FP8.name!r} (or None), got {version!r}")
+    if precision is not None:
+        raise ValueError(f"precision applies to float32 inputs only, got precision={precision!r} with {q.dtype}")
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        raise RuntimeError(
+            "tileattn has no FP8 backward pass: float8_e4m3fn inputs that require grad would silently carry no "
+            "gradient.  Call it under `with torch.no_grad():`, or train in bf16."
+        )
+    if q.shape[-1] not in V3_5_FP8.tiles:
+        raise ValueError(
+            f"head dim {q.shape[-1]} is not supported for float8_e4m3fn; supported: {list(V3_5_FP8.head_dims)}"
+        )
+
+
+def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, descales, with_lse: bool, out=None,
+              lse=None, vt=None):  # fmt: skip
+    """O (bf16, q's layout) and lse ((B, H, Nq) float32, or None) of e4m3 q, k, v in ``layout``.
+    descales: (descale_q, descale_k, descale_v) as flash_attn_func takes them.  out / lse: buffers
+    to write (the tests hand in NaN-poisoned ones).  vt: V already as v_transposed made it (the
+    benchmark times the kernel without the copy)."""
+    _, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, _, device_index = api._validate(q, k, v, None, None, layout)
+    cc = api._nvrtc.device_arch(device_index)
+    if not V3_5_FP8.runs_on(cc[0] * 10 + cc[1]):
+        raise ValueError(
+            f"float8_e4m3fn inputs run on sm_90 (Hopper's 8-bit wgmma, v3.5); this GPU is sm_{cc[0]}{cc[1]}"
+        )
+    table = _descale_table(*descales, B, H_kv, q.device)
+    if out is None:
+        out = torch.empty(api._out_shape(B, H, Nq, D, layout), dtype=torch.bfloat16, device=q.device)
+    if lse is None and with_lse:
+        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    if B * H * Nq == 0 or Nk == 0:
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return out, lse
+    if not api._rows_aligned(q, qs) or not api._rows_aligned(k, ks):  # TMA: 16-byte rows
+        q, k = api._aligned_copies((q, k), layout)
+        qs, ks = api._bhnd(q, layout)[1], api._bhnd(k, layout)[1]
+    if vt is None:
+        vt = v_transposed(api._heads_view(v, v, v, layout)[0])
+    kern = api.entry_kernel(V3_5_FP8.name, "float8_e4m3fn", D, causal is not None, device_index)
+    Br, Bc = V3_5_FP8.tiles[D]
+    maps = _tensor_maps(q, k, vt, (B, H, Nq, D), qs, (B, H_kv, Nk, D), ks, Br, Bc)
+    os_ = api._bhnd(out, layout)[1]
+    offset = 0 if causal != "bottom_right" else Nk - Nq
+    stream = api._current_stream(device_index)
+    Tr, BH = -(-Nq // Br), B * H
+    for off in range(0, BH, api._GRID_Y_MAX):
+        args = [
+            q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0,
+            Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vt.stride()[:3], *os_[:3], softmax_scale, offset, off,
+            0, 0, 0, 0, 0, 0, -1, -1, 0.0, 0, 0, 0, table.data_ptr(),
+        ]  # fmt: skip
+        kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args, maps)
+    return out, lse
+
+
+def _tensor_maps(q, k, vt, q_shape, qs, k_shape, ks, Br: int, Bc: int) -> bytes:
+    """v3.5's TmaMaps: q and k as (B, H, N, D / 2) 16-bit tensors (the copy engine moves bytes; as
+    16-bit columns the boxes and swizzles are v3.3's: min(D, 128) bytes wide, the 128-byte swizzle,
+    or the 64-byte one at D = 64) with Br and Bc rows, then V^T (B, H_kv, D, Nk_pad / 2) with boxes
+    of Bc key bytes x D rows; maps 3..5 (v3.3's narrow panels) repeat them, unused."""
+    D = q_shape[3]
+    cols = min(D, 128) // 2
+    half = lambda shape: (*shape[:3], shape[3] // 2)
+    maps = [
+        api.tensor_map(q.data_ptr(), (half(q_shape), qs), "bfloat16", 1, (cols, Br)),
+        api.tensor_map(k.data_ptr(), (half(k_shape), ks), "bfloat16", 1, (cols, Bc)),
+        api.tensor_map(vt.data_ptr(), (half(vt.shape), vt.stride()), "bfloat16", 1, (Bc // 2, D)),
+    ]
+    return b"".join(maps * 2)

@@ -1,0 +1,298 @@
+"""FP8 (e4m3) attention, v3.5 (csrc/v3_5_fp8.cu, tileattn/fp8.py).
+
+CPU: every instantiation compiles without spills to 8-bit wgmma (QGMMA), e4m3 packing and TMA;
+v3.3's plain kernels carry none of it; the key permutation of V^T matches the register layouts it
+bridges (S's accumulator, the m64k32 A fragment); v_transposed, quantize_e4m3, round_e4m3 and the
+NumPy reference; bad input raises naming the argument.
+GPU: O and lse against float64 of the values the e4m3 inputs and descale factors stand for, with
+O's error held to 2x that of a float64 model of the same rounding (P to e4m3, O to bf16) plus a
+floor; awkward lengths, Nq != Nk both ways, GQA and MQA, every head dim, both causal alignments,
+strided views, descale factors per (batch, KV head) and per tensor, NaN-poisoned outputs, B*H past
+gridDim.y."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tileattn import _nvrtc, _params, flash_attn_func, fp8, reference, scaled_dot_product_attention
+from tileattn.versions import V3_5_FP8, VERSIONS
+
+E4M3 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("dtype,D,causal", V3_5_FP8.instantiations())
+def test_compiles_without_spills_to_8bit_wgmma(dtype, D, causal):
+    cubin = _nvrtc.compile_kernel(V3_5_FP8.file, V3_5_FP8.name_expression(dtype, D, causal), "sm_90a")
+    res = cubin.resources
+    assert res["stack_bytes"] == res["spill_stores"] == res["spill_loads"] == 0, res
+    _params.packer(cubin.data, cubin.lowered_name, True, _params.FWD_FIELDS, [])
+    assert 0 < _params.smem_bytes(cubin) <= 227 * 1024
+    sass = _nvrtc.sass(cubin)
+    # QGMMA: wgmma with 8-bit operands (S = Q K^T and P V, both E4M3); F2FP...E4M3: P rounded to
+    # e4m3 two at a time; UTMALDG: the copy engine's tiles; bf16 output (F2FP.BF16).
+    for op in ("QGMMA.64x128x32.F32.E4M3.E4M3", "F2FP.SATFINITE.E4M3.F32", "UTMALDG", "USETMAXREG", "F2FP.BF16"):
+        assert op in sass, f"no {op} in v3.5 D={D}"
+    assert "HGMMA" not in sass and "LDL" not in sass and "STL" not in sass
+
+
+def test_plain_v33_has_no_fp8_code():
+    cubin = _nvrtc.compile_kernel("v3_3_wgmma.cu", VERSIONS["v3.3"].name_expression("bfloat16", 128, True), "sm_90a")
+    sass = _nvrtc.sass(cubin)
+    assert "QGMMA" not in sass and "E4M3" not in sass
+
+
+def test_key_permutation_bridges_the_register_layouts():
+    """Kernel side (v3_3_wgmma.cu, to_p_and_rescale under FP8): register r of k32 step c packs, as
+    bytes j = 0..3, S's values i, i + 1, i + 4, i + 5 with i = 16 c + 8 (r / 2) + 2 (r % 2); S's
+    value i of thread (g, t) is row g + 8 ((i % 4) / 2), key 8 (i / 4) + 2 t + (i % 2)
+    (the accumulator layout).  The A fragment reads byte j of register r as row g + 8 (r % 2),
+    k = 4 t + j + 16 (r / 2) (PTX ISA, wgmma m64k32 8-bit A).  So V^T's slot k of step c must
+    hold the key S's value came from: key_permutation."""
+    perm = fp8.key_permutation()
+    assert sorted(perm) == list(range(32))
+    for t in range(4):
+        for c in range(4):  # Bc = 128: four k32 steps
+            for r in range(4):
+                for j, di in enumerate((0, 1, 4, 5)):
+                    i = 16 * c + 8 * (r // 2) + 2 * (r % 2) + di
+                    row, key = 8 * ((i % 4) // 2), 8 * (i // 4) + 2 * t + (i % 2)
+                    slot = 4 * t + j + 16 * (r // 2)
+                    assert row == 8 * (r % 2)
+                    assert 32 * c + perm[slot] == key, (t, c, r, j)
+
+
+@pytest.mark.parametrize("Nk", [1, 31, 32, 77])
+def test_v_transposed(Nk):
+    gen = torch.Generator().manual_seed(Nk)
+    v = torch.randn(2, 3, Nk, 64, generator=gen).to(E4M3)
+    vt = fp8.v_transposed(v.transpose(1, 2).contiguous().transpose(1, 2))  # strided (B, H, N, D) view
+    pad = -Nk % 32
+    assert vt.shape == (2, 3, 64, Nk + pad) and vt.dtype == torch.uint8 and vt.is_contiguous()
+    keys = torch.as_tensor(np.arange(Nk + pad).reshape(-1, 32)[:, fp8.key_permutation()].reshape(-1))
+    v8 = torch.cat([v.view(torch.uint8), torch.zeros(2, 3, pad, 64, dtype=torch.uint8)], dim=2)
+    assert torch.equal(vt, v8[:, :, keys].transpose(2, 3))
+
+
+def test_quantize_e4m3_and_round_e4m3():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 50, 4, 64, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 0.0]).view(1, 1, 4, 1)
+    xq, descale = fp8.quantize_e4m3(x)
+    assert xq.dtype == E4M3 and descale.shape == (2, 4) and descale.dtype == torch.float32
+    back = xq.float() * descale.view(2, 1, 4, 1)
+    amax = x.abs().amax(dim=(1, 3), keepdim=True).transpose(1, 2).clamp_min(1e-30)
+    assert ((back - x).abs() <= amax.transpose(1, 2) * 2.0**-4 + 1e-30).all()  # half an ulp of 3 bits at the top
+    assert (back[:, :, 3] == 0).all() and (descale[:, 3] == 1).all()  # an all-zero head
+    y = torch.randn(10000, generator=gen).double() * 10.0 ** torch.randint(-4, 3, (10000,), generator=gen)
+    y = y.clamp(-440, 440)
+    assert np.array_equal(reference.round_e4m3(y.numpy()), y.to(E4M3).double().numpy())
+
+
+def test_numpy_reference_dequantizes_per_kv_head():
+    gen = np.random.default_rng(0)
+    q, k, v = gen.standard_normal((2, 4, 5, 8)), gen.standard_normal((2, 2, 7, 8)), gen.standard_normal((2, 2, 7, 8))
+    dq, dk, dv = (gen.uniform(0.5, 2, (2, 2)) for _ in range(3))
+    O, lse = reference.attention_fp8(q, k, v, dq, dk, dv, 0.3, "bottom_right")
+    rep = lambda d: np.repeat(d, 2, axis=1)[:, :, None, None]
+    kv = lambda d: d[:, :, None, None]
+    O2, lse2 = reference.attention_naive(q * rep(dq), k * kv(dk), v * kv(dv), 0.3, "bottom_right")
+    assert np.allclose(O, O2) and np.allclose(lse, lse2)
+
+
+def _fp8_inputs(B=1, N=16, H=2, D=64, device="cpu"):
+    return tuple(torch.zeros(B, N, H, D, device=device).to(E4M3) for _ in range(3))
+
+
+@pytest.mark.parametrize(
+    "mutate,kwargs,exc,match",
+    [
+        (lambda q, k, v: (q, k.to(torch.bfloat16), v), {}, TypeError, "k must have q's dtype"),
+        (lambda q, k, v: (q, k, v), dict(version="v3.3"), ValueError, "run on version 'v3.5'"),
+        (lambda q, k, v: (q, k, v), dict(precision="tf32"), ValueError, "precision applies to float32"),
+        (lambda q, k, v: (q, k, v), dict(softcap=30.0), NotImplementedError, "softcap"),
+        (lambda q, k, v: (q, k, v), dict(window_size=(8, 0)), NotImplementedError, "window_size"),
+        (lambda q, k, v: (q[..., :32], k[..., :32], v[..., :32]), {}, ValueError, "head dim 32 is not supported"),
+        (lambda q, k, v: (q, k[:, :, :1, :8], v), {}, ValueError, "head dim"),
+        (lambda q, k, v: (q[0], k, v), {}, ValueError, "q must have 4 dims"),
+        (lambda q, k, v: (q, k, v), {}, ValueError, "q must be a CUDA tensor"),  # (CPU tensors)
+    ],
+)
+def test_bad_input_raises(mutate, kwargs, exc, match):
+    q, k, v = mutate(*_fp8_inputs())
+    with pytest.raises(exc, match=match):
+        flash_attn_func(q, k, v, **kwargs)
+
+
+def test_other_entry_points_and_dtypes_refuse_fp8_arguments():
+    q, k, v = _fp8_inputs()
+    with pytest.raises(TypeError, match="flash_attn_func"):
+        scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    qb = torch.zeros(1, 16, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="descale_q, descale_k and descale_v apply to float8_e4m3fn"):
+        flash_attn_func(qb, qb, qb, descale_q=torch.ones(1, 2))
+
+
+def test_fp8_inputs_that_require_grad_raise():
+    q, k, v = _fp8_inputs()
+    try:
+        q.requires_grad_()
+    except RuntimeError:
+        pytest.skip("this torch lets no float8 tensor require grad")
+    with pytest.raises(RuntimeError, match="no FP8 backward"):
+        flash_attn_func(q, k, v)
+
+
+# ---- GPU ----------------------------------------------------------------------------------------
+
+
+def _reference(q8, k8, v8, dq, dk, dv, scale, causal):
+    """(O, lse, O_model) in float64 on the GPU: the exact attention of the dequantized inputs, and a
+    model of v3.5's rounding (P to e4m3 against the row's final max, O to bf16)."""
+    B, Nq, H, D = q8.shape
+    Nk, H_kv = k8.shape[1], k8.shape[2]
+    g = H // H_kv
+    kv = lambda d: d.double().reshape(B, 1, H_kv, 1)
+    q = (q8.double() * kv(dq).repeat_interleave(g, dim=2)).transpose(1, 2)
+    k = (k8.double() * kv(dk)).transpose(1, 2).repeat_interleave(g, dim=1)
+    v = (v8.double() * kv(dv)).transpose(1, 2).repeat_interleave(g, dim=1)
+    S = q @ k.transpose(-1, -2) * scale
+    if causal is not None:
+        offset = 0 if causal == "top_left" else Nk - Nq
+        seen = torch.arange(Nk, device=S.device)[None, :] <= torch.arange(Nq, device=S.device)[:, None] + offset
+        S = S.masked_fill(~seen, -math.inf)
+    m = S.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    P = torch.exp(S - m)
+    l = P.sum(dim=-1, keepdim=True)
+    safe_l = torch.where(l > 0, l, torch.ones_like(l))
+    O = (P @ v) / safe_l
+    P8 = P.float().to(E4M3).double()  # (P <= 1: no saturation)
+    O_model = ((P8 @ (v8.double() * kv(dv)).transpose(1, 2).repeat_interleave(g, dim=1)) / safe_l).bfloat16().double()
+    lse = torch.where(l[..., 0] > 0, m[..., 0] + torch.log(safe_l[..., 0]), torch.full_like(m[..., 0], -math.inf))
+    return O.transpose(1, 2), lse, O_model.transpose(1, 2)
+
+
+# (B, Nq, Nk, H, H_kv, D, causal, scale)
+CASES = [
+    (1, 1, 1, 1, 1, 128, None, None),
+    (2, 17, 113, 4, 2, 64, None, None),
+    (1, 203, 203, 2, 2, 128, "top_left", None),
+    (2, 113, 17, 4, 4, 256, "bottom_right", None),  # Nq > Nk: the first rows see no key
+    (1, 1023, 4224, 8, 1, 128, "bottom_right", None),  # MQA
+    (1, 4224, 1023, 4, 1, 64, "top_left", 0.05),
+    (2, 1000, 1000, 2, 2, 256, None, -0.2),  # a negative scale
+    (1, 300, 2000, 8, 2, 128, "top_left", None),
+]
+
+
+def _quantized(x, H_kv: int, form: str):
+    """x (B, N, H, D) float as e4m3 with descale factors per (batch, KV head) (q's heads quantized
+    per group, as FlashAttention-3 takes q's factor), per tensor (a one-element tensor) or as a
+    Python number."""
+    B, N, H, D = x.shape
+    if form == "per_head":
+        x8, d = fp8.quantize_e4m3(x.reshape(B, N, H_kv, H // H_kv * D))
+        return x8.view(B, N, H, D), d
+    d = x.abs().amax().clamp_min(1e-30) / fp8.E4M3_MAX
+    x8 = (x / d).to(E4M3)
+    return x8, (d.reshape(1) if form == "tensor" else d.item())
+
+
+def _check(case, strided=False, form="per_head"):
+    B, Nq, Nk, H, H_kv, D, causal, scale = case
+    gen = torch.Generator(device="cuda").manual_seed(abs(hash((case, strided, form))) % 2**31)
+    # heads of different magnitudes, so that the factors differ per (batch, KV head)
+    spread = lambda n, h: (
+        torch.randn(B, n, h, D, device="cuda", generator=gen)
+        * (torch.rand(B, 1, h, 1, device="cuda", generator=gen) * 4 + 0.25)
+    )
+    if strided:  # q, k, v as views into one packed (B, N, 3, H, D) buffer: row stride 3 H D bytes
+        assert Nq == Nk and H == H_kv
+        x = spread(Nq, 3 * H).view(B, Nq, 3, H, D)
+        (q8, dq), (k8, dk), (v8, dv) = (_quantized(x[:, :, i].contiguous(), H_kv, form) for i in range(3))
+        buf = torch.stack([q8.view(torch.uint8), k8.view(torch.uint8), v8.view(torch.uint8)], dim=2).view(E4M3)
+        q8, k8, v8 = buf.unbind(2)
+        assert not q8.is_contiguous()
+    else:
+        shapes = ((Nq, H), (Nk, H_kv), (Nk, H_kv))
+        (q8, dq), (k8, dk), (v8, dv) = (_quantized(spread(n, h), H_kv, form) for n, h in shapes)
+    s = D**-0.5 if scale is None else scale
+    out = torch.full((B, Nq, H, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((B, H, Nq), float("nan"), device="cuda")
+    copies = [t.clone() for t in (q8, k8, v8)]
+    fp8.attention(q8, k8, v8, s, causal, "bnhd", (dq, dk, dv), True, out=out, lse=lse)
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(copies, (q8, k8, v8)))
+    full = lambda d: (
+        torch.as_tensor(d, device="cuda", dtype=torch.float32).reshape(-1).expand(B * H_kv).reshape(B, H_kv)
+        if not torch.is_tensor(d) or d.numel() == 1
+        else d
+    )
+    O, lse_ref, O_model = _reference(q8, k8, v8, full(dq), full(dk), full(dv), s, causal)
+    assert not out.isnan().any() and not lse.isnan().any()
+    norm = O.norm().clamp_min(1e-30)
+    err, model_err = ((out.double() - O).norm() / norm).item(), ((O_model - O).norm() / norm).item()
+    assert err <= 2 * model_err + 1e-3, (err, model_err)
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite)
+    if finite.any():
+        assert (lse.double()[finite] - lse_ref[finite]).abs().max().item() <= 1e-3
+    unseen = ~finite.transpose(1, 2)  # (B, Nq, H): rows that see no key output 0
+    assert (out[unseen] == 0).all()
+    return err, model_err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_float64(case):
+    _check(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["tensor", "number"])
+def test_descale_per_tensor(form):
+    _check((2, 300, 300, 4, 2, 128, "bottom_right", None), form=form)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_strided_views_of_packed_qkv(D):
+    _check((2, 257, 257, 4, 4, D, "top_left", None), strided=True)
+
+
+@pytest.mark.gpu
+def test_batch_heads_past_grid_y():
+    _check((2, 3, 5, 32800, 8200, 64, "bottom_right", None))
+
+
+@pytest.mark.gpu
+def test_public_function_and_lse():
+    """flash_attn_func: bf16 O in q's layout, lse on request, descale factors as keywords; the
+    same numbers as the core call."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = [torch.randn(2, 129, 4, 128, device="cuda", generator=gen) for _ in range(3)]
+    (q8, dq), (k8, dk), (v8, dv) = (fp8.quantize_e4m3(t) for t in x)
+    out, lse = flash_attn_func(q8, k8, v8, causal=True, return_lse=True, descale_q=dq, descale_k=dk, descale_v=dv)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 129, 4, 128) and lse.shape == (2, 4, 129)
+    again, _ = fp8.attention(q8, k8, v8, 128**-0.5, "bottom_right", "bnhd", (dq, dk, dv), False)
+    assert torch.equal(out, again)
+    plain = flash_attn_func(q8, k8, v8)  # no factors: 1
+    ref = flash_attn_func(*(t.float().bfloat16() for t in (q8, k8, v8)))
+    assert ((plain.float() - ref.float()).norm() / ref.float().norm()).item() < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(descale_q=torch.ones(3, 4)), ValueError, r"descale_q must have shape \(B, H_kv\) = \(2, 4\)"),
+        (dict(descale_k=torch.ones(2, 4, dtype=torch.float64)), TypeError, "descale_k must be float32"),
+        (dict(descale_v=torch.ones(2, 4)), ValueError, "descale_v is on cpu"),  # (a CPU tensor)
+        (dict(descale_v="1"), TypeError, "descale_v must be None, a finite number"),
+    ],
+)
+def test_bad_descale_raises(kwargs, exc, match):
+    q = torch.zeros(2, 16, 4, 64, device="cuda").to(E4M3)
+    kwargs = {n: (d.cuda() if torch.is_tensor(d) and "cpu" not in match else d) for n, d in kwargs.items()}
+    with pytest.raises(exc, match=match):
+        flash_attn_func(q, q, q, **kwargs)
