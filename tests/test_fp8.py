@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tileattn import _nvrtc, _params, flash_attn_func, fp8, reference, scaled_dot_product_attention
+from tileattn.testing import LSE_TOLERANCE
 from tileattn.versions import V3_5_FP8, VERSIONS
 
 E4M3 = torch.float8_e4m3fn
@@ -235,8 +236,8 @@ def _check(case, strided=False, form="per_head"):
     assert err <= 2 * model_err + 1e-3, (err, model_err)
     finite = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), finite)
-    if finite.any():
-        assert (lse.double()[finite] - lse_ref[finite]).abs().max().item() <= 1e-3
+    if finite.any():  # the bf16 rungs' bound: S from 8-bit wgmma, whose FP32 sums keep fewer bits
+        assert (lse.double()[finite] - lse_ref[finite]).abs().max().item() <= LSE_TOLERANCE["native"]
     unseen = ~finite.transpose(1, 2)  # (B, Nq, H): rows that see no key output 0
     assert (out[unseen] == 0).all()
     return err, model_err
