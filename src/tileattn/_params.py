@@ -235,5 +235,10 @@ DEC_ARGS: list[tuple[str, str]] = (
     + [("softmax_scale", "f"), ("softcap", "f")]
 )
 
+# TILEATTN_VT_FIELDS (csrc/v3_5_fp8.cu): v3.5's V^T copy.
+VT_ARGS: list[tuple[str, str]] = [("v", "Q"), ("vt", "Q"), ("Nk", "i"), ("Nk_pad", "i"), ("H_kv", "i")] + [
+    (f"v_{s}", "q") for s in ("sb", "sh", "sn")
+]
+
 # The parameter lists of the kernels outside the forward ladder (versions.KernelEntry.fields).
-ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS, "fwd": FWD_FIELDS}
+ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS, "fwd": FWD_FIELDS, "vt": VT_ARGS}

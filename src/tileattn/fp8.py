@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from . import api
-from .versions import V3_5_FP8
+from .versions import V3_5_FP8, V3_5_VT
 
 E4M3_MAX = 448.0  # the largest finite e4m3 magnitude
 KEY_GROUP = 32  # keys per k32 step of P V: V^T's keys are permuted within groups of this many
@@ -42,8 +42,23 @@ def key_permutation() -> np.ndarray:
 
 
 def v_transposed(v) -> torch.Tensor:
-    """V (B, H_kv, Nk, D) (any strides, e4m3) as the kernel reads it: (B, H_kv, D, Nk_pad) bytes,
-    Nk_pad = Nk rounded up to 32 (zeros past Nk), keys in key_permutation's order in each group."""
+    """V (B, H_kv, Nk, D) (any strides with a contiguous last dim, e4m3) as v3.5 reads it:
+    (B, H_kv, D, Nk_pad) bytes, Nk_pad = Nk rounded up to 32 (zeros past Nk), the keys of each
+    group of 32 in key_permutation's order.  On a GPU, v3.5_vt's copy kernel; elsewhere (and as
+    its reference in the tests) the same bytes by torch's permute-copy."""
+    B, H_kv, Nk, D = v.shape
+    if v.is_cuda:
+        Nk_pad = Nk + -Nk % KEY_GROUP
+        vt = torch.empty((B, H_kv, D, Nk_pad), dtype=torch.uint8, device=v.device)
+        kern = api.entry_kernel(V3_5_VT.name, "float8_e4m3fn", D, False, v.device.index)
+        sb, sh, sn, _ = v.stride()
+        args = [v.data_ptr(), vt.data_ptr(), Nk, Nk_pad, H_kv, sb, sh, sn]
+        kern.launch(api._current_stream(v.device.index), B * H_kv * (Nk_pad // KEY_GROUP), 1, args)
+        return vt
+    return _v_transposed_torch(v)
+
+
+def _v_transposed_torch(v) -> torch.Tensor:
     B, H_kv, Nk, D = v.shape
     v8 = v.view(torch.uint8)  # (the copy kernels below have no float8 instantiations)
     pad = -Nk % KEY_GROUP

@@ -642,10 +642,25 @@ V3_5_FP8 = KernelEntry(
     tensor_maps=True,
 )
 
+# v3.5's V^T (fp8.v_transposed): one byte-permuting copy of V per call, a block per 32 keys.
+V3_5_VT = KernelEntry(
+    name="v3.5_vt",
+    file="v3_5_fp8.cu",
+    kernel="v3_5_v_transpose",
+    tiles={D: (0, 32) for D in V3_5_FP8.tiles},
+    dtypes=V3_5_FP8.dtypes,
+    fields="vt",
+    summary="V (any strides) -> V^T (B, H_kv, D, keys) e4m3, keys permuted in groups of 32 for v3.5's P V",
+    causal_variants=(False,),
+    min_arch=90,
+    max_arch=90,
+    arch_specific=True,
+)
+
 # The forward kernels the packed paths launch with every field (serving._launch_packed).
 PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
-    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8)
+    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT)
 }

@@ -1,0 +1,40 @@
+"""Time v3.5 (FP8) against tileattn's bf16 default at B*N = 32768, H = 16: the kernel alone (V^T
+given), V^T's copy alone, the whole flash_attn_func call.  One line per case; run it again under
+TILEATTN_DEFINES="..." to compare an experiment's build (bench/NOTES.md).
+
+    python scripts/fp8_probe.py [--headdim 64 128 256] [--seqlen 8192]
+"""
+
+import argparse
+
+import torch
+from triton.testing import do_bench
+
+from tileattn import flash_attn_func, fp8
+
+p = argparse.ArgumentParser()
+p.add_argument("--headdim", type=int, nargs="*", default=[64, 128, 256])
+p.add_argument("--seqlen", type=int, nargs="*", default=[8192])
+args = p.parse_args()
+ms = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
+for D in args.headdim:
+    for N in args.seqlen:
+        B, H = 32768 // N, 16
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        x = [torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3)]
+        (q8, dq), (k8, dk), (v8, dv) = (fp8.quantize_e4m3(t) for t in x)
+        vt = fp8.v_transposed(v8.transpose(1, 2))
+        for causal in (False, True):
+            mode = "bottom_right" if causal else None
+            flops = 4 * B * H * N * N * D / (2 if causal else 1)
+            t_kernel = ms(lambda: fp8.attention(q8, k8, v8, D**-0.5, mode, "bnhd", (dq, dk, dv), False, vt=vt))
+            t_vt = ms(lambda: fp8.v_transposed(v8.transpose(1, 2)))
+            t_call = ms(lambda: flash_attn_func(q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv))
+            t_bf16 = ms(lambda: flash_attn_func(*x, causal=causal))
+            tf = lambda t: flops / t / 1e9
+            print(
+                f"D={D} N={N} causal={causal}: kernel {t_kernel:.3f} ms ({tf(t_kernel):.0f} TF/s), V^T {t_vt:.3f} ms, "
+                f"call {t_call:.3f} ms ({tf(t_call):.0f}), bf16 {t_bf16:.3f} ms ({tf(t_bf16):.0f}); "
+                f"call / bf16 {t_bf16 / t_call:.2f}x, kernel / bf16 {t_bf16 / t_kernel:.2f}x",
+                flush=True,
+            )
