@@ -2,20 +2,27 @@
 given), V^T's copy alone, the whole flash_attn_func call.  One line per case; run it again under
 TILEATTN_DEFINES="..." to compare an experiment's build (bench/NOTES.md).
 
-    python scripts/fp8_probe.py [--headdim 64 128 256] [--seqlen 8192]
+    python scripts/fp8_probe.py [--headdim 64 128 256] [--seqlen 8192] [--tile 128=128,256 ...]
 """
 
 import argparse
+import dataclasses
 
 import torch
 from triton.testing import do_bench
 
-from tileattn import flash_attn_func, fp8
+from tileattn import flash_attn_func, fp8, versions
 
 p = argparse.ArgumentParser()
 p.add_argument("--headdim", type=int, nargs="*", default=[64, 128, 256])
 p.add_argument("--seqlen", type=int, nargs="*", default=[8192])
+p.add_argument("--tile", nargs="*", default=[], help="D=Br,Bc: v3.5 at another tile")
 args = p.parse_args()
+tiles = dict(fp8.V3_5_FP8.tiles)
+for spec in args.tile:
+    D, tile = spec.split("=")
+    tiles[int(D)] = tuple(int(x) for x in tile.split(","))
+fp8.V3_5_FP8 = versions.KERNEL_ENTRIES["v3.5"] = dataclasses.replace(fp8.V3_5_FP8, tiles=tiles)
 ms = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
 for D in args.headdim:
     for N in args.seqlen:
@@ -33,7 +40,7 @@ for D in args.headdim:
             t_bf16 = ms(lambda: flash_attn_func(*x, causal=causal))
             tf = lambda t: flops / t / 1e9
             print(
-                f"D={D} N={N} causal={causal}: kernel {t_kernel:.3f} ms ({tf(t_kernel):.0f} TF/s), V^T {t_vt:.3f} ms, "
+                f"D={D} N={N} causal={causal} tile {tiles[D]}: kernel {t_kernel:.3f} ms ({tf(t_kernel):.0f} TF/s), V^T {t_vt:.3f} ms, "
                 f"call {t_call:.3f} ms ({tf(t_call):.0f}), bf16 {t_bf16:.3f} ms ({tf(t_bf16):.0f}); "
                 f"call / bf16 {t_bf16 / t_call:.2f}x, kernel / bf16 {t_bf16 / t_kernel:.2f}x",
                 flush=True,

@@ -29,6 +29,7 @@ from .versions import V3_5_FP8, V3_5_VT
 
 E4M3_MAX = 448.0  # the largest finite e4m3 magnitude
 KEY_GROUP = 32  # keys per k32 step of P V: V^T's keys are permuted within groups of this many
+VT_GROUPS = 4  # groups per block of the V^T copy (VT_GROUPS in csrc/v3_5_fp8.cu)
 
 
 def key_permutation() -> np.ndarray:
@@ -53,7 +54,8 @@ def v_transposed(v) -> torch.Tensor:
         kern = api.entry_kernel(V3_5_VT.name, "float8_e4m3fn", D, False, v.device.index)
         sb, sh, sn, _ = v.stride()
         args = [v.data_ptr(), vt.data_ptr(), Nk, Nk_pad, H_kv, sb, sh, sn]
-        kern.launch(api._current_stream(v.device.index), B * H_kv * (Nk_pad // KEY_GROUP), 1, args)
+        chunks = -(-Nk_pad // (KEY_GROUP * VT_GROUPS))  # (csrc/v3_5_fp8.cu: a block per 4 groups)
+        kern.launch(api._current_stream(v.device.index), B * H_kv * chunks, 1, args)
         return vt
     return _v_transposed_torch(v)
 

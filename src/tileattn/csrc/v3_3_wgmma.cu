@@ -49,8 +49,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr bool FP8 = sizeof(T) == 1;
   static_assert(sizeof(T) == 2 || FP8, "v3.3 is an fp16/bf16 rung, v3.5 an e4m3 one");
   static_assert(Br == 128, "two consumer warpgroups of 64 query rows");
-  static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128), "whole 64-column panels");
-  static_assert(!FP8 || (Bc == 128 && !VARIANTS), "FP8: V^T rows of 128 key bytes (the 128-byte swizzle)");
+  static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128 || (FP8 && Bc == 256)),
+                "whole 64-column panels");
+  static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
@@ -105,8 +106,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         bars.wait_k_empty(n);
         tma_rows_load_e4m3<HEAD_DIM>(tmaps, 1, s_k(n % STAGES), bars.k_full(n), Bc, (j_lo + n) * Bc, hk_, tma_b);
         bars.wait_v_empty(n);
-        mbar_arrive_expect_tx(bars.v_full(n), HEAD_DIM * Bc);  // D rows of Bc key bytes (64 16-bit columns)
-        tma_load_4d(s_v(n % STAGES), tmaps->desc[2], (j_lo + n) * Bc / 2, 0, hk_, tma_b, bars.v_full(n));
+        mbar_arrive_expect_tx(bars.v_full(n), HEAD_DIM * Bc);  // panels of D rows x 128 key bytes
+#pragma unroll
+        for (int p = 0; p < Bc / 128; ++p)
+          tma_load_4d(s_v(n % STAGES) + p * HEAD_DIM * 128, tmaps->desc[2], ((j_lo + n) * Bc + 128 * p) / 2, 0, hk_,
+                      tma_b, bars.v_full(n));
       }
       return;
     }
@@ -176,7 +180,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   };
   // acc += P V_j (asynchronous), V read N-major: k16 step ks starts 16 key rows (2048 bytes)
   // further; the next 64 columns of d are the next panel (the leading byte offset).
-  // FP8: V^T [d][key] K-major (8-bit wgmma has no N-major form), k32 step ks 32 bytes along its rows.
+  // FP8: V^T [d][key] K-major (8-bit wgmma has no N-major form), k32 step ks 32 bytes along its
+  // rows of 128 keys, the next 128 keys the next panel.
   unsigned p[Bc / (FP8 ? 32 : 16)][4];
   auto issue_pv = [&](int n) {
     const unsigned long long dv = wgmma_desc_sw128(s_v(n % STAGES), FP8 ? 16 : Bc * 128);
@@ -184,7 +189,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     wgmma_fence();
     if constexpr (FP8) {
 #pragma unroll
-      for (int ks = 0; ks < Bc / 32; ++ks) WgmmaE4M3::rs(acc, p[ks], dv + ((ks * 32) >> 4), 1);
+      for (int ks = 0; ks < Bc / 32; ++ks) WgmmaE4M3::rs(acc, p[ks], dv + (sw128_k_step(ks, HEAD_DIM) >> 4), 1);
     } else {
 #pragma unroll
       for (int ks = 0; ks < Bc / 16; ++ks) Wgmma16<T>::rs_bt(acc, p[ks], dv + ((ks * 16 * 128) >> 4), 1);
