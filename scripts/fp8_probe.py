@@ -40,7 +40,8 @@ for D in args.headdim:
             t_bf16 = ms(lambda: flash_attn_func(*x, causal=causal))
             tf = lambda t: flops / t / 1e9
             print(
-                f"D={D} N={N} causal={causal} tile {tiles[D]}: kernel {t_kernel:.3f} ms ({tf(t_kernel):.0f} TF/s), V^T {t_vt:.3f} ms, "
+                f"D={D} N={N} causal={causal} tile {tiles[D]}: kernel {t_kernel:.3f} ms ({tf(t_kernel):.0f} TF/s), "
+                f"V^T {t_vt:.3f} ms, "
                 f"call {t_call:.3f} ms ({tf(t_call):.0f}), bf16 {t_bf16:.3f} ms ({tf(t_bf16):.0f}); "
                 f"call / bf16 {t_bf16 / t_call:.2f}x, kernel / bf16 {t_bf16 / t_kernel:.2f}x",
                 flush=True,
