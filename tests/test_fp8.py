@@ -29,9 +29,9 @@ def test_v_transpose_kernel_compiles(dtype, D, causal):
     res = cubin.resources
     assert res["stack_bytes"] == res["spill_stores"] == res["spill_loads"] == 0, res
     _params.packer(cubin.data, cubin.lowered_name, False, _params.VT_ARGS, [])
-    assert _params.block_threads(cubin.data, cubin.lowered_name) == D
+    assert _params.block_threads(cubin.data, cubin.lowered_name) == 128
     sass = _nvrtc.sass(cubin)
-    assert "STG.E.128" in sass  # 16-byte stores of the assembled words
+    assert "LDG.E.128" in sass and "STG.E.128" in sass  # 16-byte loads of V, stores of the assembled words
 
 
 @pytest.mark.parametrize("dtype,D,causal", V3_5_FP8.instantiations())

@@ -29,7 +29,7 @@ from .versions import V3_5_FP8, V3_5_VT
 
 E4M3_MAX = 448.0  # the largest finite e4m3 magnitude
 KEY_GROUP = 32  # keys per k32 step of P V: V^T's keys are permuted within groups of this many
-VT_GROUPS = 4  # groups per block of the V^T copy (VT_GROUPS in csrc/v3_5_fp8.cu)
+VT_KEYS = 128  # keys per block of the V^T copy (VT_KEYS in csrc/v3_5_fp8.cu)
 
 
 def key_permutation() -> np.ndarray:
@@ -54,8 +54,8 @@ def v_transposed(v) -> torch.Tensor:
         kern = api.entry_kernel(V3_5_VT.name, "float8_e4m3fn", D, False, v.device.index)
         sb, sh, sn, _ = v.stride()
         args = [v.data_ptr(), vt.data_ptr(), Nk, Nk_pad, H_kv, sb, sh, sn]
-        chunks = -(-Nk_pad // (KEY_GROUP * VT_GROUPS))  # (csrc/v3_5_fp8.cu: a block per 4 groups)
-        kern.launch(api._current_stream(v.device.index), B * H_kv * chunks, 1, args)
+        tiles = -(-Nk_pad // VT_KEYS)  # (csrc/v3_5_fp8.cu: a block per 128 keys)
+        kern.launch(api._current_stream(v.device.index), B * H_kv * tiles, 1, args)
         return vt
     return _v_transposed_torch(v)
 
@@ -180,13 +180,14 @@ def _tensor_maps(q, k, vt, q_shape, qs, k_shape, ks, Br: int, Bc: int) -> bytes:
     """v3.5's TmaMaps: q and k as (B, H, N, D / 2) 16-bit tensors (the copy engine moves bytes; as
     16-bit columns the boxes and swizzles are v3.3's: min(D, 128) bytes wide, the 128-byte swizzle,
     or the 64-byte one at D = 64) with Br and Bc rows, then V^T (B, H_kv, D, Nk_pad / 2) with boxes
-    of Bc key bytes x D rows; maps 3..5 (v3.3's narrow panels) repeat them, unused."""
+    of 128 key bytes x D rows (a panel; Bc / 128 of them a K/V block); maps 3..5 (v3.3's narrow
+    panels) repeat them, unused."""
     D = q_shape[3]
     cols = min(D, 128) // 2
     half = lambda shape: (*shape[:3], shape[3] // 2)
     maps = [
         api.tensor_map(q.data_ptr(), (half(q_shape), qs), "bfloat16", 1, (cols, Br)),
         api.tensor_map(k.data_ptr(), (half(k_shape), ks), "bfloat16", 1, (cols, Bc)),
-        api.tensor_map(vt.data_ptr(), (half(vt.shape), vt.stride()), "bfloat16", 1, (Bc // 2, D)),
+        api.tensor_map(vt.data_ptr(), (half(vt.shape), vt.stride()), "bfloat16", 1, (64, D)),
     ]
     return b"".join(maps * 2)

@@ -45,38 +45,47 @@ TILEATTN_SMEM_BYTES(v3_5_fwd, (Br + 4 * Bc) * HEAD_DIM + 9 * 8);
 // V^T as v3.5 reads it, from V (B, H_kv, Nk, D) e4m3 at any strides (elements = bytes) into
 // vt (B, H_kv, D, Nk_pad) contiguous, Nk_pad a multiple of 32, zeros past Nk, the keys of each
 // group of 32 in the order of the A fragment (slot 16 h + 4 t + 2 a + b <- key 16 h + 8 a + 2 t + b;
-// fp8.key_permutation).  One block per (batch, KV head, VT_GROUPS groups of 32 keys), thread d =
-// column d: a warp reads 32 consecutive bytes of each key row (one sector), and each thread
-// writes VT_GROUPS x 32 consecutive bytes of its row of vt, a whole 128-byte line (written one
-// 32-byte sector per block, as in the first version, it ran at ~0.75 TB/s: 0.17 ms for 64 MB on
-// an H200; torch's byte-wise permute-copy took 0.35 ms).
+// fp8.key_permutation).  One block per (batch, KV head, VT_KEYS keys): the tile comes in by
+// 16-byte loads into shared memory (rows of D + 16 bytes), then each thread takes one column d of
+// one group of 32 keys (consecutive threads consecutive columns: byte reads of one shared row,
+// conflict-free) and writes its 32 bytes of vt as two 16-byte stores.  (Measured on an H200 at
+// 64 MB: torch's byte-wise permute-copy 0.35 ms; a thread per column reading bytes from global
+// memory 0.115-0.17 ms.)
 #define TILEATTN_VT_FIELDS(X, SEP)                                                              \
   X(const unsigned char* __restrict__, v) SEP X(unsigned char* __restrict__, vt) SEP              \
   X(const int, Nk) SEP X(const int, Nk_pad) SEP X(const int, H_kv) SEP                           \
   X(const long long, v_sb) SEP X(const long long, v_sh) SEP X(const long long, v_sn)
-constexpr int VT_GROUPS = 4;
+constexpr int VT_KEYS = 128, VT_THREADS = 128;
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(HEAD_DIM) v3_5_v_transpose(TILEATTN_VT_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)) {
-  const int groups = Nk_pad / 32, chunks = (groups + VT_GROUPS - 1) / VT_GROUPS;
-  const long long bh = blockIdx.x / chunks;
-  const int d = threadIdx.x;
-  const unsigned char* src = v + (bh / H_kv) * v_sb + (bh % H_kv) * v_sh + d;
-  unsigned char* dst_row = vt + (bh * HEAD_DIM + d) * Nk_pad;
+__global__ void __launch_bounds__(VT_THREADS) v3_5_v_transpose(TILEATTN_VT_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)) {
+  constexpr int ROW = HEAD_DIM + 16, CHUNKS = HEAD_DIM / 16;
+  __shared__ __align__(16) unsigned char tile[VT_KEYS * ROW];
+  const int tiles = (Nk_pad + VT_KEYS - 1) / VT_KEYS;
+  const long long bh = blockIdx.x / tiles;
+  const int key0 = blockIdx.x % tiles * VT_KEYS, tid = threadIdx.x;
+  const unsigned char* src = v + (bh / H_kv) * v_sb + (bh % H_kv) * v_sh;
 #pragma unroll
-  for (int i = 0; i < VT_GROUPS; ++i) {
-    const int g = blockIdx.x % chunks * VT_GROUPS + i;
+  for (int i = tid; i < VT_KEYS * CHUNKS; i += VT_THREADS) {
+    const int key = i / CHUNKS, c = i % CHUNKS;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (key0 + key < Nk) x = *reinterpret_cast<const uint4*>(src + (key0 + key) * v_sn + 16 * c);
+    *reinterpret_cast<uint4*>(tile + key * ROW + 16 * c) = x;
+  }
+  __syncthreads();
+  const int groups = min(VT_KEYS, Nk_pad - key0) / 32;
+#pragma unroll
+  for (int i = tid; i < 4 * HEAD_DIM; i += VT_THREADS) {
+    const int g = i / HEAD_DIM, d = i % HEAD_DIM;
     if (g >= groups) break;
-    unsigned x[32];
-#pragma unroll
-    for (int k = 0; k < 32; ++k) x[k] = 32 * g + k < Nk ? src[(32LL * g + k) * v_sn] : 0u;
+    const unsigned char* col = tile + 32 * g * ROW + d;
     unsigned w[8];  // word 4 h + t: slots 16 h + 4 t .. + 3 = keys 16 h + 2 t, + 1, + 8, + 9
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int k0 = 16 * (j / 4) + 2 * (j % 4);
-      w[j] = x[k0] | x[k0 + 1] << 8 | x[k0 + 8] << 16 | x[k0 + 9] << 24;
+      w[j] = col[k0 * ROW] | col[(k0 + 1) * ROW] << 8 | col[(k0 + 8) * ROW] << 16 | col[(k0 + 9) * ROW] << 24;
     }
-    uint4* dst = reinterpret_cast<uint4*>(dst_row + 32 * g);
+    uint4* dst = reinterpret_cast<uint4*>(vt + (bh * HEAD_DIM + d) * Nk_pad + key0 + 32 * g);
     dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
     dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
   }
