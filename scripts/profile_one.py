@@ -3,6 +3,7 @@ for `ncu` to profile, e.g.
     ncu --clock-control none -k regex:v3_1_fwd --launch-skip 1 -c 1 python3 scripts/profile_one.py v3.1 bfloat16 64
     ncu --clock-control none -k regex:flash_fwd --launch-skip 1 -c 1 \
         python3 scripts/profile_one.py sdpa_flash bfloat16 64
+FP8: "v3.5" (its dtype argument is ignored: bf16 inputs quantized to e4m3).
 Backward: "bwd_v2" (a BWD_VERSIONS rung) or "sdpa_flash_bwd" with -k regex:bwd_v2 / regex:flash_bwd.
 Optional B H N [causal] after D pick another shape, e.g. a small one under compute-sanitizer:
     compute-sanitizer --tool racecheck python3 scripts/profile_one.py v2.3 float32 128 1 2 300 causal
@@ -38,6 +39,11 @@ for _ in range(2):  # the first launch compiles/loads; ncu skips it
 
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    elif version == "v3.5":  # FP8: q, k, v quantized per (batch, head), V^T's copy included
+        q8 = [tileattn.fp8.quantize_e4m3(t, "bhnd") for t in (q, k, v)]
+        vt = tileattn.fp8.v_transposed(q8[2][0])
+        tileattn.fp8.attention(*(x for x, _ in q8), D**-0.5, "top_left" if causal else None, "bhnd",
+                               tuple(d for _, d in q8), False, vt=vt)  # fmt: skip
     else:
         tileattn.scaled_dot_product_attention(q, k, v, is_causal=causal, version=version)
 torch.cuda.synchronize()

@@ -328,8 +328,7 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // (this thread's partial row sums) are updated; scale_old is the factor O must be rebased by.
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
-// POLY (> 0): every POLY-th weight by exp2_poly on the FMA pipe, the rest on the SFU (v3.5).
-template <bool CAUSAL, int NS, bool OFFSET = false, int POLY = 0>
+template <bool CAUSAL, int NS, bool OFFSET = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
@@ -353,10 +352,7 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
   }
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
-    if (POLY > 0 && i % POLY == POLY - 1)
-      S[i] = exp2_poly(fmaf(S[i], scale_log2, -m_base[(i % 4) / 2]));
-    else
-      S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
+    S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
     l_i[(i % 4) / 2] += S[i];
   }
 }

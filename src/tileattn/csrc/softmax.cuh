@@ -82,24 +82,6 @@ __device__ __forceinline__ float softmax_weight(float S, float scale_log2, float
   return exp2_ftz(fmaf(S, scale_log2, -m_base));
 }
 
-// 2^x for x <= 0 on the FMA pipe instead of the SFU (as FlashAttention-4 offloads a share of its
-// exponentials): x = n + f with n = rint(x) (the 1.5 * 2^23 trick, exact for |x| < 2^22) and
-// f in [-0.5, 0.5]; 2^f by its degree-3 Taylor polynomial in f ln 2 (relative error <= 6e-4 at
-// |f| = 0.5: far below e4m3's 2^-4, the rounding v3.5 gives P next); 2^n added to the exponent
-// bits.  x = -inf (a masked score) clamps to -126 (2^-126 rounds to 0 in e4m3 and adds nothing
-// to a row sum >= 1; below it the exponent bits would underflow into the sign).  Seven FP32 /
-// integer instructions against one MUFU.EX2: the SFU gives 16 results a clock per SM, the FMA
-// pipe 128.
-__device__ __forceinline__ float exp2_poly(float x) {
-  x = fmaxf(x, -126.0f);
-  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
-  const float t = x + magic;
-  const float f = x - (t - magic);
-  const float c = 0.6931471805599453f;
-  float p = fmaf(fmaf(fmaf(c * c * c / 6.0f, f, c * c / 2.0f), f, c), f, 1.0f);
-  return __int_as_float(__float_as_int(p) + ((__float_as_int(t) - 0x4B400000) << 23));
-}
-
 // log-sum-exp of a finished row (natural log); a row that saw no key has l = 0 and gets -inf.
 __device__ __forceinline__ float row_lse(float m, float l) {
   return l > 0.0f ? m + __logf(l) : TILEATTN_NEG_INF;

@@ -35,18 +35,6 @@
 
 namespace tileattn {
 
-// v3.5 experiments (v3_5_fp8.cu): every V3_5_POLY-th exponential on the FMA pipe; the P V wait
-// pinned behind the exponentials at every head dim.
-#ifdef TILEATTN_FP8_POLY
-constexpr int V3_5_POLY = TILEATTN_FP8_POLY;
-#else
-constexpr int V3_5_POLY = 0;
-#endif
-#ifdef TILEATTN_FP8_PIN
-constexpr bool V3_5_PIN = true;
-#else
-constexpr bool V3_5_PIN = false;
-#endif
 constexpr int V3_3_WG = 128;              // threads per warpgroup
 constexpr int V3_3_PRODUCER_REGS = 24;    // the producer only issues copies
 constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 24 + 2 * 240
@@ -236,9 +224,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       fragment_online_softmax<CAUSAL, NS, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start,
                                                 row_a, t, seq_k, offset, alibi_offset);
     } else {
-      fragment_online_softmax<CAUSAL, NS, false, FP8 ? V3_5_POLY : 0>(S, m_i, l_i, scale_old, scale_log2,
-                                                                     (j_lo + n) * Bc, Bc, q_start, row_a, t, seq_k,
-                                                                     offset);
+      fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
+                                      seq_k, offset);
     }
   };
   // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
@@ -311,7 +298,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
       // v3.4 (PINGPONG) leaves the wait to ptxas: pinned, v3.4 ran 0.98x of v3.3 at causal D=64;
       // unpinned 1.16x (and 1.10x more without a mask), 2026-12-02.
-      if constexpr (!VARIANTS && (HEAD_DIM == 64 || (FP8 && V3_5_PIN)) && !PINGPONG)
+      if constexpr (!VARIANTS && HEAD_DIM == 64 && !PINGPONG)
         wgmma_wait_all_after(l_i[0] + l_i[1]);
       else
         wgmma_wait<0>();

@@ -20,23 +20,24 @@
 //    in each group of 32 to match (slot 16 h + 4 t + 2 a + b holds key 16 h + 8 a + 2 t + b;
 //    reference.fp8_key_permutation): the product sums over keys, the order is free.
 //  * O (bf16) through the same epilogue, lse as v3.3's.
-// Tiles: Br = 128 (two warpgroups of 64 rows), Bc = 128 (V^T rows of 128 key bytes, the 128-byte
-// swizzle): shared memory Q 128 D + 2 stages of K (128 D) and V^T (D x 128) bytes, 80 KB at
-// D = 128.  Head dims 64, 128, 256.
+// Tiles: Br = 128 (two warpgroups of 64 rows), Bc = 128 (V^T in panels of 128 key bytes, the
+// 128-byte swizzle), 256 at D = 64: shared memory Q Br D + 2 stages of K (Bc D) and V^T (D Bc)
+// bytes, 80 KB at D = 128.  Head dims 64, 128, 256.
+//
+// Measured on an H200 (scripts/fp8_probe.py, B*N = 32768, H = 16, N = 8192, bench/NOTES.md): at
+// D = 128 the kernel runs 1.2x tileattn's bf16, the MMAs themselves near the FP8 peak but not
+// hidden under the D-independent softmax.  Tried and not kept: v3.4's ping-pong turns (-2% at
+// D = 128, -10% at D = 64), every 4th or 2nd exponential on the FMA pipe as a polynomial (-3% /
+// -7% at D = 128, -17% at D = 64 non-causal; neutral causal), the P V wait pinned behind the
+// exponentials at D = 128 (within 1.5%), Bc = 256 at D = 128 (144 bytes of spills, -11%).
 #include "v3_3_wgmma.cu"
 
 namespace tileattn {
 
-#ifdef TILEATTN_FP8_PINGPONG  // experiment: v3.4's turns at the tensor core
-constexpr bool V3_5_PINGPONG = true;
-#else
-constexpr bool V3_5_PINGPONG = false;
-#endif
-
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_5_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
   static_assert(sizeof(T) == 1, "v3.5 takes e4m3 inputs (tileattn::fp8_e4m3)");
-  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, V3_5_PINGPONG>(TILEATTN_FWD_ARGS, &tmaps);
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false>(TILEATTN_FWD_ARGS, &tmaps);
 }
 
 // Q, 2 stages of K and V^T (one byte an element), 9 mbarriers (KVBarriers<2>).
