@@ -136,6 +136,8 @@ def _fp8_call(q, k, v, softmax_scale, mode, version, precision, window_size, sof
         )
     fp8.check_inputs(q, k, v, version, precision)
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else _scale(softmax_scale, "softmax_scale")
+    if torch.compiler.is_compiling():  # through the dispatcher: the custom op tileattn::fwd_fp8
+        return torch.ops.tileattn.fwd_fp8(q, k, v, *fp8.descale_tensors(descales, q.device), scale, _CAUSAL_CODE[mode])
     return fp8.attention(q, k, v, scale, mode, "bnhd", descales, with_lse)
 
 

@@ -191,3 +191,35 @@ def _tensor_maps(q, k, vt, q_shape, qs, k_shape, ks, Br: int, Bc: int) -> bytes:
         api.tensor_map(vt.data_ptr(), (half(vt.shape), vt.stride()), "bfloat16", 1, (64, D)),
     ]
     return b"".join(maps * 2)
+
+
+def descale_tensors(descales, device) -> list:
+    """The descale factors as the custom op takes them: None or a float32 tensor (a Python number
+    becomes a one-element tensor)."""
+    return [
+        d if d is None or isinstance(d, torch.Tensor) else torch.tensor([float(d)], device=device) for d in descales
+    ]
+
+
+@torch.library.custom_op("tileattn::fwd_fp8", mutates_args=(), device_types="cuda")
+def _fwd_fp8_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    descale_q: torch.Tensor | None,
+    descale_k: torch.Tensor | None,
+    descale_v: torch.Tensor | None,
+    softmax_scale: float,
+    causal: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tileattn::fwd_fp8: flash_attn_func's FP8 path under torch.compile (flash-attn's layout;
+    causal coded as tileattn::fwd's) -> (O bf16, lse (B, H, Nq))."""
+    check_inputs(q, k, v, None, None)  # (flash_attn_func checked it; a direct call has not)
+    mode = api._CAUSAL_OF_CODE[causal]
+    return attention(q, k, v, softmax_scale, mode, "bnhd", (descale_q, descale_k, descale_v), True)
+
+
+@_fwd_fp8_op.register_fake
+def _(q, k, v, descale_q, descale_k, descale_v, softmax_scale, causal):
+    B, Nq, H, _ = q.shape
+    return q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((B, H, Nq), dtype=torch.float32)
