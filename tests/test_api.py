@@ -430,3 +430,18 @@ def test_transformers_padding_mask_as_sdpa_mask():
             got = hf._dense_mask(padding, Nq, 12, True, {"sliding_window": window})
             rows = padding[:, 12 - Nq :]
             assert torch.equal(got[:, 0][rows], want[:, 0][rows])
+
+
+def test_outputs_helper_allocates_or_keeps_and_fills_empty_calls():
+    """api._outputs (the packed and FP8 paths' O / lse): new buffers of the shapes asked for, lse only
+    on request, the caller's buffers kept; with no work, O is 0 and lse -inf."""
+    from tileattn import api
+
+    out, lse = api._outputs(None, None, (2, 3, 4), torch.bfloat16, (3, 2), False, "cpu", False)
+    assert out.shape == (2, 3, 4) and out.dtype == torch.bfloat16 and lse is None
+    given_o, given_l = torch.full((2, 3, 4), float("nan")), torch.full((3, 2), float("nan"))
+    out, lse = api._outputs(given_o, given_l, (2, 3, 4), torch.float32, (3, 2), False, "cpu", True)
+    assert out is given_o and lse is given_l
+    assert (out == 0).all() and (lse == float("-inf")).all()
+    _, lse = api._outputs(None, None, (1, 1, 8), torch.float16, (1, 1), True, "cpu", True)
+    assert lse.dtype == torch.float32 and (lse == float("-inf")).all()

@@ -371,6 +371,21 @@ def _out_shape(B: int, H: int, Nq: int, D: int, layout: str) -> tuple:
     return (B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D)
 
 
+def _outputs(out, lse, out_shape, dtype, lse_shape, with_lse: bool, device, no_work: bool):
+    """O and lse as the packed / FP8 paths return them: the buffers given (the tests hand in
+    NaN-poisoned ones) or new ones (lse only when asked for); with no work (no query row, or no
+    key) O is zeroed and lse -inf, what a row that sees no key outputs."""
+    if out is None:
+        out = torch.empty(out_shape, dtype=dtype, device=device)
+    if lse is None and with_lse:
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
+    if no_work:
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+    return out, lse
+
+
 def _heads_view(q, k, v, layout: str):
     return (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if layout == "bnhd" else (q, k, v)
 

@@ -145,14 +145,10 @@ def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, de
             f"float8_e4m3fn inputs run on sm_90 (Hopper's 8-bit wgmma, v3.5); this GPU is sm_{cc[0]}{cc[1]}"
         )
     table = _descale_table(*descales, B, H_kv, q.device)
-    if out is None:
-        out = torch.empty(api._out_shape(B, H, Nq, D, layout), dtype=torch.bfloat16, device=q.device)
-    if lse is None and with_lse:
-        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    if B * H * Nq == 0 or Nk == 0:
-        out.zero_()
-        if lse is not None:
-            lse.fill_(-math.inf)
+    no_work = B * H * Nq == 0 or Nk == 0
+    out_shape = api._out_shape(B, H, Nq, D, layout)
+    out, lse = api._outputs(out, lse, out_shape, torch.bfloat16, (B, H, Nq), with_lse, q.device, no_work)
+    if no_work:
         return out, lse
     if not api._rows_aligned(q, qs) or not api._rows_aligned(k, ks):  # TMA: 16-byte rows
         q, k = api._aligned_copies((q, k), layout)

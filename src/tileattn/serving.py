@@ -604,14 +604,9 @@ def flash_attn_varlen_func(
         raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
     what = "variable-length batches" + (" with a window, softcap or ALiBi" if variants else "")
     kernel = _packed_path(what, q.dtype, D, q.device, variants, version)
-    out = torch.empty((total_q, H, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device) if return_lse else None
-    if B == 0 or total_q == 0 or max_seqlen_q == 0:
-        return (out, lse) if return_lse else out
-    if total_k == 0 or max_seqlen_k == 0:  # no key anywhere: O = 0, lse -inf
-        out.zero_()
-        if lse is not None:
-            lse.fill_(-math.inf)
+    no_key = total_k == 0 or max_seqlen_k == 0  # no key anywhere: O = 0, lse -inf
+    out, lse = api._outputs(None, None, (total_q, H, D), q.dtype, (H, total_q), return_lse, q.device, no_key)
+    if B == 0 or total_q == 0 or max_seqlen_q == 0 or no_key:
         return (out, lse) if return_lse else out
     q, k, v, scale = _prepare_scale_and_rows(q, k, v, scale, lambda t: (0, *t.stride()[:2]))
     # One "batch" of total rows to the kernel: (sb, sh, sn) = (0, stride(1), stride(0)).
@@ -636,14 +631,9 @@ def attention_variants(
     B, Nq, H, D = q.shape
     Nk, H_kv = k.shape[1], k.shape[2]
     kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True, version)
-    if out is None:
-        out = torch.empty((B, Nq, H, D), dtype=q.dtype, device=q.device)
-    if lse is None and return_lse:
-        lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    if B * H * Nq == 0 or Nk == 0:
-        out.zero_()
-        if lse is not None:
-            lse.fill_(-math.inf)
+    no_work = B * H * Nq == 0 or Nk == 0
+    out, lse = api._outputs(out, lse, (B, Nq, H, D), q.dtype, (B, H, Nq), return_lse, q.device, no_work)
+    if no_work:
         return out, lse
     bhn = lambda t: (t.stride(0), t.stride(2), t.stride(1))  # (B, N, H, D) strides as (sb, sh, sn)
     q, k, v, softmax_scale = _prepare_scale_and_rows(q, k, v, softmax_scale, bhn)
