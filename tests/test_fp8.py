@@ -279,6 +279,23 @@ def test_strided_views_of_packed_qkv(D):
 
 
 @pytest.mark.gpu
+def test_misaligned_views_are_copied():
+    """Views whose rows do not start on 16-byte boundaries (TMA and the V^T copy read 16 bytes at
+    a time) are copied once, the inputs left alone: the same output as from aligned copies."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = [torch.randn(1, 70, 2, 64, device="cuda", generator=gen) for _ in range(3)]
+    q8, k8, v8 = (fp8.quantize_e4m3(t)[0] for t in x)
+    shifted = []
+    for t in (q8, k8, v8):  # the same values at a storage offset of one byte
+        buf = torch.empty(t.numel() + 1, dtype=torch.uint8, device="cuda")
+        view = buf[1:].view(t.shape)
+        view.copy_(t.view(torch.uint8))
+        shifted.append(view.view(E4M3))
+    assert shifted[0].data_ptr() % 16 == 1
+    assert torch.equal(flash_attn_func(*shifted, causal=True), flash_attn_func(q8, k8, v8, causal=True))
+
+
+@pytest.mark.gpu
 def test_batch_heads_past_grid_y():
     _check((2, 3, 5, 32800, 8200, 64, "bottom_right", None))
 

@@ -150,8 +150,10 @@ def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, de
     out, lse = api._outputs(out, lse, out_shape, torch.bfloat16, (B, H, Nq), with_lse, q.device, no_work)
     if no_work:
         return out, lse
-    if not api._rows_aligned(q, qs) or not api._rows_aligned(k, ks):  # TMA: 16-byte rows
-        q, k = api._aligned_copies((q, k), layout)
+    # 16-byte rows: TMA reads q and k, the V^T copy reads v by 16-byte loads (a view that breaks
+    # that is copied once, into fresh memory, as the other paths do).
+    if not all(api._rows_aligned(t, api._bhnd(t, layout)[1]) for t in (q, k) + (() if vt is not None else (v,))):
+        q, k, v = api._aligned_copies((q, k, v), layout)
         qs, ks = api._bhnd(q, layout)[1], api._bhnd(k, layout)[1]
     if vt is None:
         vt = v_transposed(api._heads_view(v, v, v, layout)[0])

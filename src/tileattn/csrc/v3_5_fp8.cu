@@ -14,11 +14,11 @@
 //  * P is rounded to e4m3 (round to nearest even; P lies in [0, 1], where e4m3 keeps 3 mantissa
 //    bits down to 2^-6 and subnormals to 2^-9) for P V; the row sums l_i add the FP32 P.
 //  * P V: 8-bit wgmma reads B K-major only, so the host hands in V^T, (B, H_kv, D, Nk padded to
-//    a multiple of 32) e4m3, written by one copy per call (api-side: fp8.py).  P's A fragment
+//    a multiple of 32) e4m3, written per call by v3_5_v_transpose below (fp8.v_transposed).  P's A fragment
 //    comes from S's accumulator without any shuffle: a thread holds keys 2t, 2t + 1 of each n8
 //    tile where the A layout wants keys 4t .. 4t + 3 of a 32-key step, so V^T's keys are permuted
 //    in each group of 32 to match (slot 16 h + 4 t + 2 a + b holds key 16 h + 8 a + 2 t + b;
-//    reference.fp8_key_permutation): the product sums over keys, the order is free.
+//    fp8.key_permutation): the product sums over keys, the order is free.
 //  * O (bf16) through the same epilogue, lse as v3.3's.
 // Tiles: Br = 128 (two warpgroups of 64 rows), Bc = 128 (V^T in panels of 128 key bytes, the
 // 128-byte swizzle), 256 at D = 64: shared memory Q Br D + 2 stages of K (Bc D) and V^T (D Bc)
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(VT_THREADS) v3_5_v_transpose(TILEATTN_VT_FIELD
   __syncthreads();
   const int groups = min(VT_KEYS, Nk_pad - key0) / 32;
 #pragma unroll
-  for (int i = tid; i < 4 * HEAD_DIM; i += VT_THREADS) {
+  for (int i = tid; i < VT_KEYS / 32 * HEAD_DIM; i += VT_THREADS) {
     const int g = i / HEAD_DIM, d = i % HEAD_DIM;
     if (g >= groups) break;
     const unsigned char* col = tile + 32 * g * ROW + d;
