@@ -10,8 +10,8 @@ What the kernel needs of the host: V^T.  8-bit wgmma reads both shared-memory op
 so P V takes V as (B, H_kv, D, keys): one copy per call (``v_transposed``), with the keys of each
 group of 32 permuted so that P's A fragment comes straight from S's accumulator registers
 (``key_permutation``; the product sums over keys, so their order is free).  The copy reads and
-writes Nk D bytes per (batch, KV head), about 1-3% of a long call's time (bench --suite fp8
-times the call with and without it).
+writes Nk D bytes per (batch, KV head): on an H200 0.07 ms for 64 MB, 2-4% of the call at N=8192
+and up to 20% at N=1024 (bench --suite fp8 times the call with and without it).
 
 Forward only: an FP8 input that requires grad raises (there is no FP8 backward).
 """

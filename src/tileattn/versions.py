@@ -644,7 +644,7 @@ V3_5_FP8 = KernelEntry(
     tensor_maps=True,
 )
 
-# v3.5's V^T (fp8.v_transposed): one byte-permuting copy of V per call, a block per 32 keys.
+# v3.5's V^T (fp8.v_transposed): one byte-permuting copy of V per call, a block per 128 keys.
 V3_5_VT = KernelEntry(
     name="v3.5_vt",
     file="v3_5_fp8.cu",
