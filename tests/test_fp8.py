@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tileattn import _nvrtc, _params, flash_attn_func, fp8, reference, scaled_dot_product_attention
-from tileattn.testing import LSE_TOLERANCE
+from tileattn.testing import LSE_TOLERANCE, compile_entry_spill_free
 from tileattn.versions import V3_5_FP8, V3_5_VT, VERSIONS
 
 E4M3 = torch.float8_e4m3fn
@@ -25,23 +25,15 @@ E4M3 = torch.float8_e4m3fn
 
 @pytest.mark.parametrize("dtype,D,causal", V3_5_VT.instantiations())
 def test_v_transpose_kernel_compiles(dtype, D, causal):
-    cubin = _nvrtc.compile_kernel(V3_5_VT.file, V3_5_VT.name_expression(dtype, D, causal), "sm_90a")
-    res = cubin.resources
-    assert res["stack_bytes"] == res["spill_stores"] == res["spill_loads"] == 0, res
-    _params.packer(cubin.data, cubin.lowered_name, False, _params.VT_ARGS, [])
+    cubin, sass = compile_entry_spill_free(V3_5_VT, dtype, D, causal)
     assert _params.block_threads(cubin.data, cubin.lowered_name) == 128
-    sass = _nvrtc.sass(cubin)
     assert "LDG.E.128" in sass and "STG.E.128" in sass  # 16-byte loads of V, stores of the assembled words
 
 
 @pytest.mark.parametrize("dtype,D,causal", V3_5_FP8.instantiations())
 def test_compiles_without_spills_to_8bit_wgmma(dtype, D, causal):
-    cubin = _nvrtc.compile_kernel(V3_5_FP8.file, V3_5_FP8.name_expression(dtype, D, causal), "sm_90a")
-    res = cubin.resources
-    assert res["stack_bytes"] == res["spill_stores"] == res["spill_loads"] == 0, res
-    _params.packer(cubin.data, cubin.lowered_name, True, _params.FWD_FIELDS, [])
+    cubin, sass = compile_entry_spill_free(V3_5_FP8, dtype, D, causal)
     assert 0 < _params.smem_bytes(cubin) <= 227 * 1024
-    sass = _nvrtc.sass(cubin)
     # QGMMA: wgmma with 8-bit operands (S = Q K^T and P V, both E4M3); F2FP...E4M3: P rounded to
     # e4m3 two at a time; UTMALDG: the copy engine's tiles; bf16 output (F2FP.BF16).
     for op in ("QGMMA.64x", ".F32.E4M3.E4M3", "F2FP.SATFINITE.E4M3.F32", "UTMALDG", "USETMAXREG", "F2FP.BF16"):

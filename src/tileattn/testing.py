@@ -8,9 +8,21 @@ import math
 
 import torch
 
-from . import api
+from . import _nvrtc, _params, api
 from .reference import causal_offset
 from .versions import VERSIONS
+
+
+def compile_entry_spill_free(entry, dtype: str, D: int, causal: bool, arch: str = "sm_90a"):
+    """One instantiation of a kernel outside the ladder (versions.KernelEntry) compiled for arch,
+    held to no stack and no spills, its parameter block the one the host packs (_params.packer
+    raises otherwise).  Returns (cubin, SASS text) for the caller's instruction checks."""
+    cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal), arch)
+    res = cubin.resources
+    assert res["stack_bytes"] == res["spill_stores"] == res["spill_loads"] == 0, res
+    _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps, _params.ENTRY_ARGS[entry.fields], [])
+    return cubin, _nvrtc.sass(cubin)
+
 
 _DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Relative-error bound vs float64 per rung precision: FP32 rungs must stay at FP32 level.

@@ -244,10 +244,7 @@ __device__ __forceinline__ void bwd_v2_2_body(TILEATTN_BWD_PARAMS(T)) {
 #pragma unroll
       for (int kk = 0; kk < NT; ++kk) {
         FragA<SPLIT> a;
-        a.set(0, dP[kk][0]);
-        a.set(1, dP[kk][2]);
-        a.set(2, dP[kk][1]);
-        a.set(3, dP[kk][3]);
+        a.set_from_c(dP[kk]);
 #pragma unroll
         for (int i = 0; i < DQ_TILES; ++i) {
           const int off = (8 * kk + 2 * t) * SK + 8 * (d0 + i) + g;

@@ -50,13 +50,27 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const float* row_p
   ldmatrix_x4(r, static_cast<unsigned>(__cvta_generic_to_shared(row_ptr)));
 }
 
-// An FP32 A fragment (4 values) as TF32 hi (and lo) registers.
-template <bool SPLIT>
-struct FragA {
-  unsigned hi[4], lo[4];
+// N FP32 fragment values as TF32 hi (and, for 3xTF32, lo) registers.
+template <int N, bool SPLIT>
+struct Tf32Frag {
+  unsigned hi[N], lo[N];
   __device__ __forceinline__ void set(int i, float x) {
     if (SPLIT) split_tf32(x, hi[i], lo[i]);
     else hi[i] = __float_as_uint(x);  // the tensor core truncates to TF32
+  }
+};
+
+// An FP32 A fragment (4 values).
+template <bool SPLIT>
+struct FragA : Tf32Frag<4, SPLIT> {
+  // An m16n8 C fragment (rows g, g + 8; columns 2t, 2t + 1) as the A fragment of the next product
+  // (a0..a3 = c0, c2, c1, c3): column 2t lands at k = t and 2t + 1 at k = t + 4, a permutation of
+  // the 8 keys of the k-step that the B operand's rows must follow (v2.2's P V, bwd_v2.2's dQ).
+  __device__ __forceinline__ void set_from_c(const float (&c)[4]) {
+    this->set(0, c[0]);
+    this->set(1, c[2]);
+    this->set(2, c[1]);
+    this->set(3, c[3]);
   }
 };
 
@@ -71,14 +85,8 @@ __device__ __forceinline__ void mma_fp32(float (&c)[4], const FragA<SPLIT>& a, c
   mma_tf32_m16n8k8(c, a.hi, b_hi);
 }
 
-// An FP32 B fragment (2 values) as TF32 hi (and lo) registers.
+// An FP32 B fragment (2 values).
 template <bool SPLIT>
-struct FragB {
-  unsigned hi[2], lo[2];
-  __device__ __forceinline__ void set(int i, float x) {
-    if (SPLIT) split_tf32(x, hi[i], lo[i]);
-    else hi[i] = __float_as_uint(x);
-  }
-};
+using FragB = Tf32Frag<2, SPLIT>;
 
 }  // namespace tileattn

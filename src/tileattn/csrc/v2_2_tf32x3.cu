@@ -241,10 +241,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
 #pragma unroll
     for (int ks = 0; ks < NTILES_S; ++ks) {
       FragA<SPLIT> a;
-      a.set(0, S[ks][0]);
-      a.set(1, S[ks][2]);
-      a.set(2, S[ks][1]);
-      a.set(3, S[ks][3]);
+      a.set_from_c(S[ks]);
 #pragma unroll
       for (int n = 0; n < NTILES_O; n += 2) {
         unsigned bh4[4], bl4[4];
