@@ -34,6 +34,7 @@ MUST_HAVE = {
     "v3.3": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
     # BAR.ARV: the hand-over of the tensor core to the other consumer warpgroup (bar.arrive).
     "v3.4": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR", "BAR.ARV"],
+    "v3.6": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
 }
 MUST_NOT_HAVE_BY_RUNG = {
     "v3.2": ["LDGSTS"],
@@ -41,6 +42,7 @@ MUST_NOT_HAVE_BY_RUNG = {
     "v2.3_tf32": ["HMMA", "LDSM"],
     "v3.3": ["HMMA", "LDSM", "LDGSTS"],
     "v3.4": ["HMMA", "LDSM", "LDGSTS"],
+    "v3.6": ["HMMA", "LDSM", "LDGSTS"],
 }
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 

@@ -541,6 +541,15 @@ def tensor_map_4d(
 
 
 @functools.cache
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of the device: the grid of a persistent rung (one CTA per SM)."""
+    from cuda.bindings import driver
+
+    attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return _check(driver.cuDeviceGetAttribute(attr, device_index), "cuDeviceGetAttribute")
+
+
 def max_dynamic_smem(device_index: int) -> int:
     from cuda.bindings import driver
 

@@ -48,8 +48,9 @@ FWD_ARGS: list[tuple[str, str]] = [
     ("bh_offset", "i"),
 ]
 # The room to grow (variable-length batches, paged KV, sliding window, softcap, ALiBi, FP8 descale
-# factors), with the value that means "off"; v3.3 and v3.1's varlen kernel read cu_seqlens and
-# bottom_right, v3.3's variants kernel the window, softcap and ALiBi fields, v3.5 descale.
+# factors, the persistent rungs' B * H), with the value that means "off"; v3.3 and v3.1's varlen
+# kernel read cu_seqlens and bottom_right, v3.3's variants kernel the window, softcap and ALiBi
+# fields, v3.5 descale, v3.6 bh_count.
 FWD_ROOM: list[tuple[str, str, object]] = [
     ("cu_seqlens_q", "Q", 0),
     ("cu_seqlens_k", "Q", 0),
@@ -64,6 +65,7 @@ FWD_ROOM: list[tuple[str, str, object]] = [
     ("alibi_slopes", "Q", 0),
     ("alibi_sb", "q", 0),
     ("descale", "Q", 0),
+    ("bh_count", "i", 0),
 ]
 FWD_FIELDS = FWD_ARGS + [(name, code) for name, code, _ in FWD_ROOM]
 TMA_MAPS_BYTES = 6 * 128  # TmaMaps: q, k, v with 64-column boxes, then with the narrow last panel's box

@@ -556,6 +556,9 @@ class Plan:
     tma_offset: int | None  # where the TmaMaps parameter starts (TMA rungs), else None
     pack: object  # pack_into of the forward fields (_params.FWD_ARGS) at the compiler's parameter offsets
     params: _nvrtc.ParamBuffer  # a thread-local image of the parameter block, handed to the launch whole
+    # Persistent rungs: the grid's CTAs at most (the device's SMs) and where bh_count sits in the block.
+    persistent_ctas: int = 0
+    bh_count_offset: int = 0
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -595,6 +598,8 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
         k.layout.tma_offset,
         k.layout.pack,
         k.params,
+        _nvrtc.sm_count(device_index) if entry.grid_style == "persistent" else 0,
+        k.layout.offsets[len(_params.FWD_FIELDS) - 1],  # bh_count, the last field
     )
 
 
@@ -822,10 +827,14 @@ class _Launch:
         self.maps_layout = (((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs), dtype)
         self.maps: dict[tuple[int, int, int], bytes] = {}
         # (grid x, grid y, bh_offset) per launch: K/V-outer rungs take B*H in gridDim.x (up to
-        # 2^31 - 1), the others (Tr, B*H) split over launches of at most 65535 in gridDim.y.
-        BH = B * H
+        # 2^31 - 1), persistent ones a CTA per SM (at most one per tile), the others (Tr, B*H)
+        # split over launches of at most 65535 in gridDim.y.
+        BH = self.bh_count = B * H
         if plan.per_head:
             self.grids = [(BH, 1, 0)]
+        elif plan.persistent_ctas:
+            # (Tr * B*H < 2^31: B*H*Nq rows of Q would be terabytes before it overflowed)
+            self.grids = [(min(plan.persistent_ctas, -(-Nq // plan.Br) * BH), 1, 0)]
         else:
             Tr = -(-Nq // plan.Br)
             self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]
@@ -852,6 +861,8 @@ class _Launch:
                     self.maps.clear()
                 maps = self.maps[ptrs] = _tensor_maps(*ptrs, *self.maps_layout, q.element_size(), plan.Br, plan.Bc)
             _TMA_PACK(buf.buf, plan.tma_offset, maps)
+        if plan.persistent_ctas:  # a room field, packed by itself (the buffer is the plan's, per thread)
+            _BH_COUNT_PACK(buf.buf, plan.bh_count_offset, self.bh_count)
         # Launch on torch's current stream of the inputs' device.
         stream = _current_stream(self.device_index)
         for grid_x, grid_y, bh_offset in self.grids:
@@ -863,6 +874,7 @@ class _Launch:
 
 _BH_OFFSET = [n for n, _ in _params.FWD_ARGS].index("bh_offset")
 _TMA_PACK = struct.Struct(f"{_params.TMA_MAPS_BYTES}s").pack_into
+_BH_COUNT_PACK = struct.Struct("<i").pack_into
 
 
 def _current_stream(device_index: int) -> int:

@@ -210,7 +210,7 @@ def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, de
         args = [
             q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0,
             Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vt.stride()[:3], *os_[:3], softmax_scale, offset, off,
-            0, 0, 0, 0, 0, 0, -1, -1, 0.0, 0, 0, 0, table.data_ptr(),
+            0, 0, 0, 0, 0, 0, -1, -1, 0.0, 0, 0, 0, table.data_ptr(), 0,
         ]  # fmt: skip
         kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args, maps)
     return out, lse

@@ -491,7 +491,7 @@ def _launch_packed(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0,
             Nq, Nk, H, H // H_kv, *(x for s in strides for x in s), scale, causal_offset, off,
             ptr(cu_seqlens[0]), ptr(cu_seqlens[1]), 0, 0, 0, 0, *window, softcap, int(bottom_right),
-            ptr(alibi_slopes), _alibi_stride(alibi_slopes), 0,
+            ptr(alibi_slopes), _alibi_stride(alibi_slopes), 0, 0,
         ]  # fmt: skip
         kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args, maps)
 

@@ -16,7 +16,7 @@ Kind = Literal["simt", "tensor_fp32", "mma"]
 # What a rung computes at: "fp32" (FP32-level error, the default for FP32 inputs), "tf32" (one
 # TF32 product per multiply, ~1e-3 error, only with precision="tf32"), "native" (fp16/bf16 inputs).
 Precision = Literal["fp32", "tf32", "native"]
-GridStyle = Literal["per_head", "q_outer"]
+GridStyle = Literal["per_head", "q_outer", "persistent"]
 _CTYPE = {
     "float32": "float",
     "float16": "__half",
@@ -38,7 +38,9 @@ class Version:
     kernel: str  # template name inside namespace tileattn
     kind: Kind
     tiles: dict[int, tuple[int, int]]  # head dim -> (Br, Bc); its keys are the supported head dims
-    grid_style: GridStyle  # per_head: grid = B*H (K/V outer); q_outer: grid = (Tr, B*H)
+    # per_head: grid = B*H (K/V outer); q_outer: grid = (Tr, B*H); persistent: one CTA per SM (at most
+    # Tr*B*H), each walking tiles (the kernel reads B*H from the bh_count field)
+    grid_style: GridStyle
     dtypes: tuple[str, ...] = ("float32",)
     min_arch: int = 80  # compute capability major*10 + minor
     max_arch: int | None = None  # the newest arch it runs on: wgmma exists on sm_90a only, not on sm_100
@@ -258,6 +260,17 @@ _V3_4 = dataclasses.replace(
     "barriers): one's softmax runs under the other's MMAs (sm_90a)",
 )
 
+_V3_6 = dataclasses.replace(
+    _V3_3,
+    name="v3.6",
+    file="v3_6_persistent.cu",
+    kernel="v3_6_fwd",
+    grid_style="persistent",
+    priority=15,
+    summary="v3.3 (v3.4 at D=64) as a persistent kernel: a CTA per SM walks the tiles (longest first under "
+    "the causal mask), the next tile's Q and K/V loading under the current tile's last P V and stores (sm_90a)",
+)
+
 VERSIONS: dict[str, Version] = {
     v.name: v
     for v in [
@@ -306,6 +319,7 @@ VERSIONS: dict[str, Version] = {
         _V3_2,
         _V3_3,
         _V3_4,
+        _V3_6,
     ]
 }
 

@@ -76,7 +76,8 @@ struct alignas(64) TmaMaps {
   X(const int, bottom_right) SEP                 /* variable-length: causal offset Nk_b - Nq_b */ \
   X(const float* __restrict__, alibi_slopes) SEP /* [B][H] at alibi_sb, [H] (alibi_sb 0); null: off */ \
   X(const long long, alibi_sb) SEP                                                         \
-  X(const float* __restrict__, descale)          /* [B * H_kv][3] q, k, v factors of FP8 inputs (v3.5) */
+  X(const float* __restrict__, descale) SEP      /* [B * H_kv][3] q, k, v factors of FP8 inputs (v3.5) */ \
+  X(const int, bh_count)                         /* B * H: persistent rungs (v3.6), a CTA per SM */
 
 #define TILEATTN_COMMA_ ,
 #define TILEATTN_SEMI_ ;
@@ -122,6 +123,26 @@ struct HeadSlice {
 // so they are launched first (block x = gridDim.x - 1 first) and the short ones fill the tail.
 template <bool CAUSAL>
 __device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x; }
+
+// The persistent rungs' tile order (v3.6): one CTA per SM takes tiles blockIdx.x, + gridDim.x, ...
+// of Tr * BH.  Without a mask every tile costs the same; the Q blocks of one (batch, head) are
+// consecutive, so the CTAs running at once share that head's K and V in L2 (with Br = 128 a CTA
+// reads 1 byte of K/V per 128 FLOPs: ~4.7 TB/s at 600 TFLOP/s, more than HBM, so L2 must serve the
+// repeats).  Causal: the Q blocks that see more keys come first, so that the last round is the
+// short tiles, over sections of heads whose K and V fit in L2_SECTION bytes: inside a section, Q
+// block Tr - 1 of each head, then Tr - 2, and so on.
+struct TileIndex {
+  int bh, q_block;
+};
+template <bool CAUSAL>
+__device__ __forceinline__ TileIndex persistent_tile(int tile, int Tr, int BH, long long kv_bytes_per_head) {
+  if (!CAUSAL) return {tile / Tr, tile % Tr};
+  constexpr long long L2_SECTION = 16ll << 20;  // a third of the H100's / H200's 50 MB L2
+  const int heads = static_cast<int>(max(1ll, min(static_cast<long long>(BH), L2_SECTION / max(1ll, kv_bytes_per_head))));
+  const int section = tile / (heads * Tr), r = tile % (heads * Tr);
+  const int in_section = min(heads, BH - section * heads);  // the last section may be short
+  return {section * heads + r % in_section, Tr - 1 - r / in_section};
+}
 
 // The tile scheduler of packed sequences (v3.3's variable-length batches): blockIdx.x enumerates
 // every sequence's Q blocks in turn, so no CTA is launched for the blocks a grid over the longest

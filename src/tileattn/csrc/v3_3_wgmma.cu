@@ -42,7 +42,15 @@ constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2).
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS, bool PINGPONG = false>
+// One tile's geometry: which (batch, head) slice, Q block, sequence rows and K/V blocks.
+struct V33Tile {
+  int bh, qb, q0, k0, seq_q, seq_k, offset;
+  int q_start, j_lo, Tc;  // rows q_start ..; K/V blocks j_lo .. j_lo + Tc - 1
+  bool empty;             // nothing to do (a packed tile past its sequence's blocks)
+};
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS, bool PINGPONG = false,
+          bool PERSISTENT = false>
 __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // FP8: v3.5 (v3_5_fp8.cu), e4m3 Q, K and V^T, bf16 O; its differences are marked FP8 below.
@@ -52,6 +60,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128 || (FP8 && Bc == 256)),
                 "whole 64-column panels");
   static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
+  static_assert(!PERSISTENT || (!VARIANTS && !FP8), "v3.6 (persistent) is the plain dense kernel");
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
@@ -60,92 +69,114 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   auto s_k = [&](int s) { return s_q + Q_BYTES + s * KV_BYTES; };
   auto s_v = [&](int s) { return s_q + Q_BYTES + (STAGES + s) * KV_BYTES; };
   const KVBarriers<STAGES> bars{s_q + Q_BYTES + 2 * STAGES * KV_BYTES};
+  // PERSISTENT (v3.6): Q's buffer is refilled for each tile once both consumer warpgroups are
+  // done reading it (their last S): one more mbarrier after KVBarriers's, every consumer thread.
+  const unsigned q_empty = bars.q + 8 * KVBarriers<STAGES>::COUNT;
   // Q and full: the producer thread's one arrival (with the copy's bytes); empty: every consumer thread.
-  if (threadIdx.x == 0) bars.init(1, 2 * V3_3_WG);
+  if (threadIdx.x == 0) {
+    if (PERSISTENT) mbar_init(q_empty, 2 * V3_3_WG);
+    bars.init(1, 2 * V3_3_WG);
+  }
   __syncthreads();
 
-  // This block's sequence: the whole (b_, h_) slice of grid row bh, Q block x; or (variable-length
-  // batches, common.cuh) the (sequence, Q block) tile x of packed_tile's schedule at head y, rows
-  // q0 .. q0 + seq_q - 1 of packed q and k0 .. k0 + seq_k - 1 of packed k, v.  Tiles reaching past
-  // a sequence's end read the next sequence's rows (or the copy engine's zeros past the tensor):
-  // keys there are masked like keys past Nk, query rows there are not stored.
-  int bh = blockIdx.y + bh_offset, qb = q_block<CAUSAL>();
-  int q0 = 0, k0 = 0, seq_q = Nq, seq_k = Nk, offset = causal_offset;
-  if (cu_seqlens_q) {
-    const PackedTile tile = packed_tile<CAUSAL, Br>(cu_seqlens_q, Nq);
-    if (tile.q_block < 0) return;  // the one empty tile a sequence may leave
-    bh = tile.b * H + bh;
-    qb = tile.q_block;
-    q0 = cu_seqlens_q[tile.b];
-    k0 = cu_seqlens_k[tile.b];
-    seq_q = cu_seqlens_q[tile.b + 1] - q0;
-    seq_k = cu_seqlens_k[tile.b + 1] - k0;
-    if (bottom_right) offset = seq_k - seq_q;
-  }
-  const int b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
-  const int q_start = qb * Br;
-  if (q_start >= seq_q) return;  // dense: a Q block past Nq (never launched); packed: none
-  // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
-  // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0.
-  int kv_lo = 0, kv_hi = CAUSAL ? min(seq_k, max(0, q_start + Br + offset)) : seq_k;
-  if (VARIANTS) {
-    if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, q_start + Br + offset + window_right));
-    if (window_left >= 0) kv_lo = min(kv_hi, max(0, q_start + offset - window_left));
-  }
-  const int j_lo = kv_lo / Bc;
-  const int Tc = (kv_hi + Bc - 1) / Bc - j_lo;
-  const int tma_b = cu_seqlens_q ? 0 : b_;  // packed tensors are one "batch" to the copy engine
+  // The tiles this CTA takes.  One: the whole (b_, h_) slice of grid row bh, Q block x; or
+  // (variable-length batches, common.cuh) the (sequence, Q block) tile x of packed_tile's schedule
+  // at head y, rows q0 .. q0 + seq_q - 1 of packed q and k0 .. k0 + seq_k - 1 of packed k, v.
+  // Tiles reaching past a sequence's end read the next sequence's rows (or the copy engine's zeros
+  // past the tensor): keys there are masked like keys past Nk, query rows there are not stored.
+  // PERSISTENT (v3.6, v3_6_persistent.cu): one CTA per SM takes tiles blockIdx.x, + gridDim.x, ...
+  // of persistent_tile's order over Tr * bh_count tiles.
+  const int Tr = (Nq + Br - 1) / Br;
+  auto tile_at = [&](int tile) {
+    V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
+    if constexpr (PERSISTENT) {
+      const TileIndex ti = persistent_tile<CAUSAL>(tile, Tr, bh_count, 2ll * Nk * HEAD_DIM * sizeof(T));
+      w.bh = ti.bh;
+      w.qb = ti.q_block;
+    } else {
+      w.bh = blockIdx.y + bh_offset;
+      w.qb = q_block<CAUSAL>();
+      if (cu_seqlens_q) {
+        const PackedTile pt = packed_tile<CAUSAL, Br>(cu_seqlens_q, Nq);
+        if (pt.q_block < 0) {  // the one empty tile a sequence may leave
+          w.empty = true;
+          return w;
+        }
+        w.bh = pt.b * H + w.bh;
+        w.qb = pt.q_block;
+        w.q0 = cu_seqlens_q[pt.b];
+        w.k0 = cu_seqlens_k[pt.b];
+        w.seq_q = cu_seqlens_q[pt.b + 1] - w.q0;
+        w.seq_k = cu_seqlens_k[pt.b + 1] - w.k0;
+        if (bottom_right) w.offset = w.seq_k - w.seq_q;
+      }
+    }
+    w.q_start = w.qb * Br;
+    w.empty = w.q_start >= w.seq_q;  // dense: a Q block past Nq (never launched); packed: none
+    // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
+    // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0.
+    int kv_lo = 0, kv_hi = CAUSAL ? min(w.seq_k, max(0, w.q_start + Br + w.offset)) : w.seq_k;
+    if (VARIANTS) {
+      if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, w.q_start + Br + w.offset + window_right));
+      if (window_left >= 0) kv_lo = min(kv_hi, max(0, w.q_start + w.offset - window_left));
+    }
+    w.j_lo = kv_lo / Bc;
+    w.Tc = (kv_hi + Bc - 1) / Bc - w.j_lo;
+    return w;
+  };
 
   if (threadIdx.x < V3_3_WG) {
     // ---------------- producer: one thread issues every copy ----------------
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
-    if constexpr (FP8) {  // maps: q, k (rows of D bytes), v^T (rows of keys, the host's copy)
-      tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, q0 + q_start, h_, tma_b);
-      for (int n = 0; n < Tc; ++n) {
-        bars.wait_k_empty(n);
-        tma_rows_load_e4m3<HEAD_DIM>(tmaps, 1, s_k(n % STAGES), bars.k_full(n), Bc, (j_lo + n) * Bc, hk_, tma_b);
-        bars.wait_v_empty(n);
-        mbar_arrive_expect_tx(bars.v_full(n), HEAD_DIM * Bc);  // panels of D rows x 128 key bytes
+    // One tile.  c0: this CTA's K/V blocks before it (stage c0 + n of block n); i: its tiles before it.
+    auto produce_tile = [&](const V33Tile& w, const int c0, const int i) {
+      const int h_ = w.bh % H, hk_ = h_ / h_per_kv;
+      const int tma_b = cu_seqlens_q ? 0 : w.bh / H;  // packed tensors are one "batch" to the copy engine
+      if (PERSISTENT && i > 0) mbar_wait(q_empty, (i - 1) & 1);  // the consumers are done with the last Q
+      if constexpr (FP8) {  // maps: q, k (rows of D bytes), v^T (rows of keys, the host's copy)
+        tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);
+        for (int n = 0; n < w.Tc; ++n) {
+          bars.wait_k_empty(n);
+          tma_rows_load_e4m3<HEAD_DIM>(tmaps, 1, s_k(n % STAGES), bars.k_full(n), Bc, (w.j_lo + n) * Bc, hk_, tma_b);
+          bars.wait_v_empty(n);
+          mbar_arrive_expect_tx(bars.v_full(n), HEAD_DIM * Bc);  // panels of D rows x 128 key bytes
 #pragma unroll
-        for (int p = 0; p < Bc / 128; ++p)
-          tma_load_4d(s_v(n % STAGES) + p * HEAD_DIM * 128, tmaps->desc[2], ((j_lo + n) * Bc + 128 * p) / 2, 0, hk_,
-                      tma_b, bars.v_full(n));
+          for (int p = 0; p < Bc / 128; ++p)
+            tma_load_4d(s_v(n % STAGES) + p * HEAD_DIM * 128, tmaps->desc[2], ((w.j_lo + n) * Bc + 128 * p) / 2, 0,
+                        hk_, tma_b, bars.v_full(n));
+        }
+        return;
       }
-      return;
-    }
-    tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, q0 + q_start, h_, tma_b);  // maps: q, k, v
-    for (int n = 0; n < Tc; ++n) {
-      const int row = k0 + (j_lo + n) * Bc;
-      bars.wait_k_empty(n);
-      tma_tile_load<HEAD_DIM>(tmaps, 1, s_k(n % STAGES), bars.k_full(n), Bc, row, hk_, tma_b);
-      bars.wait_v_empty(n);
-      tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(n % STAGES), bars.v_full(n), Bc, row, hk_, tma_b);
+      tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
+      for (int n = 0; n < w.Tc; ++n) {
+        const int row = w.k0 + (w.j_lo + n) * Bc, c = c0 + n;
+        bars.wait_k_empty(c);
+        tma_tile_load<HEAD_DIM>(tmaps, 1, s_k(c % STAGES), bars.k_full(c), Bc, row, hk_, tma_b);
+        bars.wait_v_empty(c);
+        tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(c % STAGES), bars.v_full(c), Bc, row, hk_, tma_b);
+      }
+    };
+    if constexpr (PERSISTENT) {
+      for (int tile = blockIdx.x, c0 = 0, i = 0; tile < Tr * bh_count; tile += gridDim.x, ++i) {
+        const V33Tile w = tile_at(tile);
+        produce_tile(w, c0, i);
+        c0 += w.Tc;
+      }
+    } else {
+      const V33Tile w = tile_at(0);
+      if (!w.empty) produce_tile(w, 0, 0);
     }
     return;
   }
 
   // ---------------- consumers: S = Q K^T, online softmax, O += P V ----------------
   setmaxnreg_inc<V3_3_CONSUMER_REGS>();
-  const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
   const int cwg = threadIdx.x / V3_3_WG - 1;
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int row_a = q_start + cwg * 64 + warp * 16 + g;  // this thread's query rows: row_a, row_a + 8
-  // > 0, so max(s S) = s max(S) and the scale folds into one FFMA per score (softmax.cuh).
-  // FP8: the scores are S ds_q ds_k (per-(batch, KV head) descale factors); any sign of that
-  // product is folded in by negating S (fp8_negate, one uniform branch a block).
-  const float* ds = FP8 ? descale + 3 * (b_ * (H / h_per_kv) + hk_) : nullptr;
-  const float score_scale = FP8 ? softmax_scale * ds[0] * ds[1] : softmax_scale;
-  const bool fp8_negate = FP8 && score_scale < 0.0f;
-  const float scale_log2 = folded_scale_log2(FP8 ? fabsf(score_scale) : softmax_scale);
   constexpr int NS = Bc / 2, NO = HEAD_DIM / 2;  // accumulator values per thread: S (64 x Bc), O (64 x D)
-
-  float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
-  float l_i[2] = {0.0f, 0.0f};
   float acc[NO];
-#pragma unroll
-  for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
 
   // Descriptors: Q and K K-major (k16 step kk: panel kk / 4, 32 bytes per step inside the row);
   // this warpgroup's Q rows start 64 rows into each panel.  V N-major: k16 step ks starts 16 key
@@ -159,9 +190,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       return wgmma_desc_sw128(addr);
   };
   const unsigned long long dq = desc_qk(s_q + cwg * 64 * ROW_BYTES);
-  mbar_wait(bars.q, 0);  // even with no K/V block: no copy may outlive the CTA
 
-  // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the blocks.
+  // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the CTA's K/V
+  // blocks (the stage).
   auto issue_s = [&](float (&S)[NS], int n) {
     // (The 16-bit path calls wgmma_desc_sw128 itself: through desc_qk, ptxas ORs instead of adding
     // the descriptor's bits, one instruction more in v3.3's SASS.)
@@ -196,156 +227,196 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     }
     wgmma_commit();
   };
-  ScoreVariants var{};
-  // ALiBi under the causal mask (every visible key at or left of the row) as one FFMA a score
-  // (fragment_alibi_keys) instead of fragment_variants's FADD and FFMA: measured on an H200
-  // (scripts/variants_probe.py, bf16 causal N=8192) 0.904x -> 1.045x of plain causal at D=64 and
-  // 0.848x -> 0.938x at D=128.
-  constexpr bool ALIBI_KEYS = VARIANTS && CAUSAL;
-  if (VARIANTS) {
-    var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b_, h_, window_left, window_right);
-    var.first_pos = q_start + offset;
-    var.last_pos = q_start + Br - 1 + offset;
-    var.pos[0] = row_a + offset;
-    var.pos[1] = row_a + 8 + offset;
-  }
-  ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
-  if (ALIBI_KEYS) var_rest.alibi = false;
-  // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
-  float scale_old[2];
-  auto softmax = [&](float (&S)[NS], int n) {
-    if (fp8_negate) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) S[i] = -S[i];
+
+  // One tile.  c0: this CTA's K/V blocks before it (the stages and barriers count c0 + n); i: its
+  // tiles before it (Q's phase).
+  auto consume_tile = [&](const V33Tile& w, const int c0, const int i) {
+    const int bh = w.bh, b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
+    const int q_start = w.q_start, q0 = w.q0, seq_q = w.seq_q, seq_k = w.seq_k, offset = w.offset;
+    const int j_lo = w.j_lo, Tc = w.Tc;
+    const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
+    const int row_a = q_start + cwg * 64 + warp * 16 + g;  // this thread's query rows: row_a, row_a + 8
+    // > 0, so max(s S) = s max(S) and the scale folds into one FFMA per score (softmax.cuh).
+    // FP8: the scores are S ds_q ds_k (per-(batch, KV head) descale factors); any sign of that
+    // product is folded in by negating S (fp8_negate, one uniform branch a block).
+    const float* ds = FP8 ? descale + 3 * (b_ * (H / h_per_kv) + hk_) : nullptr;
+    const float score_scale = FP8 ? softmax_scale * ds[0] * ds[1] : softmax_scale;
+    const bool fp8_negate = FP8 && score_scale < 0.0f;
+    const float scale_log2 = folded_scale_log2(FP8 ? fabsf(score_scale) : softmax_scale);
+    float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
+    float l_i[2] = {0.0f, 0.0f};
+  #pragma unroll
+    for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
+    mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
+    // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1) is done.
+    auto release_q = [&](int n) {
+      if (PERSISTENT && n == Tc - 1) mbar_arrive(q_empty);
+    };
+    if (Tc == 0) release_q(-1);
+
+    ScoreVariants var{};
+    // ALiBi under the causal mask (every visible key at or left of the row) as one FFMA a score
+    // (fragment_alibi_keys) instead of fragment_variants's FADD and FFMA: measured on an H200
+    // (scripts/variants_probe.py, bf16 causal N=8192) 0.904x -> 1.045x of plain causal at D=64 and
+    // 0.848x -> 0.938x at D=128.
+    constexpr bool ALIBI_KEYS = VARIANTS && CAUSAL;
+    if (VARIANTS) {
+      var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b_, h_, window_left, window_right);
+      var.first_pos = q_start + offset;
+      var.last_pos = q_start + Br - 1 + offset;
+      var.pos[0] = row_a + offset;
+      var.pos[1] = row_a + 8 + offset;
     }
-    if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
-    if constexpr (ALIBI_KEYS) {
-      const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
-      fragment_online_softmax<CAUSAL, NS, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start,
-                                                row_a, t, seq_k, offset, alibi_offset);
-    } else {
-      fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
-                                      seq_k, offset);
-    }
-  };
-  // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
-  // the even tile are a0 / a1, of the odd tile a2 / a3), and O rebased to the new row max.
-  // FP8: k32 step c takes S's n8 tiles 4c .. 4c + 3; register r (rows g / g + 8 as r % 2) holds
-  // keys 2t, 2t + 1 of tile 4c + 2 (r / 2) and of the next tile, where the A layout expects keys
-  // 4t .. 4t + 3 (16 further for r / 2 = 1): the host permutes V^T's keys to match (v3_5_fp8.cu).
-  auto to_p_and_rescale = [&](const float (&S)[NS]) {
-    if constexpr (FP8) {
-#pragma unroll
-      for (int c = 0; c < Bc / 32; ++c)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int i = 16 * c + 8 * (r / 2) + 2 * (r % 2);
-          p[c][r] = pack4_e4m3(S[i], S[i + 1], S[i + 4], S[i + 5]);
-        }
-    } else {
-#pragma unroll
-      for (int i = 0; i < NS; i += 2) {
-        const int n8 = i / 4;
-        p[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
+    ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
+    if (ALIBI_KEYS) var_rest.alibi = false;
+    // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
+    float scale_old[2];
+    auto softmax = [&](float (&S)[NS], int n) {
+      if (fp8_negate) {
+  #pragma unroll
+        for (int i = 0; i < NS; ++i) S[i] = -S[i];
       }
-    }
-#pragma unroll
-    for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
-  };
+      if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
+      if constexpr (ALIBI_KEYS) {
+        const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
+        fragment_online_softmax<CAUSAL, NS, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start,
+                                                  row_a, t, seq_k, offset, alibi_offset);
+      } else {
+        fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
+                                        seq_k, offset);
+      }
+    };
+    // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
+    // the even tile are a0 / a1, of the odd tile a2 / a3), and O rebased to the new row max.
+    // FP8: k32 step c takes S's n8 tiles 4c .. 4c + 3; register r (rows g / g + 8 as r % 2) holds
+    // keys 2t, 2t + 1 of tile 4c + 2 (r / 2) and of the next tile, where the A layout expects keys
+    // 4t .. 4t + 3 (16 further for r / 2 = 1): the host permutes V^T's keys to match (v3_5_fp8.cu).
+    auto to_p_and_rescale = [&](const float (&S)[NS]) {
+      if constexpr (FP8) {
+  #pragma unroll
+        for (int c = 0; c < Bc / 32; ++c)
+  #pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int i = 16 * c + 8 * (r / 2) + 2 * (r % 2);
+            p[c][r] = pack4_e4m3(S[i], S[i + 1], S[i + 4], S[i + 5]);
+          }
+      } else {
+  #pragma unroll
+        for (int i = 0; i < NS; i += 2) {
+          const int n8 = i / 4;
+          p[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
+        }
+      }
+  #pragma unroll
+      for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
+    };
 
-  // PINGPONG (v3.4, csrc/v3_4_pingpong.cu): the two consumer warpgroups take turns issuing their
-  // MMAs (named barrier 3 + w: warpgroup w's turn).  Each takes Tc + 1 turns (S_0, the Tc - 1
-  // loop steps, the last P V); warpgroup 0 goes first, and warpgroup 1's last hand-over, which
-  // nobody waits for, is skipped (a barrier must not be left half-arrived).
-  auto my_turn = [&] {
-    if (PINGPONG) named_barrier_sync<2 * V3_3_WG>(3 + cwg);
-  };
-  auto your_turn = [&](bool last) {
-    if (PINGPONG && !(last && cwg == 1)) named_barrier_arrive<2 * V3_3_WG>(3 + (1 - cwg));
-  };
-  if (PINGPONG && cwg == 1 && Tc > 0) named_barrier_arrive<2 * V3_3_WG>(3);
+    // PINGPONG (v3.4, csrc/v3_4_pingpong.cu): the two consumer warpgroups take turns issuing their
+    // MMAs (named barrier 3 + w: warpgroup w's turn).  Each takes Tc + 1 turns (S_0, the Tc - 1
+    // loop steps, the last P V); warpgroup 0 goes first, and warpgroup 1's last hand-over, which
+    // nobody waits for, is skipped (a barrier must not be left half-arrived).
+    auto my_turn = [&] {
+      if (PINGPONG) named_barrier_sync<2 * V3_3_WG>(3 + cwg);
+    };
+    auto your_turn = [&](bool last) {
+      if (PINGPONG && !(last && cwg == 1)) named_barrier_arrive<2 * V3_3_WG>(3 + (1 - cwg));
+    };
+    if (PINGPONG && cwg == 1 && Tc > 0) named_barrier_arrive<2 * V3_3_WG>(3);
 
-  // Intra-warpgroup pipelining: S_{j+1} = Q K_{j+1}^T and P_j V_j are issued together, and the
-  // softmax of block j+1 runs on the CUDA cores while the tensor core does P_j V_j.  p and acc
-  // belong to the in-flight P V until its wait (fence_operands keeps their registers pinned).
-  if (Tc > 0) {
-    {
-      float S[NS];
-      bars.wait_k_full(0);
-      my_turn();
-      issue_s(S, 0);
-      your_turn(false);
-      wgmma_wait<0>();
-      fence_operands(S);
-      mbar_arrive(bars.k_empty(0));
-      softmax(S, 0);
-      to_p_and_rescale(S);
-    }
-    for (int j = 0; j + 1 < Tc; ++j) {  // straight-line body: ptxas tracks the two groups
-      float S[NS];
-      bars.wait_k_full(j + 1);
-      my_turn();
-      issue_s(S, j + 1);
-      bars.wait_v_full(j);
-      issue_pv(j);
-      your_turn(false);
-      wgmma_wait<1>();  // S_{j+1} done (groups complete in order), P_j V_j may still run
-      fence_operands(S);
-      mbar_arrive(bars.k_empty(j + 1));
-      softmax(S, j + 1);
-      // Where ptxas puts this wait is a measured choice (scripts/variants_probe.py --define, two
-      // runs, bf16 causal N=8192): pinned behind the exponentials, the plain kernel runs 4% faster
-      // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
-      // v3.4 (PINGPONG) leaves the wait to ptxas: pinned, v3.4 ran 0.98x of v3.3 at causal D=64;
-      // unpinned 1.16x (and 1.10x more without a mask), 2026-12-02.
-      if constexpr (!VARIANTS && HEAD_DIM == 64 && !PINGPONG)
-        wgmma_wait_all_after(l_i[0] + l_i[1]);
-      else
+    // Intra-warpgroup pipelining: S_{j+1} = Q K_{j+1}^T and P_j V_j are issued together, and the
+    // softmax of block j+1 runs on the CUDA cores while the tensor core does P_j V_j.  p and acc
+    // belong to the in-flight P V until its wait (fence_operands keeps their registers pinned).
+    if (Tc > 0) {
+      {
+        float S[NS];
+        bars.wait_k_full(c0);
+        my_turn();
+        issue_s(S, c0);
+        your_turn(false);
         wgmma_wait<0>();
-      fence_operands(acc);
-      fence_operands(p);
-      mbar_arrive(bars.v_empty(j));
-      to_p_and_rescale(S);
-    }
-    bars.wait_v_full(Tc - 1);
-    if (!FP8 && cu_seqlens_q) {
-      // Packed sequences: the last tile's rows past the sequence's keys hold the next sequence's
-      // values or whatever the buffer holds past cu_seqlens_k[B] (NaN included); P is 0 there,
-      // but 0 x NaN is NaN, so each consumer warpgroup zeroes those rows of every 64-column
-      // panel (row r: bytes [r 128, r 128 + 128) of its panel) before its P V reads them.  Only
-      // the last tile can reach past the keys; the dense path's copy engine zero-fills instead.
-      const int first = seq_k - (j_lo + Tc - 1) * Bc;  // rows first .. Bc - 1
-      if (first < Bc) {
-        unsigned char* v_tile = smem + (s_v((Tc - 1) % STAGES) - s_q);
-        for (int i = threadIdx.x % V3_3_WG; i < (HEAD_DIM / 64) * (Bc - first) * 8; i += V3_3_WG) {
-          const int panel = i / ((Bc - first) * 8), chunk = i % ((Bc - first) * 8);
-          *reinterpret_cast<uint4*>(v_tile + panel * Bc * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
-        }
-        fence_proxy_async_smem();  // the generic-proxy stores, before the tensor core's async-proxy reads
-        named_barrier_sync<V3_3_WG>(1 + cwg);  // this warpgroup's stores
+        fence_operands(S);
+        mbar_arrive(bars.k_empty(c0));
+        release_q(0);
+        softmax(S, 0);
+        to_p_and_rescale(S);
       }
+      for (int j = 0; j + 1 < Tc; ++j) {  // straight-line body: ptxas tracks the two groups
+        float S[NS];
+        bars.wait_k_full(c0 + j + 1);
+        my_turn();
+        issue_s(S, c0 + j + 1);
+        bars.wait_v_full(c0 + j);
+        issue_pv(c0 + j);
+        your_turn(false);
+        wgmma_wait<1>();  // S_{j+1} done (groups complete in order), P_j V_j may still run
+        fence_operands(S);
+        mbar_arrive(bars.k_empty(c0 + j + 1));
+        release_q(j + 1);
+        softmax(S, j + 1);
+        // Where ptxas puts this wait is a measured choice (scripts/variants_probe.py --define, two
+        // runs, bf16 causal N=8192): pinned behind the exponentials, the plain kernel runs 4% faster
+        // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
+        // v3.4 (PINGPONG) leaves the wait to ptxas: pinned, v3.4 ran 0.98x of v3.3 at causal D=64;
+        // unpinned 1.16x (and 1.10x more without a mask), 2026-12-02.
+        if constexpr (!VARIANTS && HEAD_DIM == 64 && !PINGPONG)
+          wgmma_wait_all_after(l_i[0] + l_i[1]);
+        else
+          wgmma_wait<0>();
+        fence_operands(acc);
+        fence_operands(p);
+        mbar_arrive(bars.v_empty(c0 + j));
+        to_p_and_rescale(S);
+      }
+      bars.wait_v_full(c0 + Tc - 1);
+      if (!FP8 && cu_seqlens_q) {
+        // Packed sequences: the last tile's rows past the sequence's keys hold the next sequence's
+        // values or whatever the buffer holds past cu_seqlens_k[B] (NaN included); P is 0 there,
+        // but 0 x NaN is NaN, so each consumer warpgroup zeroes those rows of every 64-column
+        // panel (row r: bytes [r 128, r 128 + 128) of its panel) before its P V reads them.  Only
+        // the last tile can reach past the keys; the dense path's copy engine zero-fills instead.
+        const int first = seq_k - (j_lo + Tc - 1) * Bc;  // rows first .. Bc - 1
+        if (first < Bc) {
+          unsigned char* v_tile = smem + (s_v((c0 + Tc - 1) % STAGES) - s_q);
+          for (int i = threadIdx.x % V3_3_WG; i < (HEAD_DIM / 64) * (Bc - first) * 8; i += V3_3_WG) {
+            const int panel = i / ((Bc - first) * 8), chunk = i % ((Bc - first) * 8);
+            *reinterpret_cast<uint4*>(v_tile + panel * Bc * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+          }
+          fence_proxy_async_smem();  // the generic-proxy stores, before the tensor core's async-proxy reads
+          named_barrier_sync<V3_3_WG>(1 + cwg);  // this warpgroup's stores
+        }
+      }
+      my_turn();
+      issue_pv(c0 + Tc - 1);
+      your_turn(true);
+      wgmma_wait<0>();
+      fence_operands(acc);
+      mbar_arrive(bars.v_empty(c0 + Tc - 1));
     }
-    my_turn();
-    issue_pv(Tc - 1);
-    your_turn(true);
-    wgmma_wait<0>();
-    fence_operands(acc);
-    mbar_arrive(bars.v_empty(Tc - 1));
-  }
 
-  if (ALIBI_KEYS && var.alibi) {  // fragment_alibi_keys's row constant, out of lse (O does not see it)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
-  }
-  // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
-  float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
-  if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
-#pragma unroll
-    for (int i = 0; i < NO; ++i) acc[i] *= ds[2];
-    __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
-    fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
+    if (ALIBI_KEYS && var.alibi) {  // fragment_alibi_keys's row constant, out of lse (O does not see it)
+  #pragma unroll
+      for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
+    }
+    // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
+    float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
+    if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
+  #pragma unroll
+      for (int i = 0; i < NO; ++i) acc[i] *= ds[2];
+      __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
+      fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
+    } else {
+      fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
+    }
+  };
+  if constexpr (PERSISTENT) {
+    for (int tile = blockIdx.x, c0 = 0, i = 0; tile < Tr * bh_count; tile += gridDim.x, ++i) {
+      const V33Tile w = tile_at(tile);
+      consume_tile(w, c0, i);
+      c0 += w.Tc;
+    }
   } else {
-    fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
+    const V33Tile w = tile_at(0);
+    if (!w.empty) consume_tile(w, 0, 0);
   }
 #endif
 }

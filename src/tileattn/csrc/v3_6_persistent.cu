@@ -1,0 +1,31 @@
+// v3.6: v3.3 (v3.4 at D=64) as a persistent kernel: one CTA per SM walks a tile schedule, and
+// the next tile's Q and first K/V blocks load while the current tile finishes (sm_90a).
+//
+// Why (v3.3's limits at short sequences, measured on an H200, bf16, docs/ladder.md): at N=1024
+// a CTA of v3.3 (one per SM: 160 KB of shared memory at D=128) runs 8 K/V blocks, and each new
+// CTA starts empty: Q and the first K/V block are loaded while both consumer warpgroups wait,
+// and the last P V and the O stores run while the copy engine idles.  v3.3 runs 455 TFLOP/s
+// there against 570 at N=8192 (0.83x cuDNN against 0.99x).  Here:
+//  * The grid is min(tiles, SMs) CTAs, each taking tiles blockIdx.x, + gridDim.x, ... of
+//    persistent_tile's order (common.cuh): a head's Q blocks side by side without a mask (its K
+//    and V shared in L2), longest first under the causal mask, by sections of heads whose K and
+//    V fit in L2.
+//  * The producer's K/V pipeline runs on across tiles (stages and phases count the CTA's K/V
+//    blocks, not the tile's), and Q's buffer has an empty barrier: the consumers release it after
+//    their last S = Q K^T of a tile, so the next tile's Q and its first two K/V blocks arrive
+//    while they do the last P V, the epilogue and its O stores.
+//  * Everything else is v3.3's body (PERSISTENT), with v3.4's ping-pong at D=64.
+#include "v3_3_wgmma.cu"
+
+namespace tileattn {
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_6_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/HEAD_DIM == 64, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
+                                                                                                &tmaps);
+}
+
+// v3.3's Q, 2 stages of K and V and 9 mbarriers (KVBarriers<2>), and Q's empty barrier.
+TILEATTN_SMEM_BYTES(v3_6_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 10 * 8);
+
+}  // namespace tileattn
