@@ -556,8 +556,10 @@ class Plan:
     tma_offset: int | None  # where the TmaMaps parameter starts (TMA rungs), else None
     pack: object  # pack_into of the forward fields (_params.FWD_ARGS) at the compiler's parameter offsets
     params: _nvrtc.ParamBuffer  # a thread-local image of the parameter block, handed to the launch whole
-    # Persistent rungs: the grid's CTAs at most (the device's SMs) and where bh_count sits in the block.
+    # Persistent rungs: the grid's CTAs at most (the device's SMs), the tiles a CTA takes at a time
+    # (causal: pairs of equal work, csrc/common.cuh persistent_tile) and where bh_count sits in the block.
     persistent_ctas: int = 0
+    persistent_unit: int = 1
     bh_count_offset: int = 0
 
 
@@ -599,6 +601,7 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
         k.layout.pack,
         k.params,
         _nvrtc.sm_count(device_index) if entry.grid_style == "persistent" else 0,
+        2 if causal else 1,
         k.layout.offsets[len(_params.FWD_FIELDS) - 1],  # bh_count, the last field
     )
 
@@ -834,7 +837,8 @@ class _Launch:
             self.grids = [(BH, 1, 0)]
         elif plan.persistent_ctas:
             # (Tr * B*H < 2^31: B*H*Nq rows of Q would be terabytes before it overflowed)
-            self.grids = [(min(plan.persistent_ctas, -(-Nq // plan.Br) * BH), 1, 0)]
+            units = -(-(-(-Nq // plan.Br) * BH) // plan.persistent_unit)
+            self.grids = [(min(plan.persistent_ctas, units), 1, 0)]
         else:
             Tr = -(-Nq // plan.Br)
             self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]

@@ -84,13 +84,13 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // at head y, rows q0 .. q0 + seq_q - 1 of packed q and k0 .. k0 + seq_k - 1 of packed k, v.
   // Tiles reaching past a sequence's end read the next sequence's rows (or the copy engine's zeros
   // past the tensor): keys there are masked like keys past Nk, query rows there are not stored.
-  // PERSISTENT (v3.6, v3_6_persistent.cu): one CTA per SM takes tiles blockIdx.x, + gridDim.x, ...
-  // of persistent_tile's order over Tr * bh_count tiles.
+  // PERSISTENT (v3.6, v3_6_persistent.cu): one CTA per SM takes tiles of persistent_tile's order
+  // over Tr * bh_count tiles (for_my_tiles below).
   const int Tr = (Nq + Br - 1) / Br;
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
     if constexpr (PERSISTENT) {
-      const TileIndex ti = persistent_tile<CAUSAL>(tile, Tr, bh_count, 2ll * Nk * HEAD_DIM * sizeof(T));
+      const TileIndex ti = persistent_tile<CAUSAL>(tile, Tr);
       w.bh = ti.bh;
       w.qb = ti.q_block;
     } else {
@@ -124,6 +124,30 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     w.Tc = (kv_hi + Bc - 1) / Bc - w.j_lo;
     return w;
   };
+  // f(tile, c0, i) for each tile of this CTA: c0 = its K/V blocks before the tile, i = its tiles
+  // before it.  PERSISTENT: in units of U consecutive tiles (causal: persistent_tile's pairs of a
+  // long and a short Q block, equal work together), unit blockIdx.x, + gridDim.x, ...  c0 is
+  // handed to the consumers through a shuffle from lane 0: ptxas treats the loop-carried sum as
+  // varying across the warp and moves the stage arithmetic of every K/V block (descriptors,
+  // barrier addresses) from the uniform datapath into vector registers, 24 R2UR more per block at
+  // D=64 (4% of the loop's instructions); a shuffle's result it knows to be uniform.
+  auto for_my_tiles = [&](auto&& f, const bool warp_uniform) {
+    if constexpr (PERSISTENT) {
+      constexpr int U = CAUSAL ? 2 : 1;
+      const int total = Tr * bh_count;
+      int c0 = 0, i = 0;
+      for (int unit = blockIdx.x; unit * U < total; unit += gridDim.x) {
+        for (int tile = unit * U; tile < min(total, unit * U + U); ++tile, ++i) {
+          const V33Tile w = tile_at(tile);
+          f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
+          c0 += w.Tc;
+        }
+      }
+    } else {
+      const V33Tile w = tile_at(0);
+      if (!w.empty) f(w, 0, 0);
+    }
+  };
 
   if (threadIdx.x < V3_3_WG) {
     // ---------------- producer: one thread issues every copy ----------------
@@ -152,21 +176,12 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       for (int n = 0; n < w.Tc; ++n) {
         const int row = w.k0 + (w.j_lo + n) * Bc, c = c0 + n;
         bars.wait_k_empty(c);
-        tma_tile_load<HEAD_DIM>(tmaps, 1, s_k(c % STAGES), bars.k_full(c), Bc, row, hk_, tma_b);
+        tma_tile_load<HEAD_DIM>(tmaps, 1, s_k(bars.stage(c)), bars.k_full(c), Bc, row, hk_, tma_b);
         bars.wait_v_empty(c);
-        tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(c % STAGES), bars.v_full(c), Bc, row, hk_, tma_b);
+        tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(bars.stage(c)), bars.v_full(c), Bc, row, hk_, tma_b);
       }
     };
-    if constexpr (PERSISTENT) {
-      for (int tile = blockIdx.x, c0 = 0, i = 0; tile < Tr * bh_count; tile += gridDim.x, ++i) {
-        const V33Tile w = tile_at(tile);
-        produce_tile(w, c0, i);
-        c0 += w.Tc;
-      }
-    } else {
-      const V33Tile w = tile_at(0);
-      if (!w.empty) produce_tile(w, 0, 0);
-    }
+    for_my_tiles(produce_tile, false);
     return;
   }
 
@@ -196,7 +211,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   auto issue_s = [&](float (&S)[NS], int n) {
     // (The 16-bit path calls wgmma_desc_sw128 itself: through desc_qk, ptxas ORs instead of adding
     // the descriptor's bits, one instruction more in v3.3's SASS.)
-    const unsigned long long dk = FP8 ? desc_qk(s_k(n % STAGES)) : wgmma_desc_sw128(s_k(n % STAGES));
+    const unsigned long long dk = FP8 ? desc_qk(s_k(KVBarriers<STAGES>::stage(n))) : wgmma_desc_sw128(s_k(KVBarriers<STAGES>::stage(n)));
     wgmma_fence();
     if constexpr (FP8) {  // k32 steps of 32 bytes
 #pragma unroll
@@ -215,7 +230,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // rows of 128 keys, the next 128 keys the next panel.
   unsigned p[Bc / (FP8 ? 32 : 16)][4];
   auto issue_pv = [&](int n) {
-    const unsigned long long dv = wgmma_desc_sw128(s_v(n % STAGES), FP8 ? 16 : Bc * 128);
+    const unsigned long long dv = wgmma_desc_sw128(s_v(KVBarriers<STAGES>::stage(n)), FP8 ? 16 : Bc * 128);
     fence_operands(acc);
     wgmma_fence();
     if constexpr (FP8) {
@@ -376,7 +391,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         // the last tile can reach past the keys; the dense path's copy engine zero-fills instead.
         const int first = seq_k - (j_lo + Tc - 1) * Bc;  // rows first .. Bc - 1
         if (first < Bc) {
-          unsigned char* v_tile = smem + (s_v((c0 + Tc - 1) % STAGES) - s_q);
+          unsigned char* v_tile = smem + (s_v(bars.stage(c0 + Tc - 1)) - s_q);
           for (int i = threadIdx.x % V3_3_WG; i < (HEAD_DIM / 64) * (Bc - first) * 8; i += V3_3_WG) {
             const int panel = i / ((Bc - first) * 8), chunk = i % ((Bc - first) * 8);
             *reinterpret_cast<uint4*>(v_tile + panel * Bc * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
@@ -408,16 +423,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
     }
   };
-  if constexpr (PERSISTENT) {
-    for (int tile = blockIdx.x, c0 = 0, i = 0; tile < Tr * bh_count; tile += gridDim.x, ++i) {
-      const V33Tile w = tile_at(tile);
-      consume_tile(w, c0, i);
-      c0 += w.Tc;
-    }
-  } else {
-    const V33Tile w = tile_at(0);
-    if (!w.empty) consume_tile(w, 0, 0);
-  }
+  for_my_tiles(consume_tile, true);
 #endif
 }
 

@@ -59,17 +59,20 @@ template <int STAGES>
 struct KVBarriers {
   static constexpr int COUNT = 1 + 4 * STAGES;
   unsigned q;
-  __device__ __forceinline__ unsigned k_full(int j) const { return q + 8 * (1 + j % STAGES); }
-  __device__ __forceinline__ unsigned v_full(int j) const { return q + 8 * (1 + STAGES + j % STAGES); }
-  __device__ __forceinline__ unsigned k_empty(int j) const { return q + 8 * (1 + 2 * STAGES + j % STAGES); }
-  __device__ __forceinline__ unsigned v_empty(int j) const { return q + 8 * (1 + 3 * STAGES + j % STAGES); }
+  // (j >= 0: as unsigned, % and / are a mask and a shift, with no sign fix-up when the compiler
+  // cannot see the sign, as in v3.6, where j runs on across a CTA's tiles.)
+  __device__ __forceinline__ static unsigned stage(int j) { return static_cast<unsigned>(j) % STAGES; }
+  __device__ __forceinline__ unsigned k_full(int j) const { return q + 8 * (1 + stage(j)); }
+  __device__ __forceinline__ unsigned v_full(int j) const { return q + 8 * (1 + STAGES + stage(j)); }
+  __device__ __forceinline__ unsigned k_empty(int j) const { return q + 8 * (1 + 2 * STAGES + stage(j)); }
+  __device__ __forceinline__ unsigned v_empty(int j) const { return q + 8 * (1 + 3 * STAGES + stage(j)); }
   // One thread: Q and the full barriers wait for `producers` arrivals, the empty ones for `consumers`.
   __device__ __forceinline__ void init(unsigned producers, unsigned consumers) const {
     for (int i = 0; i < 1 + 2 * STAGES; ++i) mbar_init(q + 8 * i, producers);
     for (int i = 1 + 2 * STAGES; i < COUNT; ++i) mbar_init(q + 8 * i, consumers);
     mbar_fence_init();
   }
-  __device__ __forceinline__ static unsigned parity(int j) { return (j / STAGES) & 1; }
+  __device__ __forceinline__ static unsigned parity(int j) { return (static_cast<unsigned>(j) / STAGES) & 1; }
   __device__ __forceinline__ void wait_k_full(int j) const { mbar_wait(k_full(j), parity(j)); }
   __device__ __forceinline__ void wait_v_full(int j) const { mbar_wait(v_full(j), parity(j)); }
   // Before block j is written into its stage, the consumers' release of block j - STAGES.
