@@ -49,6 +49,32 @@ struct V33Tile {
   bool empty;             // nothing to do (a packed tile past its sequence's blocks)
 };
 
+// f(tile, c0, i) for each tile of this CTA: c0 = its K/V blocks before the tile, i = its tiles
+// before it.  PERSISTENT: in units of U consecutive tiles (causal: persistent_tile's pairs of a
+// long and a short Q block, equal work together), unit blockIdx.x, + gridDim.x, ...; else the
+// CTA's one tile (tile_at ignores its argument), unless it is empty.  warp_uniform (the consumer
+// warpgroups): c0 is handed over through a shuffle from lane 0, because ptxas treats the
+// loop-carried sum as varying across the warp and moves the stage arithmetic of every K/V block
+// (descriptors, barrier addresses) from the uniform datapath into vector registers, 24 R2UR more
+// per block at D=64 (4% of the loop's instructions); a shuffle's result it knows to be uniform.
+template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
+__device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, F& f, bool warp_uniform) {
+  if constexpr (PERSISTENT) {
+    constexpr int U = CAUSAL ? 2 : 1;
+    int c0 = 0, i = 0;
+    for (int unit = blockIdx.x; unit * U < total; unit += gridDim.x) {
+      for (int tile = unit * U; tile < min(total, unit * U + U); ++tile, ++i) {
+        const auto w = tile_at(tile);
+        f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
+        c0 += w.Tc;
+      }
+    }
+  } else {
+    const auto w = tile_at(0);
+    if (!w.empty) f(w, 0, 0);
+  }
+}
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS, bool PINGPONG = false,
           bool PERSISTENT = false>
 __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps) {
@@ -85,7 +111,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // Tiles reaching past a sequence's end read the next sequence's rows (or the copy engine's zeros
   // past the tensor): keys there are masked like keys past Nk, query rows there are not stored.
   // PERSISTENT (v3.6, v3_6_persistent.cu): one CTA per SM takes tiles of persistent_tile's order
-  // over Tr * bh_count tiles (for_my_tiles below).
+  // over Tr * bh_count tiles (v3_3_for_my_tiles).
   const int Tr = (Nq + Br - 1) / Br;
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
@@ -124,31 +150,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     w.Tc = (kv_hi + Bc - 1) / Bc - w.j_lo;
     return w;
   };
-  // f(tile, c0, i) for each tile of this CTA: c0 = its K/V blocks before the tile, i = its tiles
-  // before it.  PERSISTENT: in units of U consecutive tiles (causal: persistent_tile's pairs of a
-  // long and a short Q block, equal work together), unit blockIdx.x, + gridDim.x, ...  c0 is
-  // handed to the consumers through a shuffle from lane 0: ptxas treats the loop-carried sum as
-  // varying across the warp and moves the stage arithmetic of every K/V block (descriptors,
-  // barrier addresses) from the uniform datapath into vector registers, 24 R2UR more per block at
-  // D=64 (4% of the loop's instructions); a shuffle's result it knows to be uniform.
-  auto for_my_tiles = [&](auto&& f, const bool warp_uniform) {
-    if constexpr (PERSISTENT) {
-      constexpr int U = CAUSAL ? 2 : 1;
-      const int total = Tr * bh_count;
-      int c0 = 0, i = 0;
-      for (int unit = blockIdx.x; unit * U < total; unit += gridDim.x) {
-        for (int tile = unit * U; tile < min(total, unit * U + U); ++tile, ++i) {
-          const V33Tile w = tile_at(tile);
-          f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
-          c0 += w.Tc;
-        }
-      }
-    } else {
-      const V33Tile w = tile_at(0);
-      if (!w.empty) f(w, 0, 0);
-    }
-  };
-
   if (threadIdx.x < V3_3_WG) {
     // ---------------- producer: one thread issues every copy ----------------
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
@@ -181,7 +182,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(bars.stage(c)), bars.v_full(c), Bc, row, hk_, tma_b);
       }
     };
-    for_my_tiles(produce_tile, false);
+    v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, produce_tile, false);
     return;
   }
 
@@ -423,7 +424,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
     }
   };
-  for_my_tiles(consume_tile, true);
+  v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, consume_tile, true);
 #endif
 }
 
