@@ -267,8 +267,9 @@ _V3_6 = dataclasses.replace(
     kernel="v3_6_fwd",
     grid_style="persistent",
     priority=15,
-    summary="v3.3 (v3.4 at D=64) as a persistent kernel: a CTA per SM walks the tiles (longest first under "
-    "the causal mask), the next tile's Q and K/V loading under the current tile's last P V and stores (sm_90a)",
+    summary="v3.3 (v3.4 at D=64) as a persistent kernel: a CTA per SM walks the tiles (causal: pairs of a long and "
+    "a short Q block, equal work), the next tile's Q and K/V loading under the current tile's last P V and stores "
+    "(sm_90a)",
 )
 
 VERSIONS: dict[str, Version] = {
