@@ -52,13 +52,14 @@ struct V33Tile {
 // f(tile, c0, i) for each tile of this CTA: c0 = its K/V blocks before the tile, i = its tiles
 // before it.  PERSISTENT: in units of U consecutive tiles (causal: persistent_tile's pairs of a
 // long and a short Q block, equal work together), unit blockIdx.x, + gridDim.x, ...; else the
-// CTA's one tile (tile_at ignores its argument), unless it is empty.  warp_uniform (the consumer
+// CTA's one tile, w0 (computed before the roles split).  warp_uniform (the consumer
 // warpgroups): c0 is handed over through a shuffle from lane 0, because ptxas treats the
 // loop-carried sum as varying across the warp and moves the stage arithmetic of every K/V block
 // (descriptors, barrier addresses) from the uniform datapath into vector registers, 24 R2UR more
 // per block at D=64 (4% of the loop's instructions); a shuffle's result it knows to be uniform.
 template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
-__device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, F& f, bool warp_uniform) {
+__device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
+                                                  bool warp_uniform) {
   if constexpr (PERSISTENT) {
     constexpr int U = CAUSAL ? 2 : 1;
     int c0 = 0, i = 0;
@@ -70,8 +71,7 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
       }
     }
   } else {
-    const auto w = tile_at(0);
-    if (!w.empty) f(w, 0, 0);
+    f(w0, 0, 0);
   }
 }
 
@@ -150,6 +150,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     w.Tc = (kv_hi + Bc - 1) / Bc - w.j_lo;
     return w;
   };
+  // The CTA's one tile (not PERSISTENT), found by every thread before the roles split:
+  // packed_tile's search is a warp-wide ballot, which the producer's one thread cannot run.
+  const V33Tile w0 = PERSISTENT ? V33Tile{} : tile_at(0);
+  if (!PERSISTENT && w0.empty) return;
+
   if (threadIdx.x < V3_3_WG) {
     // ---------------- producer: one thread issues every copy ----------------
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
@@ -182,7 +187,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(bars.stage(c)), bars.v_full(c), Bc, row, hk_, tma_b);
       }
     };
-    v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, produce_tile, false);
+    v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, produce_tile, false);
     return;
   }
 
@@ -424,7 +429,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
     }
   };
-  v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, consume_tile, true);
+  v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true);
 #endif
 }
 
