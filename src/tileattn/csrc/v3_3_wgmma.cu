@@ -217,7 +217,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   auto issue_s = [&](float (&S)[NS], int n) {
     // (The 16-bit path calls wgmma_desc_sw128 itself: through desc_qk, ptxas ORs instead of adding
     // the descriptor's bits, one instruction more in v3.3's SASS.)
-    const unsigned long long dk = FP8 ? desc_qk(s_k(KVBarriers<STAGES>::stage(n))) : wgmma_desc_sw128(s_k(KVBarriers<STAGES>::stage(n)));
+    const unsigned k_tile = s_k(KVBarriers<STAGES>::stage(n));
+    const unsigned long long dk = FP8 ? desc_qk(k_tile) : wgmma_desc_sw128(k_tile);
     wgmma_fence();
     if constexpr (FP8) {  // k32 steps of 32 bytes
 #pragma unroll
@@ -266,7 +267,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const float scale_log2 = folded_scale_log2(FP8 ? fabsf(score_scale) : softmax_scale);
     float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
     float l_i[2] = {0.0f, 0.0f};
-  #pragma unroll
+#pragma unroll
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
     mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
     // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1) is done.
@@ -294,7 +295,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     float scale_old[2];
     auto softmax = [&](float (&S)[NS], int n) {
       if (fp8_negate) {
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
       }
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
@@ -314,21 +315,21 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // 4t .. 4t + 3 (16 further for r / 2 = 1): the host permutes V^T's keys to match (v3_5_fp8.cu).
     auto to_p_and_rescale = [&](const float (&S)[NS]) {
       if constexpr (FP8) {
-  #pragma unroll
+#pragma unroll
         for (int c = 0; c < Bc / 32; ++c)
-  #pragma unroll
+#pragma unroll
           for (int r = 0; r < 4; ++r) {
             const int i = 16 * c + 8 * (r / 2) + 2 * (r % 2);
             p[c][r] = pack4_e4m3(S[i], S[i + 1], S[i + 4], S[i + 5]);
           }
       } else {
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < NS; i += 2) {
           const int n8 = i / 4;
           p[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
         }
       }
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
     };
 
@@ -415,13 +416,13 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     }
 
     if (ALIBI_KEYS && var.alibi) {  // fragment_alibi_keys's row constant, out of lse (O does not see it)
-  #pragma unroll
+#pragma unroll
       for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
     }
     // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
     float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
     if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < NO; ++i) acc[i] *= ds[2];
       __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
       fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
