@@ -35,7 +35,10 @@ stage() {  # stage NAME LOG CMD...: run, record pass/fail and the log's last lin
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 python3 -m tileattn info > "$LOGS/info.log" 2>&1; head -4 "$LOGS/info.log"
 has compile && stage compile compile.log python3 -m tileattn compile --jobs 16
-has tests && stage tests pytest.log timeout "$TESTS_TIMEOUT" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider
+# faulthandler_timeout: a test still running after 120 s prints every thread's stack (it found a
+# hang in the packed path at 2826a65 that a bare timeout would only have shown as a stopped count).
+has tests && stage tests pytest.log timeout "$TESTS_TIMEOUT" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider \
+  -o faulthandler_timeout=120
 has check && stage check check.log python3 -m tileattn check
 has profile && stage profile profile.log python3 scripts/profile_overhead.py
 has ncu && stage ncu ncu.log bash scripts/ncu_serving.sh
