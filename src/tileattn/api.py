@@ -12,8 +12,9 @@ torch.compile); eager calls skip the dispatcher and run the same function direct
 Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core rungs at FP32 accuracy by 3xTF32: v2.3 on
 sm_90's wgmma, the default there, and v2.2 on mma.sync, the default elsewhere; v2.3_tf32 / v2.2_tf32
 with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1; on sm_90 v3.2 with
-TMA loads, v3.3 on wgmma and, at D=64, v3.4: v3.3 with ping-pong consumers) at every head dim that
-is a multiple of 8 from 16 to 256; any Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous
+TMA loads, v3.3 on wgmma, v3.4: v3.3 with ping-pong consumers at D=64, and v3.6, the default at
+D=64 and 128: v3.3 / v3.4 as a persistent kernel) at every head dim that is a multiple of 8 from 16
+to 256; any Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous
 head dim; causal masks aligned top-left or bottom-right; GQA/MQA; the log-sum-exp of each row.
 Gradients (backward.py, registered as the custom op's autograd formula) for FP32 (bwd_v2.2, 3xTF32;
 bwd_v2.2_tf32 under precision="tf32") at head dims 32, 64, 128, fp16 and bf16 (bwd_v2; on sm_90 at
