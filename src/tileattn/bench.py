@@ -1224,7 +1224,7 @@ STORY = (
     (("v1", "v1_br48", "v1.1"), ("sdpa_efficient", "sdpa_math"), Case(4, 8, 1024, 64, "float32", False)),
     (("v2", "v2.1", "v2.2", "v2.3"), ("sdpa_efficient",), Case(4, 8, 8192, 64, "float32", False)),
     (
-        ("v3", "v3.1", "v3.2", "v3.3"),
+        ("v3", "v3.1", "v3.2", "v3.3", "v3.6"),
         ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"),
         Case(4, 16, 8192, 128, "bfloat16", False),
     ),
