@@ -541,7 +541,6 @@ def tensor_map_4d(
 
 
 @functools.cache
-@functools.cache
 def sm_count(device_index: int) -> int:
     """Streaming multiprocessors of the device: the grid of a persistent rung (one CTA per SM)."""
     from cuda.bindings import driver
@@ -550,6 +549,7 @@ def sm_count(device_index: int) -> int:
     return _check(driver.cuDeviceGetAttribute(attr, device_index), "cuDeviceGetAttribute")
 
 
+@functools.cache
 def max_dynamic_smem(device_index: int) -> int:
     from cuda.bindings import driver
 

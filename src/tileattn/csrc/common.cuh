@@ -130,9 +130,9 @@ __device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - block
 // CTA reads 1 byte of K/V per 128 FLOPs: ~4.7 TB/s at 600 TFLOP/s, more than HBM, so L2 must serve
 // the repeats).  Causal: a head's Q blocks interleave from both ends (Tr - 1, 0, Tr - 2, 1, ...),
 // so each pair sees Tr + 1 blocks of keys: every CTA's pairs are equal work, as the hardware's
-// own block scheduler would balance them.  (A static longest-first order over L2-sized sections
-// of heads measured 10% behind v3.3 at N=32768 causal: one section's round of tiles left some CTAs
-// three times the work of others.)
+// own block scheduler would balance them.  (The first cut's static longest-first order over
+// L2-sized sections of heads ran 0.90x v3.3 at N=32768 causal: one section's round of tiles gave
+// some CTAs three times the work of others.)
 struct TileIndex {
   int bh, q_block;
 };
