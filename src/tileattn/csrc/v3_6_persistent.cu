@@ -7,14 +7,17 @@
 // and the last P V and the O stores run while the copy engine idles.  v3.3 runs 455 TFLOP/s
 // there against 570 at N=8192 (0.83x cuDNN against 0.99x).  Here:
 //  * The grid is min(tiles, SMs) CTAs, each taking tiles blockIdx.x, + gridDim.x, ... of
-//    persistent_tile's order (common.cuh): a head's Q blocks side by side without a mask (its K
-//    and V shared in L2), longest first under the causal mask, by sections of heads whose K and
-//    V fit in L2.
+//    persistent_tile's order (common.cuh): a head's Q blocks side by side (its K and V shared in
+//    L2); under the causal mask two at a time, a long and a short Q block of one head, so that
+//    every CTA's pairs are equal work.
 //  * The producer's K/V pipeline runs on across tiles (stages and phases count the CTA's K/V
 //    blocks, not the tile's), and Q's buffer has an empty barrier: the consumers release it after
 //    their last S = Q K^T of a tile, so the next tile's Q and its first two K/V blocks arrive
 //    while they do the last P V, the epilogue and its O stores.
 //  * Everything else is v3.3's body (PERSISTENT), with v3.4's ping-pong at D=64.
+// Measured on an H200 (bf16 and fp16, H=16, B*N = 32768, `bench --suite mma` at 2826a65, against
+// the same run): 1.01-1.21x the faster of v3.3 and v3.4 at every shape, 1.12-1.21x at N=1024;
+// 0.81-1.00x cuDNN.  The default at D = 64 and 128.
 #include "v3_3_wgmma.cu"
 
 namespace tileattn {
