@@ -602,8 +602,8 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
         k.layout.pack,
         k.params,
         _nvrtc.sm_count(device_index) if entry.grid_style == "persistent" else 0,
-        2 if causal else 1,
-        k.layout.offsets[len(_params.FWD_FIELDS) - 1],  # bh_count, the last field
+        2 if causal else 1,  # v3_3_for_my_tiles's U
+        k.layout.offsets[_BH_COUNT],
     )
 
 
@@ -834,14 +834,14 @@ class _Launch:
         # 2^31 - 1), persistent ones a CTA per SM (at most one per tile), the others (Tr, B*H)
         # split over launches of at most 65535 in gridDim.y.
         BH = self.bh_count = B * H
+        Tr = -(-Nq // plan.Br)
         if plan.per_head:
             self.grids = [(BH, 1, 0)]
         elif plan.persistent_ctas:
             # (Tr * B*H < 2^31: B*H*Nq rows of Q would be terabytes before it overflowed)
-            units = -(-(-(-Nq // plan.Br) * BH) // plan.persistent_unit)
+            units = -(-(Tr * BH) // plan.persistent_unit)
             self.grids = [(min(plan.persistent_ctas, units), 1, 0)]
         else:
-            Tr = -(-Nq // plan.Br)
             self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]
 
     def run(self, q, q_ptr: int, k_ptr: int, v_ptr: int, out=None, lse=None):
@@ -878,6 +878,7 @@ class _Launch:
 
 
 _BH_OFFSET = [n for n, _ in _params.FWD_ARGS].index("bh_offset")
+_BH_COUNT = [n for n, _ in _params.FWD_FIELDS].index("bh_count")  # a room field: the persistent plans pack it
 _TMA_PACK = struct.Struct(f"{_params.TMA_MAPS_BYTES}s").pack_into
 _BH_COUNT_PACK = struct.Struct("<i").pack_into
 

@@ -176,14 +176,16 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if constexpr (FP8) {  // maps: q, k (rows of D bytes), v^T (rows of keys, the host's copy)
         tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);
         for (int n = 0; n < w.Tc; ++n) {
-          bars.wait_k_empty(n);
-          tma_rows_load_e4m3<HEAD_DIM>(tmaps, 1, s_k(n % STAGES), bars.k_full(n), Bc, (w.j_lo + n) * Bc, hk_, tma_b);
-          bars.wait_v_empty(n);
-          mbar_arrive_expect_tx(bars.v_full(n), HEAD_DIM * Bc);  // panels of D rows x 128 key bytes
+          const int c = c0 + n;
+          bars.wait_k_empty(c);
+          tma_rows_load_e4m3<HEAD_DIM>(tmaps, 1, s_k(bars.stage(c)), bars.k_full(c), Bc, (w.j_lo + n) * Bc, hk_,
+                                       tma_b);
+          bars.wait_v_empty(c);
+          mbar_arrive_expect_tx(bars.v_full(c), HEAD_DIM * Bc);  // panels of D rows x 128 key bytes
 #pragma unroll
           for (int p = 0; p < Bc / 128; ++p)
-            tma_load_4d(s_v(n % STAGES) + p * HEAD_DIM * 128, tmaps->desc[2], ((w.j_lo + n) * Bc + 128 * p) / 2, 0,
-                        hk_, tma_b, bars.v_full(n));
+            tma_load_4d(s_v(bars.stage(c)) + p * HEAD_DIM * 128, tmaps->desc[2], ((w.j_lo + n) * Bc + 128 * p) / 2,
+                        0, hk_, tma_b, bars.v_full(c));
         }
         return;
       }
@@ -285,7 +287,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     auto release_q = [&](int n) {
       if (PERSISTENT && n == Tc - 1) mbar_arrive(q_empty);
     };
-    if (Tc == 0) release_q(-1);
+    if (PERSISTENT && Tc == 0) mbar_arrive(q_empty);  // no S at all
 
     ScoreVariants var{};
     // ALiBi under the causal mask (every visible key at or left of the row) as one FFMA a score
