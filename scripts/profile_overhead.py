@@ -16,7 +16,7 @@ from tileattn import _nvrtc, _params, api
 
 calls = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 q, k, v = (torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-plan = api._plan("bfloat16", 64, False, None, None, 0)
+plan = api._plan("bfloat16", 64, False, None, None, 0, 8192)
 dev = q.device
 stream = api._current_stream(0)
 cu = _nvrtc._libcuda()
@@ -37,7 +37,7 @@ pieces = {
     "q.new_empty (O)": lambda: q.new_empty((1, 1, 16, 64)),
     "torch.empty_like (O)": lambda: torch.empty_like(q),
     "_current_stream": lambda: api._current_stream(0),
-    "_plan lookup": lambda: api._plan("bfloat16", 64, False, None, None, 0),
+    "_plan lookup": lambda: api._plan("bfloat16", 64, False, None, None, 0, 8192),
     "pack_into": lambda: plan.pack(scratch, 0, *([0] * 22), 1.0, 0, 0),
     "cuCtxGetCurrent (ctypes)": lambda: cu.get_current(_nvrtc._current.addr),
     "_nvrtc.launch (CUfunction, extra)": lambda: _nvrtc.launch(

@@ -193,13 +193,15 @@ def test_fp32_dispatch_by_arch():
 
 
 def test_half_dispatch_on_hopper():
-    """v3.6 (persistent; v3.4's ping-pong at D=64) at D=64 and 128, where it was measured, v3.3
-    at 192 and 256; off Hopper the mma.sync rungs."""
+    """v3.7 (three consumer warpgroups) at D=64 but for short causal calls, which take v3.6
+    (persistent; v3.4's ping-pong at D=64), as D=128 does; v3.3 at 192 and 256; off Hopper the
+    mma.sync rungs."""
     from tileattn.versions import select
 
     for dtype in ("bfloat16", "float16"):
-        for D in (64, 128):
-            assert select(dtype, D, 90).name == "v3.6"
+        assert select(dtype, 64, 90).name == "v3.7"
+        assert select(dtype, 64, 90, short_causal=True).name == "v3.6"
+        assert select(dtype, 128, 90).name == select(dtype, 128, 90, short_causal=True).name == "v3.6"
         for D in (192, 256):
             assert select(dtype, D, 90).name == "v3.3"
         assert select(dtype, 64, 80).name == "v3.1"

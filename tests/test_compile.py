@@ -35,6 +35,7 @@ MUST_HAVE = {
     # BAR.ARV: the hand-over of the tensor core to the other consumer warpgroup (bar.arrive).
     "v3.4": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR", "BAR.ARV"],
     "v3.6": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
+    "v3.7": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
 }
 MUST_NOT_HAVE_BY_RUNG = {
     "v3.2": ["LDGSTS"],
@@ -43,6 +44,7 @@ MUST_NOT_HAVE_BY_RUNG = {
     "v3.3": ["HMMA", "LDSM", "LDGSTS"],
     "v3.4": ["HMMA", "LDSM", "LDGSTS"],
     "v3.6": ["HMMA", "LDSM", "LDGSTS"],
+    "v3.7": ["HMMA", "LDSM", "LDGSTS", "BAR.ARV"],  # three consumer warpgroups, no ping-pong
 }
 MUST_NOT_HAVE = {"simt": ["HMMA"]}  # CUDA-core rungs must not quietly use tensor cores
 

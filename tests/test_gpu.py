@@ -136,16 +136,17 @@ def test_mma_many_heads(version):
     _check(Case(version, B=7, H=10000, Nq=17, D=64, causal="bottom_right", dtype="bfloat16"))
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.6", 128), ("v3.7", 64)])
 @pytest.mark.parametrize(
     "Nq,Nk,causal",
     [(1023, 1023, None), (1023, 1023, "top_left"), (1023, 300, "bottom_right"), (300, 2000, "bottom_right")],
 )
-def test_persistent_many_tiles_per_cta(D, Nq, Nk, causal):
-    """v3.6 with several tiles per CTA (B*H*Tr = 111 * 8 or 111 * 3 against the GPU's ~132 CTAs):
-    the K/V pipeline and Q's buffer carried from tile to tile, tiles that see no key (bottom_right
-    with Nk < Nq), and the causal order's sections of heads, the last one short (111 heads)."""
-    _check(Case("v3.6", B=3, H=37, Nq=Nq, Nk=Nk, D=D, causal=causal, dtype="bfloat16"))
+def test_persistent_many_tiles_per_cta(version, D, Nq, Nk, causal):
+    """The persistent rungs with several tiles per CTA (B*H*Tr = 111 * 8 or 111 * 3 against the GPU's
+    ~132 CTAs; v3.7's 192-row tiles: 111 * 6 or 111 * 2): the K/V pipeline and Q's buffer carried
+    from tile to tile, tiles that see no key (bottom_right with Nk < Nq), and the causal order's
+    sections of heads, the last one short (111 heads)."""
+    _check(Case(version, B=3, H=37, Nq=Nq, Nk=Nk, D=D, causal=causal, dtype="bfloat16"))
 
 
 def test_default_dispatch_half_and_causal_conventions():

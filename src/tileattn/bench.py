@@ -75,7 +75,7 @@ SUITES = {
     ),
     # Tensor-core fp16/bf16: H=16, B*N = 32768.
     "mma": Suite(
-        ("v3", "v3.1", "v3.2", "v3.3", "v3.4", "v3.6"),
+        ("v3", "v3.1", "v3.2", "v3.3", "v3.4", "v3.6", "v3.7"),
         tuple((32768 // N, 16, N, D) for D in (64, 128) for N in (1024, 4096, 8192, 32768)),
         ("bfloat16", "float16"),
         ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex_attention"),

@@ -43,10 +43,18 @@ namespace tileattn {
 #ifndef TILEATTN_PV_SPLIT
 #define TILEATTN_PV_SPLIT -1
 #endif
+// Experiment switch: 0 leaves the P V wait to ptxas where it is pinned (D = 64 without ping-pong).
+#ifndef TILEATTN_PIN_PV_WAIT
+#define TILEATTN_PIN_PV_WAIT 1
+#endif
 
 constexpr int V3_3_WG = 128;              // threads per warpgroup
 constexpr int V3_3_PRODUCER_REGS = 24;    // the producer only issues copies
-constexpr int V3_3_CONSUMER_REGS = 240;   // (65536 / 384 rounded to 168) * 3 = 24 + 2 * 240
+// The block: a producer warpgroup and Br / 64 consumer warpgroups of 64 query rows (Br = 128;
+// Br = 192 at D = 64 in v3.7).  The consumers take every register the producer gives back:
+// 2 consumers: (65536 / 384 rounded to 168) * 3 = 24 + 2 * 240; 3: 128 * 4 = 24 + 3 * 160 (+ 8 spare).
+__host__ __device__ constexpr int v3_3_threads(int Br) { return V3_3_WG * (1 + Br / 64); }
+__host__ __device__ constexpr int v3_3_consumer_regs(int Br) { return Br == 192 ? 160 : 240; }
 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2).
@@ -91,7 +99,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // FP8: v3.5 (v3_5_fp8.cu), e4m3 Q, K and V^T, bf16 O; its differences are marked FP8 below.
   constexpr bool FP8 = sizeof(T) == 1;
   static_assert(sizeof(T) == 2 || FP8, "v3.3 is an fp16/bf16 rung, v3.5 an e4m3 one");
-  static_assert(Br == 128, "two consumer warpgroups of 64 query rows");
+  constexpr int CONSUMERS = Br / 64;  // consumer warpgroups of 64 query rows
+  static_assert(Br == 128 || (Br == 192 && HEAD_DIM == 64 && !PINGPONG && !FP8),
+                "two consumer warpgroups, or three at D = 64 (v3.7; the ping-pong takes two)");
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128 || (FP8 && Bc == 256)),
                 "whole 64-column panels");
   static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
@@ -109,8 +119,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   const unsigned q_empty = bars.q + 8 * KVBarriers<STAGES>::COUNT;
   // Q and full: the producer thread's one arrival (with the copy's bytes); empty: every consumer thread.
   if (threadIdx.x == 0) {
-    if (PERSISTENT) mbar_init(q_empty, 2 * V3_3_WG);
-    bars.init(1, 2 * V3_3_WG);
+    if (PERSISTENT) mbar_init(q_empty, CONSUMERS * V3_3_WG);
+    bars.init(1, CONSUMERS * V3_3_WG);
   }
   __syncthreads();
 
@@ -203,7 +213,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   }
 
   // ---------------- consumers: S = Q K^T, online softmax, O += P V ----------------
-  setmaxnreg_inc<V3_3_CONSUMER_REGS>();
+  setmaxnreg_inc<v3_3_consumer_regs(Br)>();
   const int cwg = threadIdx.x / V3_3_WG - 1;
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -415,7 +425,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
           // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
           // v3.4 (PINGPONG) leaves the wait to ptxas: pinned, v3.4 ran 0.98x of v3.3 at causal D=64;
           // unpinned 1.16x (and 1.10x more without a mask), 2026-12-02.
-          if constexpr (!VARIANTS && HEAD_DIM == 64 && !PINGPONG)
+          if constexpr (!VARIANTS && HEAD_DIM == 64 && !PINGPONG && TILEATTN_PIN_PV_WAIT)
             wgmma_wait_all_after(l_i[0] + l_i[1]);
           else
             wgmma_wait<0>();
@@ -471,14 +481,14 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+__global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_3_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
   v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false>(TILEATTN_FWD_ARGS, &tmaps);
 }
 
 // The same rung with the score variants read from the room fields (window, softcap, ALiBi).
 // (With v3.4's ping-pong consumers at D=64 it measured 7% slower, bench/NOTES.md.)
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(V3_3_WG * 3, 1)
+__global__ void __launch_bounds__(v3_3_threads(Br), 1)
     v3_3_variants_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
   v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, true>(TILEATTN_FWD_ARGS, &tmaps);
 }

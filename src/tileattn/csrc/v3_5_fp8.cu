@@ -35,7 +35,7 @@
 namespace tileattn {
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_5_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+__global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_5_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
   static_assert(sizeof(T) == 1, "v3.5 takes e4m3 inputs (tileattn::fp8_e4m3)");
   v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false>(TILEATTN_FWD_ARGS, &tmaps);
 }

@@ -23,7 +23,7 @@
 namespace tileattn {
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(V3_3_WG * 3, 1) v3_6_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+__global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_6_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
   v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/HEAD_DIM == 64, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
                                                                                                 &tmaps);
 }

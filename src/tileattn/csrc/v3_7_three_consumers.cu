@@ -1,0 +1,29 @@
+// v3.7: v3.6 at D=64 with three consumer warpgroups (Br = 192) in place of the ping-pong (sm_90a).
+//
+// Why (v3.6 at D=64, measured on an H200, bf16: 0.82-0.88x cuDNN against 0.90-1.00x at D=128):
+// at D=64 a 64 x 128 block of scores costs the SFU as long as its two GEMMs cost the tensor core
+// (one MUFU.EX2 a score at 16 a clock per SM, 256 FLOPs a score at ~4096 a clock), so the tensor
+// core idles whenever both of v3.6's consumer warpgroups are in their softmax at once, and the
+// ping-pong can only order two.  Here:
+//  * Three consumer warpgroups of 64 query rows share each K/V block (Br = 192, as
+//    FlashAttention-3 chooses at D <= 64): a third warpgroup's GEMMs are ready to issue while
+//    the other two run their softmax, and every K/V block loaded feeds 1.5x the rows.
+//  * 512 threads: the consumers get 160 registers each (24 + 3 * 160 = 504 of 512 a thread's
+//    share of the file), enough at D = 64 (S 64, O 32, P 32 registers) and not at D = 128.
+//  * No ping-pong (it orders two warpgroups); the main loop's P V wait stays pinned behind the
+//    exponentials, as in v3.3 at D = 64.
+//  * Everything else is v3.6: persistent CTAs over persistent_tile's order, the K/V pipeline
+//    running across tiles, Q's empty barrier.
+#include "v3_3_wgmma.cu"
+
+namespace tileattn {
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_7_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/false, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS, &tmaps);
+}
+
+// v3.6's layout: Q (192 rows), 2 stages of K and V, 9 mbarriers (KVBarriers<2>) and Q's empty one.
+TILEATTN_SMEM_BYTES(v3_7_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 10 * 8);
+
+}  // namespace tileattn
