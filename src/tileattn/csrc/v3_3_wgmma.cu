@@ -278,15 +278,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   auto consume_tile = [&](const V33Tile& w, const int c0, const int i) {
     const int bh = w.bh, b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
     const int q_start = w.q_start, q0 = w.q0, seq_q = w.seq_q, seq_k = w.seq_k, offset = w.offset;
-    const int j_lo = w.j_lo;
-    // Three consumer warpgroups under the causal mask (v3.7): a 192-row Q block's diagonal spans
-    // two 128-key blocks, and a warpgroup's 64 rows may see neither of the last ones.  It stops at
-    // the last block its own rows see (Tc) and only releases the tile's blocks after it (up to
-    // w.Tc, which the other warpgroups read): their full barrier first, so that its arrival on the
-    // empty one counts toward that block's use of the stage and not the stage's previous one.
-    constexpr bool OWN_BLOCKS = CAUSAL && CONSUMERS == 3;
-    const int Tc = !OWN_BLOCKS ? w.Tc
-                               : min(w.Tc, max(0, (min(seq_k, max(0, q_start + 64 * (cwg + 1) + offset)) + Bc - 1) / Bc - j_lo));
+    const int j_lo = w.j_lo, Tc = w.Tc;
     const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
     const int row_a = q_start + cwg * 64 + warp * 16 + g;  // this thread's query rows: row_a, row_a + 8
     // > 0, so max(s S) = s max(S) and the scale folds into one FFMA per score (softmax.cuh).
@@ -467,14 +459,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       wgmma_wait<0>();
       fence_operands(acc);
       mbar_arrive(bars.v_empty(c0 + Tc - 1));
-    }
-    if constexpr (OWN_BLOCKS) {
-      for (int n = Tc; n < w.Tc; ++n) {
-        bars.wait_k_full(c0 + n);
-        mbar_arrive(bars.k_empty(c0 + n));
-        bars.wait_v_full(c0 + n);
-        mbar_arrive(bars.v_empty(c0 + n));
-      }
     }
 
     if (ALIBI_KEYS && var.alibi) {  // fragment_alibi_keys's row constant, out of lse (O does not see it)
