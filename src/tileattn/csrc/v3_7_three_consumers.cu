@@ -14,6 +14,11 @@
 //    exponentials, as in v3.3 at D = 64.
 //  * Everything else is v3.6: persistent CTAs over persistent_tile's order, the K/V pipeline
 //    running across tiles, Q's empty barrier.
+// Measured on an H200 (bf16, H=16, B*N = 32768, against v3.6 and cuDNN in the same run,
+// bench/results/sweeps/mma_v3.7_d18257b.json): 1.06-1.16x v3.6 without a mask (1.02x cuDNN at
+// N = 8192 and 32768), 1.06-1.08x causal from N = 4096 but 0.90x at N = 1024, where a 192-row
+// block's diagonal spans two 128-key blocks and more of the computed scores are masked; so the
+// default dispatch keeps v3.6 for causal calls under versions.SHORT_CAUSAL_ROWS query rows.
 #include "v3_3_wgmma.cu"
 
 namespace tileattn {
