@@ -149,6 +149,19 @@ def test_persistent_many_tiles_per_cta(version, D, Nq, Nk, causal):
     _check(Case(version, B=3, H=37, Nq=Nq, Nk=Nk, D=D, causal=causal, dtype="bfloat16"))
 
 
+def test_default_dispatch_short_causal_rule():
+    """D=64's default plan: v3.7's 192-row tiles, except causal calls of fewer than
+    SHORT_CAUSAL_ROWS query rows, which take v3.6's 128 (versions.select's one shape rule)."""
+    from tileattn import api
+    from tileattn.versions import SHORT_CAUSAL_ROWS
+
+    cc = api._nvrtc.device_arch(0)
+    if cc[0] * 10 + cc[1] != 90:
+        pytest.skip("the rule is Hopper's (v3.6 and v3.7 are sm_90a rungs)")
+    for causal, Nq, Br in ((False, 1, 192), (True, SHORT_CAUSAL_ROWS - 1, 128), (True, SHORT_CAUSAL_ROWS, 192)):
+        assert api._plan("bfloat16", 64, causal, None, None, 0, Nq).Br == Br, (causal, Nq)
+
+
 def test_default_dispatch_half_and_causal_conventions():
     import torch
 
