@@ -136,7 +136,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
     if constexpr (PERSISTENT) {
-      const TileIndex ti = persistent_tile<CAUSAL>(tile, Tr);
+      const TileIndex ti = persistent_tile<CAUSAL>(tile, Tr, bh_count);
       w.bh = ti.bh;
       w.qb = ti.q_block;
     } else {

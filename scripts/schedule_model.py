@@ -1,0 +1,60 @@
+"""A model of the persistent rungs' static tile schedule (csrc/common.cuh persistent_tile and
+v3_3_wgmma.cu v3_3_for_my_tiles): each CTA of min(SMs, units) takes units blockIdx.x, + gridDim.x,
+... (a unit: one tile, or under the causal mask two consecutive ones), a tile costing its K/V
+blocks times its rows.  Prints the busiest CTA's work over the ideal (total / SMs) for the mma
+suite's shapes, for v3.6's tile (128 x 128) and v3.7's (192 x 128), with TILEATTN_MIDDLES_LAST
+off and on.  No GPU: the numbers are the schedule's, not the kernel's.
+
+    python scripts/schedule_model.py [--sms 132]
+"""
+
+import argparse
+import math
+
+
+def q_block(tile: int, Tr: int, bh_count: int, causal: bool, middles_last: bool) -> tuple[int, int]:
+    """persistent_tile: (bh, q_block) of a tile index."""
+    if not causal:
+        return divmod(tile, Tr)
+    W = Tr - 1 if middles_last and Tr % 2 == 1 else Tr
+    if W < Tr and tile >= W * bh_count:
+        return tile - W * bh_count, Tr // 2
+    bh, r = divmod(tile, W)
+    return bh, Tr - 1 - r // 2 if r % 2 == 0 else r // 2
+
+
+def makespan_over_ideal(N: int, bh_count: int, Br: int, Bc: int, causal: bool, middles_last: bool, sms: int):
+    Tr = math.ceil(N / Br)
+
+    def cost(qb: int) -> float:  # K/V blocks the tile runs, in 128-row units of work
+        keys = min(N, (qb + 1) * Br) if causal else N
+        return math.ceil(keys / Bc) * Br / 128
+
+    tiles = [cost(q_block(t, Tr, bh_count, causal, middles_last)[1]) for t in range(Tr * bh_count)]
+    U = 2 if causal else 1
+    units = [sum(tiles[u : u + U]) for u in range(0, len(tiles), U)]
+    ctas = min(sms, len(units))
+    load = [sum(units[c::ctas]) for c in range(ctas)]
+    return max(load) / (sum(tiles) / sms), max(load)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sms", type=int, default=132)
+    a = ap.parse_args()
+    print("| N | B | causal | v3.6 (128x128) | v3.7 (192x128) | v3.7, middles last | v3.7 / v3.6 busiest CTA |")
+    print("|---|---|---|---|---|---|---|")
+    for N in (1024, 2048, 4096, 8192, 32768):
+        B = 32768 // N
+        for causal in (False, True):
+            r6, w6 = makespan_over_ideal(N, B * 16, 128, 128, causal, False, a.sms)
+            r7, w7 = makespan_over_ideal(N, B * 16, 192, 128, causal, False, a.sms)
+            r7m, w7m = makespan_over_ideal(N, B * 16, 192, 128, causal, True, a.sms)
+            print(
+                f"| {N} | {B} | {'yes' if causal else 'no'} | {r6:.3f} | {r7:.3f} | {r7m:.3f} | "
+                f"{w7 / w6:.3f} / {w7m / w6:.3f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
