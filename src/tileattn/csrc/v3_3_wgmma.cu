@@ -52,7 +52,7 @@ namespace tileattn {
 constexpr int V3_3_WG = 128;              // threads per warpgroup
 constexpr int V3_3_PRODUCER_REGS = 24;    // the producer only issues copies
 // The block: a producer warpgroup and Br / 64 consumer warpgroups of 64 query rows (Br = 128;
-// Br = 192 at D = 64 in v3.7).  The consumers take every register the producer gives back:
+// Br = 192 in v3.7: registered at D = 64; D = 128 fits 160 registers at Bc = 64 only, for tile sweeps).  The consumers take every register the producer gives back:
 // 2 consumers: (65536 / 384 rounded to 168) * 3 = 24 + 2 * 240; 3: 128 * 4 = 24 + 3 * 160 (+ 8 spare).
 __host__ __device__ constexpr int v3_3_threads(int Br) { return V3_3_WG * (1 + Br / 64); }
 __host__ __device__ constexpr int v3_3_consumer_regs(int Br) { return Br == 192 ? 160 : 240; }
@@ -101,8 +101,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr bool FP8 = sizeof(T) == 1;
   static_assert(sizeof(T) == 2 || FP8, "v3.3 is an fp16/bf16 rung, v3.5 an e4m3 one");
   constexpr int CONSUMERS = Br / 64;  // consumer warpgroups of 64 query rows
-  static_assert(Br == 128 || (Br == 192 && HEAD_DIM == 64 && !PINGPONG && !FP8),
-                "two consumer warpgroups, or three at D = 64 (v3.7; the ping-pong takes two)");
+  static_assert(Br == 128 || (Br == 192 && !PINGPONG && !FP8),
+                "two consumer warpgroups, or three (v3.7; the ping-pong takes two)");
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128 || (FP8 && Bc == 256)),
                 "whole 64-column panels");
   static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
