@@ -144,8 +144,8 @@ def test_mma_many_heads(version):
 def test_persistent_many_tiles_per_cta(version, D, Nq, Nk, causal):
     """The persistent rungs with several tiles per CTA (B*H*Tr = 111 * 8 or 111 * 3 against the GPU's
     ~132 CTAs; v3.7's 192-row tiles: 111 * 6 or 111 * 2): the K/V pipeline and Q's buffer carried
-    from tile to tile, tiles that see no key (bottom_right with Nk < Nq), and the causal order's
-    sections of heads, the last one short (111 heads)."""
+    from tile to tile, tiles that see no key (bottom_right with Nk < Nq), and the causal pairs
+    over an odd number of heads (111)."""
     _check(Case(version, B=3, H=37, Nq=Nq, Nk=Nk, D=D, causal=causal, dtype="bfloat16"))
 
 

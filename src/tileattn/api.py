@@ -12,8 +12,9 @@ torch.compile); eager calls skip the dispatcher and run the same function direct
 Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core rungs at FP32 accuracy by 3xTF32: v2.3 on
 sm_90's wgmma, the default there, and v2.2 on mma.sync, the default elsewhere; v2.3_tf32 / v2.2_tf32
 with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1; on sm_90 v3.2 with
-TMA loads, v3.3 on wgmma, v3.4: v3.3 with ping-pong consumers at D=64, and v3.6, the default at
-D=64 and 128: v3.3 / v3.4 as a persistent kernel) at every head dim that is a multiple of 8 from 16
+TMA loads, v3.3 on wgmma, v3.4: v3.3 with ping-pong consumers at D=64, v3.6: v3.3 / v3.4 as a
+persistent kernel, the default at D=128 and for causal calls under 4096 rows at D=64, and v3.7: v3.6
+with three consumer warpgroups, the default at D=64 otherwise) at every head dim that is a multiple of 8 from 16
 to 256; any Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous
 head dim; causal masks aligned top-left or bottom-right; GQA/MQA; the log-sum-exp of each row.
 Gradients (backward.py, registered as the custom op's autograd formula) for FP32 (bwd_v2.2, 3xTF32;
@@ -543,8 +544,9 @@ def tensor_map(ptr, layout, dtype: str, esize: int, box: tuple[int, int], l2_pro
 
 @dataclasses.dataclass
 class Plan:
-    """Everything about a launch that depends only on its key (rung, dtype, head dim, causal,
-    device): built once, then each call fills the parameter struct and launches."""
+    """Everything about a launch that depends only on its key (dtype, head dim, causal, rung,
+    precision, device, and whether a causal call is short for the default dispatch): built once,
+    then each call fills the parameter struct and launches."""
 
     function: int  # the kernel as a CUfunction of the device's primary context
     context: int  # that context

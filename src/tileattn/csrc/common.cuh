@@ -138,7 +138,7 @@ __device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - block
 // puts at 9-11% above the ideal makespan for v3.7's 192-row tiles at N = 8192 and 32768 (Tr = 43,
 // 171) against 3% for v3.6's even Tr.  Experiment switch TILEATTN_MIDDLES_LAST=1 (not yet run on
 // a GPU): the pairs of every head first (tiles 0 .. (Tr - 1) bh_count - 1), then the middles two
-// by two (two middles are a pair's work, Tr + 1 blocks); the model: 5-6% above ideal.
+// by two (two middles are one pair's work); the model: 5-6% above ideal.
 #ifndef TILEATTN_MIDDLES_LAST
 #define TILEATTN_MIDDLES_LAST 0
 #endif

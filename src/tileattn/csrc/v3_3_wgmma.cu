@@ -115,7 +115,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   auto s_k = [&](int s) { return s_q + Q_BYTES + s * KV_BYTES; };
   auto s_v = [&](int s) { return s_q + Q_BYTES + (STAGES + s) * KV_BYTES; };
   const KVBarriers<STAGES> bars{s_q + Q_BYTES + 2 * STAGES * KV_BYTES};
-  // PERSISTENT (v3.6): Q's buffer is refilled for each tile once both consumer warpgroups are
+  // PERSISTENT (v3.6): Q's buffer is refilled for each tile once every consumer warpgroup is
   // done reading it (their last S): one more mbarrier after KVBarriers's, every consumer thread.
   const unsigned q_empty = bars.q + 8 * KVBarriers<STAGES>::COUNT;
   // Q and full: the producer thread's one arrival (with the copy's bytes); empty: every consumer thread.
@@ -224,7 +224,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   float acc[NO];
 
   // Descriptors: Q and K K-major (k16 step kk: panel kk / 4, 32 bytes per step inside the row);
-  // this warpgroup's Q rows start 64 rows into each panel.  V N-major: k16 step ks starts 16 key
+  // this warpgroup's Q rows start cwg * 64 rows into each panel.  V N-major: k16 step ks starts 16 key
   // rows (2048 bytes) further; the next 64 columns of d are the next panel (leading byte offset).
   // FP8 at D = 64: rows of 64 bytes, the 64-byte swizzle (wgmma_desc_sw64); else 128-byte rows.
   constexpr int ROW_BYTES = (FP8 && HEAD_DIM == 64) ? 64 : 128;
