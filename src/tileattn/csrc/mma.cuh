@@ -321,55 +321,6 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // ---- keep S and O in it (lane = 4g + t: rows g and g + 8, columns 2t and 2t + 1 of each n8 ----
 // ---- tile i, as values 4i, 4i + 1 (row g) and 4i + 2, 4i + 3 (row g + 8)) ----
 
-// S[i] = 2^(s S[i] - m_base) and the row sums l_i, for i in FROM .. TO - 1
-// (fragment_online_softmax_first does 0 .. FIRST - 1; the rest is the caller's).  ALT spells the same exponential in its own asm
-// string, so that two branches holding one each are not merged into one.
-template <int FROM, int TO, bool ALT = false, int NS>
-__device__ __forceinline__ void fragment_softmax_weights(float (&S)[NS], float (&l_i)[2], float scale_log2,
-                                                         const float (&m_base)[2]) {
-  static_assert(0 <= FROM && FROM <= TO && TO <= NS, "a range of S");
-#pragma unroll
-  for (int i = FROM; i < TO; ++i) {
-    const float m = m_base[(i % 4) / 2];
-    if (ALT)
-      asm("ex2.approx.ftz.f32 %0, %1;  // fragment_softmax_weights, other branch\n"
-          : "=f"(S[i])
-          : "f"(fmaf(S[i], scale_log2, -m)));
-    else
-      S[i] = softmax_weight(S[i], scale_log2, m);
-    l_i[(i % 4) / 2] += S[i];
-  }
-}
-
-// fragment_online_softmax in two parts, for v3.3's experiment switch TILEATTN_PV_SPLIT (the P V
-// wait between them): the mask, the row max, scale_old and m_base (this thread's rows' exponent
-// constants), and the weights of S[0 .. FIRST - 1]; fragment_softmax_weights does the rest.
-template <bool CAUSAL, int NS, int FIRST, bool OFFSET = false>
-__device__ __forceinline__ void fragment_online_softmax_first(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
-                                                              float (&scale_old)[2], float (&m_base)[2],
-                                                              float scale_log2, int kv_start, int Bc, int q_start,
-                                                              int row_a, int t, int Nk, int causal_offset,
-                                                              float offset = 0.0f) {
-  const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
-  const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
-  const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
-  float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
-    if (needs_mask && key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
-    m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // the quad holds the row
-    const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
-    scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h]);
-    if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
-  }
-  fragment_softmax_weights<0, FIRST>(S, l_i, scale_log2, m_base);
-}
-
-
 // Online softmax of one K/V block's scores S (NS / 4 8-key tiles) for this thread's two rows
 // row_a and row_a + 8, in place: keys past the row's last key are masked on the blocks that reach
 // them (past Nk; the diagonal when causal), the rows rebase to the new max in the log2 domain
@@ -382,9 +333,28 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
                                                         int causal_offset, float offset = 0.0f) {
+  const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
+  const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
+  const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
+  float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
+    if (needs_mask && key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
+    m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
+  }
   float m_base[2];
-  fragment_online_softmax_first<CAUSAL, NS, NS, OFFSET>(S, m_i, l_i, scale_old, m_base, scale_log2, kv_start, Bc,
-                                                        q_start, row_a, t, Nk, causal_offset, offset);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // the quad holds the row
+    const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
+    scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h]);
+    if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
+  }
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
+    l_i[(i % 4) / 2] += S[i];
+  }
 }
 
 // The score variants of one block (v3.3's variants kernel; csrc/common.cuh has their meaning),

@@ -35,27 +35,16 @@
 
 namespace tileattn {
 
-// Experiment switch (TILEATTN_DEFINES="TILEATTN_PV_SPLIT=k", bench/NOTES.md "v3.6"): in the plain
-// kernels that leave the main loop's P V wait to ptxas, the wait goes between the softmax's first
-// k exponentials and the rest (a branch on O's accumulator, which only the wait makes readable,
-// keeps the rest after it).  Left to itself ptxas puts it before all of them or after a handful,
-// and that place moved v3.4's causal D=64 kernel by 15% between two builds.  -1: off.
-#ifndef TILEATTN_PV_SPLIT
-#define TILEATTN_PV_SPLIT -1
-#endif
-// Experiment switch: 0 leaves the P V wait to ptxas where it is pinned (D = 64 without ping-pong);
-// for v3.7 measured 0.98-1.03x of the pinned build (bench/NOTES.md "v3.7"), not adopted.
-#ifndef TILEATTN_PIN_PV_WAIT
-#define TILEATTN_PIN_PV_WAIT 1
-#endif
-
 constexpr int V3_3_WG = 128;              // threads per warpgroup
 constexpr int V3_3_PRODUCER_REGS = 24;    // the producer only issues copies
 // The block: a producer warpgroup and Br / 64 consumer warpgroups of 64 query rows (Br = 128;
-// Br = 192 in v3.7: registered at D = 64; D = 128 fits 160 registers at Bc = 64 only, for tile sweeps).  The consumers take every register the producer gives back:
-// 2 consumers: (65536 / 384 rounded to 168) * 3 = 24 + 2 * 240; 3: 128 * 4 = 24 + 3 * 160 (+ 8 spare).
+// Br = 192 in v3.7: registered at D = 64; D = 128 fits at Bc = 64 only, for tile sweeps).  The
+// consumers share what the producer gives back of the register file (65536 / 128 a thread of
+// each warpgroup), in setmaxnreg's steps of 8: two get 240 each, three 160.
 __host__ __device__ constexpr int v3_3_threads(int Br) { return V3_3_WG * (1 + Br / 64); }
-__host__ __device__ constexpr int v3_3_consumer_regs(int Br) { return Br == 192 ? 160 : 240; }
+__host__ __device__ constexpr int v3_3_consumer_regs(int Br) {
+  return (65536 / V3_3_WG - V3_3_PRODUCER_REGS) / (Br / 64) / 8 * 8;
+}
 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2).
@@ -219,8 +208,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   constexpr int NS = Bc / 2, NO = HEAD_DIM / 2;  // accumulator values per thread: S (64 x Bc), O (64 x D)
-  constexpr int PV_SPLIT = !VARIANTS && !FP8 && !(HEAD_DIM == 64 && !PINGPONG) ? TILEATTN_PV_SPLIT : -1;
-  static_assert(PV_SPLIT <= NS, "TILEATTN_PV_SPLIT: at most the block's scores a thread holds");
   float acc[NO];
 
   // Descriptors: Q and K K-major (k16 step kk: panel kk / 4, 32 bytes per step inside the row);
@@ -398,40 +385,17 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         fence_operands(S);
         mbar_arrive(bars.k_empty(c0 + j + 1));
         release_q(j + 1);
-        if constexpr (PV_SPLIT >= 0) {
-          float m_base[2];
-          fragment_online_softmax_first<CAUSAL, NS, PV_SPLIT>(S, m_i, l_i, scale_old, m_base, scale_log2,
-                                                              (j_lo + j + 1) * Bc, Bc, q_start, row_a, t, seq_k,
-                                                              offset);
-          // The first k before the wait: it waits on their sum (wgmma_wait_all_after); the rest
-          // after it: they branch on acc, whose NaN is canonical (0x7fffffff), so every thread
-          // takes the first branch.
-          if constexpr (PV_SPLIT > 0) {
-            float first = 0.0f;
-#pragma unroll
-            for (int i = 0; i < PV_SPLIT; ++i) first += S[i];
-            wgmma_wait_all_after(first);
-          } else {
-            wgmma_wait<0>();
-          }
-          fence_operands(acc);
-          if (__any_sync(0xffffffffu, __float_as_uint(acc[0]) != 0x7fbfffffu))
-            fragment_softmax_weights<PV_SPLIT, NS>(S, l_i, scale_log2, m_base);
-          else
-            fragment_softmax_weights<PV_SPLIT, NS, true>(S, l_i, scale_log2, m_base);
-        } else {
-          softmax(S, j + 1);
-          // Where ptxas puts this wait is a measured choice (scripts/variants_probe.py --define, two
-          // runs, bf16 causal N=8192): pinned behind the exponentials, the plain kernel runs 4% faster
-          // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
-          // v3.4 (PINGPONG) leaves the wait to ptxas: pinned, v3.4 ran 0.98x of v3.3 at causal D=64;
-          // unpinned 1.16x (and 1.10x more without a mask), 2026-12-02.
-          if constexpr (!VARIANTS && HEAD_DIM == 64 && !PINGPONG && TILEATTN_PIN_PV_WAIT)
-            wgmma_wait_all_after(l_i[0] + l_i[1]);
-          else
-            wgmma_wait<0>();
-          fence_operands(acc);
-        }
+        softmax(S, j + 1);
+        // Where ptxas puts this wait is a measured choice (scripts/variants_probe.py --define, two
+        // runs, bf16 causal N=8192): pinned behind the exponentials, the plain kernel runs 4% faster
+        // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
+        // v3.4 (PINGPONG) leaves the wait to ptxas: pinned, v3.4 ran 0.98x of v3.3 at causal D=64;
+        // unpinned 1.16x (and 1.10x more without a mask), 2026-12-02.
+        if constexpr (!VARIANTS && HEAD_DIM == 64 && !PINGPONG)
+          wgmma_wait_all_after(l_i[0] + l_i[1]);
+        else
+          wgmma_wait<0>();
+        fence_operands(acc);
         fence_operands(p);
         mbar_arrive(bars.v_empty(c0 + j));
         to_p_and_rescale(S);
