@@ -2,8 +2,9 @@
 v3_3_wgmma.cu v3_3_for_my_tiles): each CTA of min(SMs, units) takes units blockIdx.x, + gridDim.x,
 ... (a unit: one tile, or under the causal mask two consecutive ones), a tile costing its K/V
 blocks times its rows.  Prints the busiest CTA's work over the ideal (total / SMs) for the mma
-suite's shapes, for v3.6's tile (128 x 128) and v3.7's (192 x 128), with TILEATTN_MIDDLES_LAST
-off and on.  No GPU: the numbers are the schedule's, not the kernel's.
+suite's shapes, for v3.6's tile (128 x 128) and v3.7's (192 x 128), v3.7 in both orders of an odd
+Tr: a head's middle block paired in place with the next head's longest (the first order, since
+replaced) and persistent_tile's middles last.  No GPU: the numbers are the schedule's, not the kernel's.
 
     python scripts/schedule_model.py [--sms 132]
 """

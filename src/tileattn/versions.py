@@ -348,9 +348,9 @@ VERSIONS: dict[str, Version] = {
 
 
 # Where a causal call counts as short for Version.short_causal.  Measured on an H200 (bf16, D=64,
-# v3.7 against v3.6 in one run): 0.90x causal at N=1024, 1.08x at 4096; 2048 is not measured, so
-# the rule keeps v3.6 below the first length where v3.7 was seen to win.
-SHORT_CAUSAL_ROWS = 4096
+# causal, v3.7 against v3.6 in one run, bench/results/sweeps/mma_middles_last_96c6cdf.json): 0.91x
+# at N=1024 (192-row blocks waste more of the diagonal there), 1.04x at 2048, 1.07-1.13x from 4096.
+SHORT_CAUSAL_ROWS = 2048
 
 
 def select(

@@ -133,22 +133,21 @@ __device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - block
 // own block scheduler would balance them.  (The first cut's static longest-first order over
 // L2-sized sections of heads ran 0.90x v3.3 at N=32768 causal: one section's round of tiles gave
 // some CTAs three times the work of others.)
-// With an odd Tr a head's middle block has no partner, so a pair straddles two heads (its middle
-// and the next head's longest block: 1.5 pairs of work), which a model of the static schedule
-// puts at 9-11% above the ideal makespan for v3.7's 192-row tiles at N = 8192 and 32768 (Tr = 43,
-// 171) against 3% for v3.6's even Tr.  Experiment switch TILEATTN_MIDDLES_LAST=1 (not yet run on
-// a GPU): the pairs of every head first (tiles 0 .. (Tr - 1) bh_count - 1), then the middles two
-// by two (two middles are one pair's work); the model: 5-6% above ideal.
-#ifndef TILEATTN_MIDDLES_LAST
-#define TILEATTN_MIDDLES_LAST 0
-#endif
+// With an odd Tr a head's middle block has no partner.  Paired in place it would straddle two
+// heads (its middle and the next head's longest block: 1.5 pairs of work), which a model of the
+// static schedule (scripts/schedule_model.py) puts at 9-11% above the ideal makespan for v3.7's
+// 192-row tiles at N = 8192 and 32768 (Tr = 43, 171).  So the pairs of every head come first
+// (tiles 0 .. (Tr - 1) bh_count - 1), then the middles two by two (two middles are one pair's
+// work; the model: 5-6% above ideal).  Measured on an H200 (bf16, D=64, causal, one run each way,
+// bench/results/sweeps/mma_middles_last_96c6cdf.json): v3.7 1.03x at N = 32768 and 8192, 1.30x at
+// N = 2048 (Tr = 11); even Tr (v3.6's 128-row tiles at these lengths) takes the same order as before.
 struct TileIndex {
   int bh, q_block;
 };
 template <bool CAUSAL>
 __device__ __forceinline__ TileIndex persistent_tile(int tile, int Tr, int bh_count) {
   if (!CAUSAL) return {tile / Tr, tile % Tr};
-  const int W = (TILEATTN_MIDDLES_LAST && Tr % 2 == 1) ? Tr - 1 : Tr;  // a head's tiles in pairs
+  const int W = Tr % 2 == 1 ? Tr - 1 : Tr;  // a head's tiles in pairs
   if (W < Tr && tile >= W * bh_count) return {tile - W * bh_count, Tr / 2};
   const int bh = tile / W, r = tile % W;
   return {bh, r % 2 == 0 ? Tr - 1 - r / 2 : r / 2};

@@ -17,9 +17,11 @@
 //    running across tiles, Q's empty barrier.
 // Measured on an H200 (bf16, H=16, B*N = 32768, against v3.6 and cuDNN in the same run,
 // bench/results/sweeps/mma_v3.7_d18257b.json): 1.06-1.16x v3.6 without a mask (1.02x cuDNN at
-// N = 8192 and 32768), 1.06-1.08x causal from N = 4096 but 0.90x at N = 1024, where a 192-row
-// block's diagonal spans two 128-key blocks and more of the computed scores are masked; so the
-// default dispatch keeps v3.6 for causal calls under versions.SHORT_CAUSAL_ROWS query rows.
+// N = 8192 and 32768).  Causal, with persistent_tile's middles-last order for v3.7's odd Tr
+// (sweeps/mma_middles_last_96c6cdf.json): 1.04x v3.6 at N = 2048, 1.07-1.13x from 4096, but 0.91x
+// at N = 1024, where a 192-row block's diagonal spans two 128-key blocks and more of the computed
+// scores are masked; so the default dispatch keeps v3.6 for causal calls under
+// versions.SHORT_CAUSAL_ROWS query rows.
 #include "v3_3_wgmma.cu"
 
 namespace tileattn {
