@@ -686,8 +686,8 @@ V3_5_FP8 = KernelEntry(
     tiles={64: (128, 256), 128: (128, 128), 256: (128, 128)},
     dtypes=("float8_e4m3fn",),
     fields="fwd",
-    summary="v3.3 on FP8: e4m3 Q, K and V^T (wgmma k32), per-(batch, KV head) descale factors folded "
-    "into the exponent, P rounded to e4m3 for P V, bf16 output (sm_90a)",
+    summary="v3.6 (v3.3 persistent) on FP8: e4m3 Q, K and V^T (wgmma k32), per-(batch, KV head) descale "
+    "factors folded into the exponent, P rounded to e4m3 for P V, bf16 output (sm_90a)",
     min_arch=90,
     max_arch=90,
     arch_specific=True,

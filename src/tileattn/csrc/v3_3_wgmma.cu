@@ -90,12 +90,12 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr bool FP8 = sizeof(T) == 1;
   static_assert(sizeof(T) == 2 || FP8, "v3.3 is an fp16/bf16 rung, v3.5 an e4m3 one");
   constexpr int CONSUMERS = Br / 64;  // consumer warpgroups of 64 query rows
-  static_assert(Br == 128 || (Br == 192 && !PINGPONG && !FP8),
+  static_assert(Br == 128 || (Br == 192 && !PINGPONG),
                 "two consumer warpgroups, or three (v3.7; the ping-pong takes two)");
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128 || (FP8 && Bc == 256)),
                 "whole 64-column panels");
   static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
-  static_assert(!PERSISTENT || (!VARIANTS && !FP8), "v3.6 (persistent) is the plain dense kernel");
+  static_assert(!PERSISTENT || !VARIANTS, "the persistent walk (v3.6, v3.5) is the dense kernels' (no score variants)");
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 

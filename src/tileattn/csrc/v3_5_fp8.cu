@@ -4,7 +4,9 @@
 // against ~989 dense TFLOP/s, NVIDIA's Hopper datasheet), and the operands are half the bytes.
 // Everything else is v3.3's body (v3_3_wgmma.cu: TMA producer, two consumer warpgroups of 64
 // rows, setmaxnreg, the intra-warpgroup overlap of S_{j+1} with P_j V_j, the online softmax in
-// FP32), compiled with T = fp8_e4m3; its FP8 branches are:
+// FP32) walked as v3.6 walks it (persistent CTAs, one per SM, over persistent_tile's order, the
+// next tile's Q and K/V loading under this one's last P V and stores), compiled with
+// T = fp8_e4m3; its FP8 branches are:
 //  * Inputs q, k, v e4m3 with descale factors (the room field `descale`: [B * H_kv][3], q's, k's,
 //    v's factor for each (batch, KV head), FlashAttention-3's per-(batch, KV head) form): the
 //    scores are S ds_q ds_k, folded into the exponent's one FFMA; O is multiplied by ds_v once,
@@ -37,11 +39,12 @@ namespace tileattn {
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_5_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
   static_assert(sizeof(T) == 1, "v3.5 takes e4m3 inputs (tileattn::fp8_e4m3)");
-  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false>(TILEATTN_FWD_ARGS, &tmaps);
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/false, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS, &tmaps);
 }
 
 // Q, 2 stages of K and V^T (one byte an element), 9 mbarriers (KVBarriers<2>).
-TILEATTN_SMEM_BYTES(v3_5_fwd, (Br + 4 * Bc) * HEAD_DIM + 9 * 8);
+// Q, 2 stages of K and V^T (bytes), 10 mbarriers (KVBarriers<2> and v3.6's Q empty).
+TILEATTN_SMEM_BYTES(v3_5_fwd, (Br + 4 * Bc) * HEAD_DIM + 10 * 8);
 
 // V^T as v3.5 reads it, from V (B, H_kv, Nk, D) e4m3 at any strides (elements = bytes) into
 // vt (B, H_kv, D, Nk_pad) contiguous, Nk_pad a multiple of 32, zeros past Nk, the keys of each
