@@ -17,7 +17,7 @@
 //  * Everything else is v3.3's body (PERSISTENT), with v3.4's ping-pong at D=64.
 // Measured on an H200 (bf16 and fp16, H=16, B*N = 32768, `bench --suite mma` at 2826a65, against
 // the same run): 1.01-1.21x the faster of v3.3 and v3.4 at every shape, 1.12-1.21x at N=1024;
-// 0.81-1.00x cuDNN.  The default at D = 128, and at D = 64 for causal calls under 4096 query rows
+// 0.81-1.00x cuDNN.  The default at D = 128, and at D = 64 for causal calls under 2048 query rows
 // (v3.7 takes the rest of D = 64).
 #include "v3_3_wgmma.cu"
 
