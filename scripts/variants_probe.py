@@ -1,22 +1,37 @@
-"""Probe: v3.3 plain vs its variants kernel with no variant on, and each variant alone (bf16 causal N=8192).
-No experiment is compiled in now (earlier ones: bench/NOTES.md).
+"""Probe: plain causal (the default rung) vs the variants kernel with no variant on, and each
+variant alone (bf16 causal N=8192).  No experiment is compiled in now (earlier ones: bench/NOTES.md).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined (an experiment's
 switch in the CUDA sources; the kernel cache keys on the options, so every build stays cached).
+`--version v3.6|v3.3|v3.1` runs the variants on that rung's kernel (default: the dispatch's), and
+`--tile D=Br,Bc` (repeatable) runs v3.6's variants kernel at another tile.
 """
 
 import argparse
+import dataclasses
 
 import torch
 from triton.testing import do_bench
 
-from tileattn import _nvrtc, flash_attn_func, reference, serving
+from tileattn import _nvrtc, flash_attn_func, reference, serving, versions
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE], defined in every kernel")
-_nvrtc.EXPERIMENT_DEFINES[:] = parser.parse_args().define
+parser.add_argument("--version", default=None, help="the variants' rung (flash_attn_func's version=)")
+parser.add_argument("--tile", action="append", default=[], help="D=Br,Bc: v3.6's variants kernel at another tile")
+args = parser.parse_args()
+_nvrtc.EXPERIMENT_DEFINES[:] = args.define
 if _nvrtc.EXPERIMENT_DEFINES:
     print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}")
+if args.tile:
+    e = versions.KERNEL_ENTRIES["v3.6_variants"]
+    tiles = dict(e.tiles)
+    for spec in args.tile:
+        D, tile = spec.split("=")
+        tiles[int(D)] = tuple(int(x) for x in tile.split(","))
+    versions.KERNEL_ENTRIES[e.name] = dataclasses.replace(e, tiles=tiles)
+    print(f"v3.6_variants tiles {tiles}")
+VERSION = args.version
 
 
 def max_error(D, softcap=0.0, alibi=False, window=(-1, 0)):
@@ -25,7 +40,15 @@ def max_error(D, softcap=0.0, alibi=False, window=(-1, 0)):
     q, k, v = (torch.randn(1, 777, 2, D, device="cuda", dtype=torch.bfloat16) * 2 for _ in range(3))
     slopes = torch.tensor([0.5, 0.05], device="cuda") if alibi else None
     out, lse = flash_attn_func(
-        q, k, v, causal=True, window_size=window, softcap=softcap, alibi_slopes=slopes, return_lse=True
+        q,
+        k,
+        v,
+        causal=True,
+        window_size=window,
+        softcap=softcap,
+        alibi_slopes=slopes,
+        return_lse=True,
+        version=VERSION,
     )
     heads = lambda t: t.double().cpu().numpy().transpose(0, 2, 1, 3)  # reference.py's (B, H, N, D)
     ref, ref_lse = reference.attention_serving(
@@ -53,14 +76,16 @@ for D in (64, 128):
     base = t(lambda: flash_attn_func(q, k, v, causal=True))
     rows = {
         "variants kernel, none on": lambda: serving.attention_variants(
-            q, k, v, D**-0.5, "bottom_right", (-1, 0), 0.0, None, False
+            q, k, v, D**-0.5, "bottom_right", (-1, 0), 0.0, None, False, version=VERSION
         ),
-        "window 4096": lambda: flash_attn_func(q, k, v, causal=True, window_size=(4096, 0)),
-        "alibi": lambda: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes),
-        "softcap": lambda: flash_attn_func(q, k, v, causal=True, softcap=50.0),
+        "window 4096": lambda: flash_attn_func(q, k, v, causal=True, window_size=(4096, 0), version=VERSION),
+        "alibi": lambda: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, version=VERSION),
+        "softcap": lambda: flash_attn_func(q, k, v, causal=True, softcap=50.0, version=VERSION),
         "noncausal plain": lambda: flash_attn_func(q, k, v),
         **({"v3.4 causal": lambda: flash_attn_func(q, k, v, causal=True, version="v3.4")} if D == 64 else {}),
-        "noncausal, window (-1,-1) variants kernel + alibi": lambda: flash_attn_func(q, k, v, alibi_slopes=slopes),
+        "noncausal, window (-1,-1) variants kernel + alibi": lambda: flash_attn_func(
+            q, k, v, alibi_slopes=slopes, version=VERSION
+        ),
     }
     print(f"D={D} plain causal {base:.3f} ms")
     for name, f in rows.items():

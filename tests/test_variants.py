@@ -13,14 +13,18 @@ import torch
 
 from tileattn import _nvrtc, flash_attn_func, flash_attn_varlen_func, reference, serving
 from tileattn.testing import assert_serving_output, compile_entry_spill_free, cu_seqlens
-from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, VERSIONS
+from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, V3_6_VARIANTS, VERSIONS
 
 
-@pytest.mark.parametrize("dtype,D,causal", V3_3_VARIANTS.instantiations())
-def test_variants_kernel_compiles_without_spills(dtype, D, causal):
-    _, sass = compile_entry_spill_free(V3_3_VARIANTS, dtype, D, causal)
+@pytest.mark.parametrize(
+    "entry,dtype,D,causal", [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS) for i in e.instantiations()]
+)
+def test_variants_kernel_compiles_without_spills(entry, dtype, D, causal):
+    _, sass = compile_entry_spill_free(entry, dtype, D, causal)
     # wgmma (HGMMA) as in v3.3, and softcap's tanh on the SFU (one MUFU.TANH a score).
     assert "HGMMA.64x" in sass and "MUFU.TANH" in sass and "MUFU.EX2" in sass
+    # v3.6's walk strides over tiles by gridDim.x (v3.3's packed_tile reads it too).
+    assert "c[0x0][0xc]" in sass
 
 
 def test_plain_v33_has_no_variant_code():
@@ -45,7 +49,7 @@ def test_plain_v31_has_no_variant_code(D):
 @pytest.mark.parametrize(
     "cc,D,version,variants,dtype,expected",
     [
-        ((9, 0), 128, None, True, torch.bfloat16, "v3.3_variants"),
+        ((9, 0), 128, None, True, torch.bfloat16, "v3.3_variants"),  # packed (dense=False)
         ((9, 0), 128, None, False, torch.bfloat16, "v3.3_packed"),
         ((9, 0), 128, "v3.3", True, torch.float16, "v3.3_variants"),
         ((9, 0), 128, "v3.1", True, torch.bfloat16, "v3.1_variants"),  # forced onto mma.sync
@@ -72,6 +76,31 @@ def test_packed_path_picks_the_kernel(monkeypatch, cc, D, version, variants, dty
             serving._packed_path("x", dtype, D, device, variants, version)
 
 
+@pytest.mark.parametrize(
+    "cc,D,version,dtype,expected",
+    [
+        ((9, 0), 128, None, torch.bfloat16, "v3.6_variants"),
+        ((9, 0), 64, "v3.6", torch.float16, "v3.6_variants"),
+        ((9, 0), 128, "v3.3", torch.bfloat16, "v3.3_variants"),  # the named rung
+        ((9, 0), 256, None, torch.bfloat16, "v3.3_variants"),  # a head dim v3.6 has not
+        ((9, 0), 96, None, torch.float16, "v3.1_variants"),
+        ((8, 0), 128, None, torch.bfloat16, "v3.1_variants"),
+        ((9, 0), 256, "v3.6", torch.bfloat16, r"version='v3.6' runs x on Hopper .* at head dims \(64, 128\)"),
+        ((8, 0), 64, "v3.6", torch.bfloat16, r"version='v3.6' .* on sm_80"),
+    ],
+)
+def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, dtype, expected):
+    """Dense calls with variants (flash_attn_func): v3.6's persistent variants kernel on Hopper at
+    its head dims, else as packed calls; version="v3.6" elsewhere raises naming where it runs."""
+    monkeypatch.setattr(_nvrtc, "device_arch", lambda index: cc)
+    device = torch.device("cuda", 0)
+    if expected.endswith("_variants"):
+        assert serving._packed_path("x", dtype, D, device, True, version, dense=True) == expected
+    else:
+        with pytest.raises(NotImplementedError, match=expected):
+            serving._packed_path("x", dtype, D, device, True, version, dense=True)
+
+
 def test_reference_top_left_window_is_causal_mask():
     """attention_serving's offset: top-left causal equals the naive reference's top_left."""
     rng = np.random.default_rng(0)
@@ -94,7 +123,7 @@ BAD_INPUT = [
     (dict(softcap="big"), TypeError, "softcap must be a float"),
     (dict(alibi_slopes=torch.zeros(3)), ValueError, r"alibi_slopes must be a float32 tensor of shape \(4,\)"),
     (dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be a float32"),
-    (dict(window_size=(8, 0), version="v2.3"), ValueError, "window_size, softcap and alibi_slopes run on v3.3 or v3.1"),
+    (dict(window_size=(8, 0), version="v2.3"), ValueError, "alibi_slopes run on v3.6, v3.3 or v3.1"),
     (dict(softcap=1.0, precision="tf32"), ValueError, r"precision=None\); got version=None, precision='tf32'"),
     (dict(window_size=(8, 0), version="v3.1"), ValueError, "q must be a CUDA tensor"),  # (v3.1 takes variants)
     (dict(softcap=1.0), ValueError, "q must be a CUDA tensor"),
@@ -173,11 +202,12 @@ _VARIANTS = {
 # (rung, head dim): v3.3's head dims, and v3.1's (mma.sync) at its two row tiles per warp (64:
 # Bc=64, 128: Bc=32), a head dim v3.3 has not (96) and its one row tile per warp (256: Br=64).
 _RUNG_DIMS = [("v3.3", 64), ("v3.3", 128), ("v3.3", 256), ("v3.1", 64), ("v3.1", 96), ("v3.1", 128), ("v3.1", 256)]
+_DENSE_RUNG_DIMS = [("v3.6", 64), ("v3.6", 128), *_RUNG_DIMS]  # (v3.6's variants kernel: dense calls only)
 
 
 def _needs(version):
-    """v3.3 runs on Hopper only, v3.1 (and version=None) on any GPU of the tests (sm_80+)."""
-    if version == "v3.3" and torch.cuda.get_device_capability() != (9, 0):
+    """v3.6 and v3.3 run on Hopper only, v3.1 (and version=None) on any GPU of the tests (sm_80+)."""
+    if version in ("v3.6", "v3.3") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("v3.3 runs on Hopper")
 
 
@@ -206,7 +236,7 @@ def _assert_matches_float64(out, lse, q, k, v, scale, causal, window, softcap, s
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("version,D", _RUNG_DIMS)
+@pytest.mark.parametrize("version,D", _DENSE_RUNG_DIMS)
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("variant", list(_VARIANTS))
 def test_variants_match_float64(dtype, version, D, causal, variant):
@@ -229,7 +259,7 @@ def test_variants_match_float64(dtype, version, D, causal, variant):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["v3.3", "v3.1"])
+@pytest.mark.parametrize("version", ["v3.6", "v3.3", "v3.1"])
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("scale", [0.0, -0.07])
 def test_variants_more_queries_than_keys_and_scale_zero(version, causal, scale):
@@ -248,7 +278,7 @@ def test_variants_more_queries_than_keys_and_scale_zero(version, causal, scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version,D", [("v3.3", 64), ("v3.1", 64), (None, 96)])  # (96: v3.1 on every arch)
+@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.3", 64), ("v3.1", 64), (None, 96)])  # (96: v3.1 everywhere)
 @pytest.mark.parametrize("Nq,Nk", [(1, 1), (1, 700), (129, 1), (700, 700)])
 def test_variants_public_call_awkward(version, D, Nq, Nk):
     """flash_attn_func itself: N=1, strided views of one qkv buffer, a negative scale."""
@@ -264,10 +294,10 @@ def test_variants_public_call_awkward(version, D, Nq, Nk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["v3.3", "v3.1"])
+@pytest.mark.parametrize("version", ["v3.6", "v3.3", "v3.1"])
 def test_variants_past_grid_y(version):
-    """B*H = 65,600 with a window and (B, H) ALiBi slopes: two launches; the second's batches
-    must find their own slopes and lse rows."""
+    """B*H = 65,600 with a window and (B, H) ALiBi slopes: two launches (v3.6: one persistent
+    launch over every tile); the second's batches must find their own slopes and lse rows."""
     _needs(version)
     gen = torch.Generator(device="cuda").manual_seed(3)
     B, H, N, D = 4100, 16, 3, 64

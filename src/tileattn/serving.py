@@ -423,9 +423,11 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
 
 _VARLEN = "v3.3_packed"  # v3.3 reading cu_seqlens (csrc/common.cuh), on Hopper (versions.py)
 _VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
+_VARIANTS_DENSE = "v3.6_variants"  # the variants on v3.6's persistent walk, dense calls (versions.py)
 _VARLEN_MMA = "v3.1_varlen"  # variable-length batches on the mma.sync path, sm_80+ (versions.py)
 _VARIANTS_MMA = "v3.1_variants"  # its body compiled with the score variants, packed or dense (versions.py)
-_PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version= (and, with variants, flash_attn_func's)
+_PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version=
+_VARIANTS_VERSIONS = (None, "v3.6", "v3.3", "v3.1")  # flash_attn_func's version= with variants
 
 
 def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: int):
@@ -436,19 +438,29 @@ def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: 
     return api.entry_kernel(kernel, dtype, D, causal, device_index), KERNEL_ENTRIES[kernel].tiles[D]
 
 
-def _packed_path(what: str, dtype, D: int, device, variants: bool, version=None) -> str:
+def _packed_path(what: str, dtype, D: int, device, variants: bool, version=None, dense: bool = False) -> str:
     """The kernel a packed (or, with variants, dense) call runs: v3.3's (its variants kernel with
     variants) on Hopper at its head dims, else v3.1's variable-length kernel or its variants kernel
-    (sm_80+, Hopper's other head dims included); ``version`` ("v3.3" or "v3.1") forces one.
-    Raises NotImplementedError naming what runs where."""
+    (sm_80+, Hopper's other head dims included); dense calls with variants on Hopper take v3.6's
+    variants kernel (persistent) at its head dims.  ``version`` ("v3.6", "v3.3" or "v3.1") forces
+    one.  Raises NotImplementedError naming what runs where."""
     from . import _nvrtc
     from .versions import KERNEL_ENTRIES
 
     v33 = KERNEL_ENTRIES[_VARIANTS if variants else _VARLEN]
+    v36 = KERNEL_ENTRIES[_VARIANTS_DENSE]
     mma = KERNEL_ENTRIES[_VARIANTS_MMA if variants else _VARLEN_MMA]
     cc = _nvrtc.device_arch(device.index)
     arch = cc[0] * 10 + cc[1]
-    if dtype in (torch.float16, torch.bfloat16):
+    half = dtype in (torch.float16, torch.bfloat16)
+    if variants and dense and half and version in (None, "v3.6") and v36.runs_on(arch) and D in v36.head_dims:
+        return v36.name
+    if version == "v3.6":
+        raise NotImplementedError(
+            f"version='v3.6' runs {what} on Hopper (sm_90) in float16/bfloat16 at head dims {v36.head_dims} "
+            f"(dense calls); got {dtype} at head dim {D} on sm_{arch}"
+        )
+    if half:
         if version in (None, "v3.3") and v33.runs_on(arch) and D in v33.head_dims:
             return v33.name
         if version in (None, "v3.1") and mma.runs_on(arch) and D in mma.head_dims:
@@ -482,18 +494,24 @@ def _launch_packed(
         maps = api._tensor_maps(q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc)
     ptr = lambda t: 0 if t is None else t.data_ptr()
     stream = api._current_stream(q.device.index)
-    if cu_seqlens[0] is not None and KERNEL_ENTRIES[kernel].packed_tiles:
+    entry = KERNEL_ENTRIES[kernel]
+    if cu_seqlens[0] is not None and entry.packed_tiles:
         BH, Tr = H, Nq // Br + grid[0]  # tiles of csrc/common.cuh's packed_tile, by heads
     else:
         BH, Tr = grid[0] * H, -(-grid[1] // Br)
+    args = lambda off: [
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0,
+        Nq, Nk, H, H // H_kv, *(x for s in strides for x in s), scale, causal_offset, off,
+        ptr(cu_seqlens[0]), ptr(cu_seqlens[1]), 0, 0, 0, 0, *window, softcap, int(bottom_right),
+        ptr(alibi_slopes), _alibi_stride(alibi_slopes), 0, BH if entry.persistent else 0,
+    ]  # fmt: skip
+    if entry.persistent:  # a CTA per SM, at most one per unit (a tile; causal: a pair of tiles)
+        assert cu_seqlens[0] is None, "persistent kernels take dense calls only"
+        units = -(-(Tr * BH) // (2 if causal else 1))
+        kern.launch(stream, min(api._nvrtc.sm_count(q.device.index), units), 1, args(0), maps)
+        return
     for off in range(0, BH, api._GRID_Y_MAX):
-        args = [
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0,
-            Nq, Nk, H, H // H_kv, *(x for s in strides for x in s), scale, causal_offset, off,
-            ptr(cu_seqlens[0]), ptr(cu_seqlens[1]), 0, 0, 0, 0, *window, softcap, int(bottom_right),
-            ptr(alibi_slopes), _alibi_stride(alibi_slopes), 0, 0,
-        ]  # fmt: skip
-        kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args, maps)
+        kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args(off), maps)
 
 
 def _prepare_scale_and_rows(q, k, v, scale, rows_of):
@@ -627,10 +645,10 @@ def attention_variants(
     """flash_attn_func with a window, softcap or ALiBi: (B, Nq, H, D) q, (B, Nk, H_kv, D) k, v,
     already checked by api._validate (dtype, shapes, devices, strides), and the variants by
     _variants.  Returns (O, lse or None); out / lse: buffers to write (the tests hand in
-    NaN-poisoned ones).  version: None, "v3.3" or "v3.1" (_packed_path's choice, or the one named)."""
+    NaN-poisoned ones).  version: None, "v3.6", "v3.3" or "v3.1" (_packed_path's choice, or the one named)."""
     B, Nq, H, D = q.shape
     Nk, H_kv = k.shape[1], k.shape[2]
-    kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True, version)
+    kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True, version, dense=True)
     no_work = B * H * Nq == 0 or Nk == 0
     out, lse = api._outputs(out, lse, (B, Nq, H, D), q.dtype, (B, H, Nq), return_lse, q.device, no_work)
     if no_work:

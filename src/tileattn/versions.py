@@ -400,6 +400,9 @@ class KernelEntry:
     # (sequence, Q block), csrc/common.cuh's packed_tile; otherwise (longest sequence's Q blocks,
     # sequences x heads).
     packed_tiles: bool = False
+    # Dense calls only, launched as min(SMs, units) CTAs that walk csrc/common.cuh's
+    # persistent_tile order (a unit: a tile, causal a pair), reading B * H from bh_count.
+    persistent: bool = False
 
     def runs_on(self, arch: int) -> bool:
         return self.min_arch <= arch and (self.max_arch is None or arch <= self.max_arch)
@@ -647,6 +650,20 @@ V3_3_VARIANTS = _v3_3_packed(
     "v3.3 with a sliding window (blocks outside skipped), softcap (tanh on the SFU) and ALiBi",
 )
 
+# The score variants on v3.6's persistent walk (csrc/v3_6_persistent.cu): flash_attn_func's dense
+# calls with a window, softcap or ALiBi on Hopper at v3.6's head dims (packed sequences stay on
+# V3_3_VARIANTS, whose tiles come from packed_tile).
+V3_6_VARIANTS = dataclasses.replace(
+    V3_3_VARIANTS,
+    name="v3.6_variants",
+    file=_V3_6.file,
+    kernel="v3_6_variants_fwd",
+    tiles=dict(_V3_6.tiles),
+    summary="v3.6's persistent walk with a sliding window, softcap and ALiBi (dense calls)",
+    packed_tiles=False,
+    persistent=True,
+)
+
 # Variable-length batches on the mma.sync path (flash_attn_varlen_func off Hopper, and on Hopper at
 # the head dims v3.3 has not): v3.1's body run per sequence (csrc/fa2_mma.cuh), at v3.1's default
 # (spill-free) tiles, for the common head dims.
@@ -710,7 +727,7 @@ V3_5_VT = KernelEntry(
 )
 
 # The forward kernels the packed paths launch with every field (serving._launch_packed).
-PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
+PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {

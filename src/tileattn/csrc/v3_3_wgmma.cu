@@ -95,7 +95,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128 || (FP8 && Bc == 256)),
                 "whole 64-column panels");
   static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
-  static_assert(!PERSISTENT || !VARIANTS, "the persistent walk (v3.6, v3.5) is the dense kernels' (no score variants)");
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
@@ -120,7 +119,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // Tiles reaching past a sequence's end read the next sequence's rows (or the copy engine's zeros
   // past the tensor): keys there are masked like keys past Nk, query rows there are not stored.
   // PERSISTENT (v3.6, v3_6_persistent.cu): one CTA per SM takes tiles of persistent_tile's order
-  // over Tr * bh_count tiles (v3_3_for_my_tiles).
+  // over Tr * bh_count tiles (v3_3_for_my_tiles); dense calls only (the host launches packed
+  // sequences on the non-persistent kernels, so cu_seqlens is null here).
   const int Tr = (Nq + Br - 1) / Br;
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};

@@ -32,4 +32,18 @@ __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_6_fwd(TILEATTN_FWD_PAR
 // v3.3's Q, 2 stages of K and V and 9 mbarriers (KVBarriers<2>), and Q's empty barrier.
 TILEATTN_SMEM_BYTES(v3_6_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 10 * 8);
 
+// The same walk with the score variants read from the room fields (sliding window, softcap, ALiBi:
+// versions.V3_6_VARIANTS, flash_attn_func's dense calls with them on Hopper), without the
+// ping-pong at D=64 (v3.3's variants kernel measured 7% slower with it, bench/NOTES.md).  Under a
+// window the pairs of persistent_tile's causal order are no longer equal work: the early Q
+// blocks see fewer than the window's keys, the rest see the same number.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(v3_3_threads(Br), 1)
+    v3_6_variants_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*VARIANTS=*/true, /*PINGPONG=*/false, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
+                                                                                                    &tmaps);
+}
+
+TILEATTN_SMEM_BYTES(v3_6_variants_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 10 * 8);
+
 }  // namespace tileattn
