@@ -888,6 +888,13 @@ _TMA_PACK = struct.Struct(f"{_params.TMA_MAPS_BYTES}s").pack_into
 _BH_COUNT_PACK = struct.Struct("<i").pack_into
 
 
+def persistent_ctas(Tr: int, BH: int, causal: bool, device_index: int) -> int:
+    """The grid of a kernel on v3.6's persistent walk launched outside the plans (FP8, the dense
+    score variants): a CTA per SM, at most one per unit of work (a tile; causal: a pair of tiles,
+    csrc/common.cuh persistent_tile)."""
+    return min(_nvrtc.sm_count(device_index), -(-(Tr * BH) // (2 if causal else 1)))
+
+
 def _current_stream(device_index: int) -> int:
     """The raw handle of torch's current stream on a device (the public torch.cuda.current_stream
     builds a Python Stream object per call, a few microseconds)."""

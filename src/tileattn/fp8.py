@@ -205,16 +205,14 @@ def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, de
     os_ = api._bhnd(out, layout)[1]
     offset = 0 if causal != "bottom_right" else Nk - Nq
     stream = api._current_stream(device_index)
-    # Persistent (v3.6's walk): a CTA per SM, at most one per unit of work (a tile; causal: a pair
-    # of tiles, csrc/common.cuh persistent_tile), the kernel reading B * H from bh_count.
+    # Persistent (v3.6's walk), the kernel reading B * H from bh_count.
     Tr, BH = -(-Nq // Br), B * H
-    units = -(-(Tr * BH) // (2 if causal is not None else 1))
     args = [
         q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0,
         Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vt.stride()[:3], *os_[:3], softmax_scale, offset, 0,
         0, 0, 0, 0, 0, 0, -1, -1, 0.0, 0, 0, 0, table.data_ptr(), BH,
     ]  # fmt: skip
-    kern.launch(stream, min(api._nvrtc.sm_count(device_index), units), 1, args, maps)
+    kern.launch(stream, api.persistent_ctas(Tr, BH, causal is not None, device_index), 1, args, maps)
     return out, lse
 
 

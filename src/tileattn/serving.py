@@ -505,10 +505,9 @@ def _launch_packed(
         ptr(cu_seqlens[0]), ptr(cu_seqlens[1]), 0, 0, 0, 0, *window, softcap, int(bottom_right),
         ptr(alibi_slopes), _alibi_stride(alibi_slopes), 0, BH if entry.persistent else 0,
     ]  # fmt: skip
-    if entry.persistent:  # a CTA per SM, at most one per unit (a tile; causal: a pair of tiles)
+    if entry.persistent:
         assert cu_seqlens[0] is None, "persistent kernels take dense calls only"
-        units = -(-(Tr * BH) // (2 if causal else 1))
-        kern.launch(stream, min(api._nvrtc.sm_count(q.device.index), units), 1, args(0), maps)
+        kern.launch(stream, api.persistent_ctas(Tr, BH, causal, q.device.index), 1, args(0), maps)
         return
     for off in range(0, BH, api._GRID_Y_MAX):
         kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args(off), maps)

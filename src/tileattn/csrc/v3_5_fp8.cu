@@ -42,7 +42,6 @@ __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_5_fwd(TILEATTN_FWD_PAR
   v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/false, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS, &tmaps);
 }
 
-// Q, 2 stages of K and V^T (one byte an element), 9 mbarriers (KVBarriers<2>).
 // Q, 2 stages of K and V^T (bytes), 10 mbarriers (KVBarriers<2> and v3.6's Q empty).
 TILEATTN_SMEM_BYTES(v3_5_fwd, (Br + 4 * Bc) * HEAD_DIM + 10 * 8);
 
