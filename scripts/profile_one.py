@@ -1,5 +1,5 @@
-"""Run one rung (or PyTorch's flash backend, "sdpa_flash") once on one shape after a warm-up launch,
-for `ncu` to profile, e.g.
+"""Run one rung (or a PyTorch backend: "sdpa_flash", "sdpa_cudnn", "sdpa_efficient") once on one
+shape after a warm-up launch, for `ncu` to profile, e.g.
     ncu --clock-control none -k regex:v3_1_fwd --launch-skip 1 -c 1 python3 scripts/profile_one.py v3.1 bfloat16 64
     ncu --clock-control none -k regex:flash_fwd --launch-skip 1 -c 1 \
         python3 scripts/profile_one.py sdpa_flash bfloat16 64
@@ -34,10 +34,12 @@ for _ in range(2):  # the first launch compiles/loads; ncu skips it
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             out = torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal)
         torch.autograd.grad(out, qkv, dO)
-    elif version == "sdpa_flash":
+    elif version in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):  # PyTorch's backends, the peers
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+                   "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[version]  # fmt: skip
+        with sdpa_kernel([backend]):
             torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     elif version == "v3.5":  # FP8: q, k, v quantized per (batch, head), V^T's copy included
         q8 = [tileattn.fp8.quantize_e4m3(t, "bhnd") for t in (q, k, v)]
