@@ -32,6 +32,15 @@ constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2
 constexpr int BWD_V4_CONSUMER_REGS = 240;  // 24 + 2 x 240 <= 512 (65536 registers / 128 threads)
 constexpr int BWD_V4_STAGES = 3;  // Q_i / dO_i / lse_i / D_i stages: fits beside K, V and dS at D=128 (194 KB)
 
+// Experiment switch (not yet run on a GPU): TILEATTN_BWD_V4_PIPE=1 issues block n+1's S^T and dP^T
+// right after block n's dQ product, so that n's dQ wait and red adds run under n+1's products
+// instead of leaving the tensor core to the other warpgroup.  D=64 only: S and dP are dead once
+// packed into the fragments, so n+1's products reuse them, and the fragments, dQ, dK, dV and S,
+// dP in flight together are 192 registers; at D=128 dK and dV alone are 128 (256 > 240).
+#ifndef TILEATTN_BWD_V4_PIPE
+#define TILEATTN_BWD_V4_PIPE 0
+#endif
+
 // Shared memory: K_j, V_j (Bc x D), BWD_V4_STAGES stages of Q_i and dO_i (Br x D), two dS tiles
 // (Br x Bc, [query row][key]), all 16-bit SwizzledTiles whose sizes are multiples of 1024 bytes
 // (the 128-byte swizzle's alignment); the stages' lse_i and D_i (Br floats each); the mbarriers.
@@ -155,20 +164,47 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
       wgmma_desc_sw128(SHARED_DQ ? s_k + w * Bc * 128 : s_k + w * 64 * 128, Bc * 128);
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
+  constexpr bool PIPE = TILEATTN_BWD_V4_PIPE && HEAD_DIM == 64;
+  // 1. S^T = K_w Q_n^T, dP^T = V_w dO_n^T: one commit group, issued once block n's stage is full
+  // (waited for by the caller).
+  float S[NS], dP[NS];
+  auto issue_scores = [&](int n) {
+    const int st = n % BWD_V4_STAGES;
+    mbar_wait(bar_full(st), (n / BWD_V4_STAGES) & 1);
+    bwd_scores<T, HEAD_DIM, Br, Bc, false>(S, dP, kw_desc, vw_desc, wgmma_desc_sw128(s_q(st)),
+                                           wgmma_desc_sw128(s_do(st)));
+  };
+  // PIPE: the products of block n + 1 issued under block n's dQ, unconditionally (a branch around
+  // them would merge two versions of S and dP while the products run, and the copies that merge
+  // makes read their registers in flight: ptxas then serialises every wgmma of the kernel).  After
+  // the last block they repeat that block's (its stage is still full, the result unused).
+  auto issue_next_scores = [&](int n) {
+    const bool last = n + 1 >= n_blocks;
+    const int st = (last ? n : n + 1) % BWD_V4_STAGES;
+    if (!last) mbar_wait(bar_full(st), ((n + 1) / BWD_V4_STAGES) & 1);
+    bwd_scores<T, HEAD_DIM, Br, Bc, false>(S, dP, kw_desc, vw_desc, wgmma_desc_sw128(s_q(st)),
+                                           wgmma_desc_sw128(s_do(st)));
+  };
+  auto wait_scores = [&] {
+    wgmma_wait<0>();
+    fence_operands(S);
+    fence_operands(dP);
+  };
   mbar_wait(bar_kv, 0);
+  if (PIPE && n_blocks > 0) {
+    issue_scores(0);
+    wait_scores();
+  }
   for (int n = 0; n < n_blocks; ++n) {
     const int st = n % BWD_V4_STAGES, q_start = q_first + n * Br;
     const unsigned ds_base = s_ds(n % 2);
-    mbar_wait(bar_full(st), (n / BWD_V4_STAGES) & 1);
-    const unsigned long long q_desc = wgmma_desc_sw128(s_q(st)), do_desc = wgmma_desc_sw128(s_do(st));
+    if (!PIPE) issue_scores(n);  // (PIPE: issued and waited for during block n - 1)
     const unsigned long long q_ndesc = wgmma_desc_sw128(s_q(st), Br * 128);
     const unsigned long long do_ndesc = wgmma_desc_sw128(s_do(st), Br * 128);
     const float* lse_i = lse_s(st);
     const float* Di_i = Di_s(st);
-
-    // 1. S^T = K_w Q_i^T, dP^T = V_w dO_i^T: one commit group, waited for.
-    float S[NS], dP[NS];
-    bwd_scores<T, HEAD_DIM, Br, Bc>(S, dP, kw_desc, vw_desc, q_desc, do_desc);
+    wait_scores();  // (PIPE: nothing in flight here; the wait ends each iteration, so that no
+                    // group is in flight across the loop's back edge, where S and dP merge)
 
     // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
@@ -189,13 +225,18 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     for (int ks = 0; ks < DQ_KEYS / 16; ++ks)
       Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
     wgmma_commit();
-    wgmma_wait<1>();  // step 3's group (groups retire in order): the stage is free, dQ may still run
+    if constexpr (PIPE) {
+      issue_next_scores(n);  // S and dP are free: their values live in p_frag and ds_frag now
+      wgmma_wait<2>();  // step 3's group (groups retire in order): the stage is free
+    } else {
+      wgmma_wait<1>();  // step 3's group: the stage is free, dQ may still run
+    }
     fence_operands(p_frag);
     fence_operands(ds_frag);
     fence_operands(dV);
     fence_operands(dK);
     mbar_arrive(bar_empty(st));
-    wgmma_wait<0>();
+    wgmma_wait<PIPE ? 1 : 0>();  // dQ's group (PIPE: block n + 1's may still run under the adds below)
     fence_operands(dq);
     const int col0 = SHARED_DQ ? 64 * w : 0;
 #pragma unroll
@@ -207,6 +248,7 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
       for (int n8 = 0; n8 < 8; ++n8)
         red_add2(dq_row + 8 * n8, softmax_scale * dq[4 * n8 + 2 * hh], softmax_scale * dq[4 * n8 + 2 * hh + 1]);
     }
+    if constexpr (PIPE) wait_scores();  // block n + 1's S^T and dP^T
   }
 
   // dK_w, dV_w into the accumulators (shared by the GQA group: red).

@@ -13,8 +13,9 @@
 namespace tileattn {
 
 // S^T = K Q_i^T and dP^T = V dO_i^T (SS, both K-major; A: 64 key rows of a KV_ROWS-row K / V tile,
-// B: the Q block's Br rows), one commit group, waited for.
-template <typename T, int HEAD_DIM, int Br, int KV_ROWS>
+// B: the Q block's Br rows), one commit group, waited for unless WAIT is false (then the caller
+// waits for the group and fences S and dP before reading them).
+template <typename T, int HEAD_DIM, int Br, int KV_ROWS, bool WAIT = true>
 __device__ __forceinline__ void bwd_scores(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned long long k_desc,
                                            unsigned long long v_desc, unsigned long long q_desc,
                                            unsigned long long do_desc) {
@@ -25,9 +26,11 @@ __device__ __forceinline__ void bwd_scores(float (&S)[Br / 2], float (&dP)[Br / 
     Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, KV_ROWS) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
   }
   wgmma_commit();
-  wgmma_wait<0>();
-  fence_operands(S);
-  fence_operands(dP);
+  if constexpr (WAIT) {
+    wgmma_wait<0>();
+    fence_operands(S);
+    fence_operands(dP);
+  }
 }
 
 // dV += P^T dO_i and dK += dS^T Q_i (RS: A the fragments of bwd_p_ds, B N-major with the k16 step
