@@ -28,6 +28,7 @@ def test_backward_compiles_without_spills(entry, dtype, D, causal, arch):
     assert res["stack_bytes"] <= budget and res["spill_stores"] <= budget and res["spill_loads"] <= budget, res
     threads = _params.block_threads(cubin.data, cubin.lowered_name)
     assert res["registers"] * threads <= 65536
+    assert not cubin.wgmma_serialized, "ptxas serialised the kernel's wgmma (C7514)"
     assert _params.smem_bytes(cubin) <= (163 if arch == "sm_80" else 227) * 1024
     layout = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps, _params.BWD_ARGS, [])
     assert layout.offsets[0] == 0 and (layout.tma_offset is not None) == entry.tensor_maps

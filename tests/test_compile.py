@@ -98,6 +98,7 @@ def test_compiles_without_stack_or_spills(name, D, causal, arch):
     cubin = compiled(name, D, causal, arch)
     threads = _params.block_threads(cubin.data, cubin.lowered_name)  # the kernel's __launch_bounds__
     assert res["registers"] * threads <= 65536, f"a block of {threads} threads would not fit"
+    assert not cubin.wgmma_serialized, "ptxas serialised the kernel's wgmma (C7514)"
 
 
 @pytest.mark.parametrize(

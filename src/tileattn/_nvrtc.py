@@ -65,6 +65,12 @@ class Cubin:
         """Registers, stack frame and spill bytes from the ptxas -v report."""
         return parse_ptxas(self.log)
 
+    @property
+    def wgmma_serialized(self) -> bool:
+        """ptxas's C7514: it made every wgmma of the kernel wait for the one before (an accumulator
+        touched while in flight, a pipeline it cannot follow), which a wgmma rung must never ship."""
+        return "wgmma.mma_async instructions are serialized" in self.log
+
 
 def parse_ptxas(log: str) -> dict:
     out = {"registers": None, "stack_bytes": None, "spill_stores": None, "spill_loads": None}

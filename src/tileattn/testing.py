@@ -20,6 +20,7 @@ def compile_entry_spill_free(entry, dtype: str, D: int, causal: bool, arch: str 
     cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal), arch)
     res = cubin.resources
     assert res["stack_bytes"] == res["spill_stores"] == res["spill_loads"] == 0, res
+    assert not cubin.wgmma_serialized, f"ptxas serialised the wgmma of {entry.name} D={D} (C7514)"
     _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps, _params.ENTRY_ARGS[entry.fields], [])
     return cubin, _nvrtc.sass(cubin)
 
