@@ -1,5 +1,6 @@
 """FP8 (e4m3) attention on Hopper: ``flash_attn_func`` with ``torch.float8_e4m3fn`` q, k, v runs
-v3.5 (csrc/v3_5_fp8.cu: v3.3's body on 8-bit wgmma) and returns bf16.
+v3.5 (csrc/v3_5_fp8.cu: v3.3's body on 8-bit wgmma, walked as v3.6's persistent kernel) and
+returns bf16.
 
 As FlashAttention-3's FP8 forward: q, k, v carry descale factors (the value of an element is its
 e4m3 number times its (batch, KV head)'s factor), given as ``descale_q``, ``descale_k``,

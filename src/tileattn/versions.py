@@ -692,7 +692,7 @@ V3_1_VARIANTS = dataclasses.replace(
     spill_bytes={},
 )
 
-# FP8 (e4m3) inputs, bf16 output: v3.3's body on 8-bit wgmma, launched with every forward field
+# FP8 (e4m3) inputs, bf16 output: v3.3's body on 8-bit wgmma walked as v3.6's (persistent), launched with every field
 # (its descale factors are a room field) by fp8.py, which also writes the V^T it reads.
 V3_5_FP8 = KernelEntry(
     name="v3.5",
