@@ -334,14 +334,23 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
                                                         int Bc, int q_start, int row_a, int t, int Nk,
                                                         int causal_offset, float offset = 0.0f) {
   const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
-  const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
-  const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
   float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
+  // Two loops, not one with `needs_mask && key >= kend`: ptxas turned that one into an ISETP and
+  // an FSEL per score run on every block (a predicate, not a branch), a third of the softmax's
+  // instructions spent on the few blocks that cross the diagonal or Nk.  With the max in both
+  // arms the branch stays a branch (warp-uniform: needs_mask depends on the block only).
+  if (needs_mask) {
+    const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
+    const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
 #pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
-    if (needs_mask && key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
-    m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
+    for (int i = 0; i < NS; ++i) {
+      const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
+      if (key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
+      m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NS; ++i) m_tile[(i % 4) / 2] = fmaxf(m_tile[(i % 4) / 2], S[i]);
   }
   float m_base[2];
 #pragma unroll
