@@ -32,13 +32,15 @@ constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2
 constexpr int BWD_V4_CONSUMER_REGS = 240;  // 24 + 2 x 240 <= 512 (65536 registers / 128 threads)
 constexpr int BWD_V4_STAGES = 3;  // Q_i / dO_i / lse_i / D_i stages: fits beside K, V and dS at D=128 (194 KB)
 
-// Experiment switch (not yet run on a GPU): TILEATTN_BWD_V4_PIPE=1 issues block n+1's S^T and dP^T
-// right after block n's dQ product, so that n's dQ wait and red adds run under n+1's products
-// instead of leaving the tensor core to the other warpgroup.  D=64 only: S and dP are dead once
-// packed into the fragments, so n+1's products reuse them, and the fragments, dQ, dK, dV and S,
-// dP in flight together are 192 registers; at D=128 dK and dV alone are 128 (256 > 240).
+// TILEATTN_BWD_V4_PIPE (default 1; 0 gives the serial order, for A/B runs) issues block n+1's S^T
+// and dP^T right after block n's dQ product, so that n's dQ wait and red adds run under n+1's
+// products instead of leaving the tensor core to the other warpgroup.  D=64 only: S and dP are
+// dead once packed into the fragments, so n+1's products reuse them, and the fragments, dQ, dK,
+// dV and S, dP in flight together are 192 registers; at D=128 dK and dV alone are 128 (256 >
+// 240).  Measured on an H200 (scripts/bwd_probe.py, bf16 B=4 H=16 N=8192, one call, at cc5d0fd):
+// 9.81 -> 9.64 ms non-causal, 5.26 -> 5.07 ms causal (bench/results/sweeps/bwd_v4_pipe_cc5d0fd.log).
 #ifndef TILEATTN_BWD_V4_PIPE
-#define TILEATTN_BWD_V4_PIPE 0
+#define TILEATTN_BWD_V4_PIPE 1
 #endif
 
 // Shared memory: K_j, V_j (Bc x D), BWD_V4_STAGES stages of Q_i and dO_i (Br x D), two dS tiles
