@@ -44,8 +44,11 @@ def test_backward_compiles_without_spills(entry, dtype, D, causal, arch):
         assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + 4 * D // 64 and "HMMA" not in sass
         assert "REDG.E.ADD.F32x2" in sass and float_atomics
     elif entry.name == "bwd_v4":  # bwd_v3's products (dQ: 128 keys of 64 columns at D=128, 64 keys at D=64),
-        # the producer's tensor copies (K, V once; Q, dO per block) and the register hand-over
-        assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + (8 if D == 128 else 4) and "HMMA" not in sass
+        # the producer's tensor copies (K, V once; Q, dO per block) and the register hand-over.  At
+        # D=64 the PIPE order (bwd_v4_ws.cu) issues S^T and dP^T at two sites: a tile's first block,
+        # and block n+1's under block n's dQ.
+        sites = 2 if D == 64 else 1
+        assert sass.count("HGMMA") == sites * 2 * D // 16 + 2 * 4 + (8 if D == 128 else 4) and "HMMA" not in sass
         assert sass.count("UTMALDG") == 4 * D // 64 and "USETMAXREG" in sass
         assert "REDG.E.ADD.F32x2" in sass and float_atomics
     elif not entry.name.startswith("bwd_v2.2"):
