@@ -3,6 +3,7 @@ the instructions the rung exists for."""
 
 import functools
 import os
+import re
 
 import pytest
 
@@ -155,6 +156,25 @@ def test_v3_3_d64_exponentials_precede_pv_wait(causal):
     s_wait = next(i for i, op in enumerate(ops) if "DEPBAR.LE gsb0, 0x1" in op)
     pv_wait = next(i for i, op in enumerate(ops) if i > s_wait and "DEPBAR.LE gsb0, 0x0" in op)
     assert sum("MUFU.EX2" in op for op in ops[s_wait:pv_wait]) == 66
+
+
+@pytest.mark.parametrize(
+    "name,D", [("v3.3", 64), ("v3.3", 128), ("v3.4", 64), ("v3.6", 64), ("v3.6", 128), ("v3.7", 64)]
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_unmasked_blocks_take_the_max_alone(name, D, causal):
+    """fragment_online_softmax keeps the key mask behind a branch: a block that needs no mask
+    takes its row max as one run of FMNMX (64 scores a thread at Bc = 128), with no ISETP / FSEL
+    between them.  When the mask was one predicated loop, ptxas ran an ISETP and an FSEL per score
+    on every block (the longest FMNMX run was 12-55 in 9 of these 12 builds) and the softmax issued a
+    third more instructions (bench/NOTES.md, 2026-12-03)."""
+    longest = run = 0
+    for line in _nvrtc.sass(compiled(name, D, causal, "sm_90a")).splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        if m:
+            run = run + 1 if m.group(1).startswith("FMNMX") else 0
+            longest = max(longest, run)
+    assert longest >= 64, f"{name} D={D} causal={causal}: longest FMNMX run {longest}"
 
 
 def test_compile_error_carries_log(tmp_path, monkeypatch):
