@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tileattn import _nvrtc, _params
-from tileattn.testing import reference_grads
+from tileattn.testing import compile_in_parallel, reference_grads
 from tileattn.versions import BWD_PREPROCESS, BWD_VERSIONS
 
 ARCHS = ["sm_80", "sm_90"]
@@ -20,8 +20,15 @@ INSTANCES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def compiled_in_parallel():
+    """Every instantiation below compiled once up front, one NVRTC per core: serially they were
+    the longest part of CI's two runs of this file."""
+    compile_in_parallel({(e.file, e.name_expression(dt, D, causal), arch) for e, dt, D, causal, arch in INSTANCES})
+
+
 @pytest.mark.parametrize("entry,dtype,D,causal,arch", INSTANCES, ids=lambda x: getattr(x, "name", str(x)))
-def test_backward_compiles_without_spills(entry, dtype, D, causal, arch):
+def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D, causal, arch):
     cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal), arch)
     res = cubin.resources
     budget = entry.spill_bytes.get(D, 0)  # documented in versions.py

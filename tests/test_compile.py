@@ -2,12 +2,12 @@
 the instructions the rung exists for."""
 
 import functools
-import os
 import re
 
 import pytest
 
 from tileattn import _nvrtc, _params
+from tileattn.testing import compile_in_parallel
 from tileattn.versions import VERSIONS, arch_number
 
 ARCHS = ["sm_80", "sm_90a"]
@@ -57,21 +57,11 @@ def _job(name, D, causal, arch, dtype=None):
 
 @pytest.fixture(scope="module", autouse=True)
 def compile_everything_in_parallel():
-    """Fill the session's kernel cache with every instantiation below, one NVRTC per core; the
-    tests then read the cubins from disk (the cache's file locks keep the workers from
-    compiling a kernel twice)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from tileattn.__main__ import _compile_one
-
+    """Fill the session's kernel cache with every instantiation below (testing.compile_in_parallel)."""
     jobs = {_job(n, D, c, a) for n, D, c in INSTANCES for a in ARCHS if VERSIONS[n].runs_on(arch_number(a))}
     jobs |= {_job(n, D, c, a) for n, D, c in INSTANCES for a in EXTRA_ARCHS.get(n, []) if D in (64, 128, 256)}
     jobs |= {_job(n, D, True, "sm_90a", dt) for n, D, dt in _every_dtype_instances()}
-    workers = max(1, min(len(os.sched_getaffinity(0)), 16))
-    # spawn: a worker never inherits a CUDA context (on a GPU machine the parent may hold one).
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile_one, sorted(jobs)))
+    compile_in_parallel(jobs)
 
 
 @functools.cache
