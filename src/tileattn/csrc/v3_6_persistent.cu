@@ -21,11 +21,16 @@
 // (v3.7 takes the rest of D = 64).
 #include "v3_3_wgmma.cu"
 
+// Experiment switch (scripts/fwd_probe.py under TILEATTN_DEFINES): v3.4's ping-pong at D=128 too.
+#ifndef TILEATTN_V36_PINGPONG_ALL
+#define TILEATTN_V36_PINGPONG_ALL 0
+#endif
+
 namespace tileattn {
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_6_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/HEAD_DIM == 64, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/HEAD_DIM == 64 || TILEATTN_V36_PINGPONG_ALL, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
                                                                                                 &tmaps);
 }
 

@@ -1,0 +1,37 @@
+"""Probe: the forward's default dispatch (or `--version`) beside cuDNN at B*N = 32768, H = 16, one
+line per shape.  Run it again under TILEATTN_DEFINES="..." to compare an experiment's build; the
+peer is re-timed in each process, so compare the ratios (bench/NOTES.md).
+
+    python scripts/fwd_probe.py [--headdim 64 128] [--seqlen 1024 8192] [--dtype bfloat16] [--version v3.6]
+"""
+
+import argparse
+
+import torch
+
+from tileattn import _nvrtc, bench, flash_attn_func
+
+p = argparse.ArgumentParser()
+p.add_argument("--headdim", type=int, nargs="*", default=[64, 128])
+p.add_argument("--seqlen", type=int, nargs="*", default=[1024, 8192])
+p.add_argument("--dtype", default="bfloat16")
+p.add_argument("--version", default=None)
+p.add_argument("--peer", default="sdpa_cudnn")
+args = p.parse_args()
+print(f"defines {_nvrtc.EXPERIMENT_DEFINES}, version {args.version or 'default'}, peer {args.peer}")
+for D in args.headdim:
+    for N in args.seqlen:
+        B, H = max(1, 32768 // N), 16
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        dt = getattr(torch, args.dtype)
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt, generator=gen) for _ in range(3))
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, N, H, D) views of the same data
+        for causal in (False, True):
+            flops = 4 * B * H * N * N * D / (2 if causal else 1)
+            ours = bench._time(lambda: flash_attn_func(qt, kt, vt, causal=causal, version=args.version))
+            peer = bench._time(bench._peer_fn(args.peer, q, k, v, causal))
+            print(
+                f"D={D} N={N} B={B} causal={causal:d}: ours {ours:.4f} ms ({flops / ours / 1e9:.0f} TF/s), "
+                f"{args.peer} {peer:.4f} ms ({flops / peer / 1e9:.0f}); ratio {peer / ours:.3f}",
+                flush=True,
+            )
