@@ -3,13 +3,18 @@ line per shape.  Run it again under TILEATTN_DEFINES="..." to compare an experim
 peer is re-timed in each process, so compare the ratios (bench/NOTES.md).
 
     python scripts/fwd_probe.py [--headdim 64 128] [--seqlen 1024 8192] [--dtype bfloat16] [--version v3.6]
+        [--tile v3.6:256=128,64 ...]
+
+`--tile` registers a rung at another (or a new) head dim's tile for this process, so the default
+dispatch (or `--version`) can take it there.
 """
 
 import argparse
+import dataclasses
 
 import torch
 
-from tileattn import _nvrtc, bench, flash_attn_func
+from tileattn import _nvrtc, bench, flash_attn_func, versions
 
 p = argparse.ArgumentParser()
 p.add_argument("--headdim", type=int, nargs="*", default=[64, 128])
@@ -17,8 +22,14 @@ p.add_argument("--seqlen", type=int, nargs="*", default=[1024, 8192])
 p.add_argument("--dtype", default="bfloat16")
 p.add_argument("--version", default=None)
 p.add_argument("--peer", default="sdpa_cudnn")
+p.add_argument("--tile", nargs="*", default=[], help="version:D=Br,Bc")
 args = p.parse_args()
-print(f"defines {_nvrtc.EXPERIMENT_DEFINES}, version {args.version or 'default'}, peer {args.peer}")
+for spec in args.tile:
+    name, rest = spec.split(":")
+    D, tile = rest.split("=")
+    v = versions.VERSIONS[name]
+    versions.VERSIONS[name] = dataclasses.replace(v, tiles={**v.tiles, int(D): tuple(map(int, tile.split(",")))})
+print(f"defines {_nvrtc.EXPERIMENT_DEFINES}, version {args.version or 'default'}, tiles {args.tile}, peer {args.peer}")
 for D in args.headdim:
     for N in args.seqlen:
         B, H = max(1, 32768 // N), 16
