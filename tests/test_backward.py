@@ -23,8 +23,9 @@ INSTANCES = [
 @pytest.fixture(scope="module")
 def compiled_in_parallel():
     """Every instantiation below compiled once up front, one NVRTC per core: serially they were
-    the longest part of CI's two runs of this file."""
-    compile_in_parallel({(e.file, e.name_expression(dt, D, causal), arch) for e, dt, D, causal, arch in INSTANCES})
+    the longest part of CI's two runs of this file; each is disassembled there too."""
+    jobs = {(e.file, e.name_expression(dt, D, causal), arch) for e, dt, D, causal, arch in INSTANCES}
+    compile_in_parallel(jobs, disassemble=jobs)
 
 
 @pytest.mark.parametrize("entry,dtype,D,causal,arch", INSTANCES, ids=lambda x: getattr(x, "name", str(x)))

@@ -11,7 +11,7 @@ import torch
 
 from tileattn import _nvrtc, _params, flash_attn_with_kvcache, reference
 from tileattn.serving import num_splits_heuristic
-from tileattn.testing import assert_serving_output
+from tileattn.testing import assert_serving_output, compile_in_parallel
 from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_V4, DEC_V5, DEC_VERSIONS
 
 INSTANCES = [
@@ -23,8 +23,15 @@ INSTANCES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def compiled_in_parallel():
+    """The decode kernels compiled and disassembled up front, one NVRTC and cuobjdump per core."""
+    jobs = {(e.file, e.name_expression(dt, D, c), a) for e, dt, D, c, a in INSTANCES}
+    compile_in_parallel(jobs, disassemble=jobs)
+
+
 @pytest.mark.parametrize("entry,dtype,D,causal,arch", INSTANCES, ids=lambda x: getattr(x, "name", str(x)))
-def test_decode_kernels_compile_within_budget(entry, dtype, D, causal, arch):
+def test_decode_kernels_compile_within_budget(compiled_in_parallel, entry, dtype, D, causal, arch):
     cubin = _nvrtc.compile_kernel(entry.file, entry.name_expression(dtype, D, causal), arch)
     res = cubin.resources
     budget = entry.spill_bytes.get(D, 0)

@@ -12,14 +12,21 @@ import pytest
 import torch
 
 from tileattn import _nvrtc, flash_attn_func, flash_attn_varlen_func, reference, serving
-from tileattn.testing import assert_serving_output, compile_entry_spill_free, cu_seqlens
+from tileattn.testing import assert_serving_output, compile_entry_spill_free, compile_in_parallel, cu_seqlens
 from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, V3_6_VARIANTS, VERSIONS
 
+WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS) for i in e.instantiations()]
 
-@pytest.mark.parametrize(
-    "entry,dtype,D,causal", [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS) for i in e.instantiations()]
-)
-def test_variants_kernel_compiles_without_spills(entry, dtype, D, causal):
+
+@pytest.fixture(scope="module")
+def compiled_in_parallel():
+    """The kernels below compiled and disassembled up front, one NVRTC and cuobjdump per core."""
+    jobs = {(e.file, e.name_expression(dt, D, c), "sm_90a") for e, dt, D, c in WGMMA_INSTANCES}
+    compile_in_parallel(jobs, disassemble=jobs)
+
+
+@pytest.mark.parametrize("entry,dtype,D,causal", WGMMA_INSTANCES)
+def test_variants_kernel_compiles_without_spills(compiled_in_parallel, entry, dtype, D, causal):
     _, sass = compile_entry_spill_free(entry, dtype, D, causal)
     # wgmma (HGMMA) as in v3.3, and softcap's tanh on the SFU (one MUFU.TANH a score).
     assert "HGMMA.64x" in sass and "MUFU.TANH" in sass and "MUFU.EX2" in sass

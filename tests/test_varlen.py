@@ -9,15 +9,23 @@ import pytest
 import torch
 
 from tileattn import _nvrtc, _params, flash_attn_varlen_func, reference
-from tileattn.testing import assert_serving_output, cu_seqlens
+from tileattn.testing import assert_serving_output, compile_in_parallel, cu_seqlens
 from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN
 
+MMA_INSTANCES = [(e, *inst) for e in (V3_1_VARLEN, V3_1_VARIANTS) for inst in e.instantiations()]
+ARCHS = ["sm_80", "sm_90"]
 
-@pytest.mark.parametrize(
-    "entry,dtype,D,causal", [(e, *inst) for e in (V3_1_VARLEN, V3_1_VARIANTS) for inst in e.instantiations()]
-)
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_mma_varlen_kernel_compiles_within_budget(entry, dtype, D, causal, arch):
+
+@pytest.fixture(scope="module")
+def compiled_in_parallel():
+    """The kernels below compiled and disassembled up front, one NVRTC and cuobjdump per core."""
+    jobs = {(e.file, e.name_expression(dt, D, c), a) for e, dt, D, c in MMA_INSTANCES for a in ARCHS}
+    compile_in_parallel(jobs, disassemble=jobs)
+
+
+@pytest.mark.parametrize("entry,dtype,D,causal", MMA_INSTANCES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mma_varlen_kernel_compiles_within_budget(compiled_in_parallel, entry, dtype, D, causal, arch):
     """v3.1's variable-length kernel and its variants kernel (the paths off Hopper): spill budget,
     parameter block, and the instructions they exist for (mma.sync, ldmatrix.trans, cp.async; the
     variants' softcap: tanh on the SFU, one MUFU.TANH a score, beside the softmax's MUFU.EX2)."""

@@ -130,6 +130,16 @@ def _compile_one(job):
     return expr, cubin.compile_seconds, cubin.resources
 
 
+def _compile_for_tests(job_and_sass):
+    """testing.compile_in_parallel's worker: one kernel into the disk cache and, when asked, its
+    SASS back to the parent as (sha256 of the cubin, disassembly)."""
+    from . import _nvrtc
+
+    (file, expr, arch), want_sass = job_and_sass
+    cubin = _nvrtc.compile_kernel(file, expr, arch, announce=False)
+    return (_nvrtc.sass_key(cubin), _nvrtc.sass(cubin)) if want_sass else None
+
+
 def cmd_compile(args) -> int:
     """Fill the disk cache with every instantiation of the chosen rungs, NVRTC runs in parallel."""
     from concurrent.futures import ProcessPoolExecutor

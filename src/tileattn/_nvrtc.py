@@ -396,16 +396,30 @@ def _compile(source_file: str, name_expression: str, arch: str, announce: bool =
     return Cubin(name_expression, lowered, arch, bytes(obj.code), "".join(log_lines), seconds, smem_lowered)
 
 
+# Disassemblies by sha256 of the cubin, for this process: the tests read one kernel's SASS several
+# times, and testing.compile_in_parallel fills it from its workers (cuobjdump takes ~0.5 s a kernel).
+_sass_memo: dict[str, str] = {}
+
+
+def sass_key(cubin: Cubin) -> str:
+    return hashlib.sha256(cubin.data).hexdigest()
+
+
 def sass(cubin: Cubin) -> str:
     """Disassembly of a cubin, via the cuobjdump of the nvidia-cuda-cuobjdump wheel (or PATH).
     cuobjdump runs nvdisasm (the nvidia-cuda-nvdisasm wheel), which it looks for on PATH: the
     folder of the one found is put first."""
+    key = sass_key(cubin)
+    if key in _sass_memo:
+        return _sass_memo[key]
     tool, nvdisasm = _find_tool("cuobjdump"), _find_tool("nvdisasm")
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(nvdisasm).parent), os.environ.get("PATH", "")]))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin.data)
         f.flush()
-        return subprocess.run([tool, "-sass", f.name], check=True, capture_output=True, text=True, env=env).stdout
+        text = subprocess.run([tool, "-sass", f.name], check=True, capture_output=True, text=True, env=env).stdout
+    _sass_memo[key] = text
+    return text
 
 
 def _find_tool(name: str) -> str:

@@ -13,20 +13,23 @@ from .reference import causal_offset
 from .versions import VERSIONS
 
 
-def compile_in_parallel(jobs) -> None:
+def compile_in_parallel(jobs, disassemble=()) -> None:
     """Fill the kernel cache with (source file, name expression, arch) jobs, one NVRTC per core (up
     to 16), for a test module that then compiles them one by one: its tests read the cubins from
-    disk (the cache's file locks keep two workers from compiling a kernel twice)."""
+    disk (the cache's file locks keep two workers from compiling a kernel twice).  The jobs also
+    in `disassemble` come back disassembled too (_nvrtc.sass's memo), cuobjdump in the workers."""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor
 
-    from .__main__ import _compile_one
+    from .__main__ import _compile_for_tests
 
+    disassemble = set(disassemble)
+    work = [(job, job in disassemble) for job in sorted(set(jobs) | disassemble)]
     workers = max(1, min(len(os.sched_getaffinity(0)), 16))
     # spawn: a worker never inherits a CUDA context (on a GPU machine the parent may hold one).
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile_one, sorted(jobs)))
+        _nvrtc._sass_memo.update(r for r in pool.map(_compile_for_tests, work) if r is not None)
 
 
 def compile_entry_spill_free(entry, dtype: str, D: int, causal: bool, arch: str = "sm_90a"):
