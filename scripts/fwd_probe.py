@@ -39,10 +39,12 @@ for D in args.headdim:
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, N, H, D) views of the same data
         for causal in (False, True):
             flops = 4 * B * H * N * N * D / (2 if causal else 1)
-            ours = bench._time(lambda: flash_attn_func(qt, kt, vt, causal=causal, version=args.version))
+            call = lambda: flash_attn_func(qt, kt, vt, causal=causal, version=args.version)
+            err = bench.rel_err(call().transpose(1, 2), q, k, v, causal)
+            ours = bench._time(call)
             peer = bench._time(bench._peer_fn(args.peer, q, k, v, causal))
             print(
                 f"D={D} N={N} B={B} causal={causal:d}: ours {ours:.4f} ms ({flops / ours / 1e9:.0f} TF/s), "
-                f"{args.peer} {peer:.4f} ms ({flops / peer / 1e9:.0f}); ratio {peer / ours:.3f}",
+                f"{args.peer} {peer:.4f} ms ({flops / peer / 1e9:.0f}); ratio {peer / ours:.3f}, err {err:.2e}",
                 flush=True,
             )

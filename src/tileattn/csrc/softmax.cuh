@@ -68,7 +68,17 @@ __device__ __forceinline__ float tanh_approx(float x) {
 // the scaled scores.  m_i becomes the running max, l_i is rebased to it, m_base is what this
 // block's scores subtract (safe_max: 0 while the row has seen only -inf), and the return value
 // is the factor O must be rebased by (0 on the row's first visible block, where m_i = -inf).
+// Experiment switch TILEATTN_LAZY_RESCALE = tau > 0 (log2 units): a row keeps its max unless the
+// block's exceeds it by more than tau, so weights reach at most 2^tau and O and l_i are rebased
+// only on a real jump (exact either way: O / l_i does not depend on which max both are relative to).
+#ifndef TILEATTN_LAZY_RESCALE
+#define TILEATTN_LAZY_RESCALE 0
+#endif
 __device__ __forceinline__ float online_rescale(float& m_i, float& l_i, float m_blk, float& m_base) {
+  if (TILEATTN_LAZY_RESCALE > 0 && m_blk <= m_i + TILEATTN_LAZY_RESCALE) {
+    m_base = safe_max(m_i);
+    return 1.0f;
+  }
   const float m_new = fmaxf(m_i, m_blk);
   m_base = safe_max(m_new);
   const float alpha = exp2_ftz(m_i - m_base);

@@ -33,6 +33,10 @@
 #include "mma.cuh"  // pack2, mbarriers, tma_load_4d
 #include "wgmma.cuh"
 
+#ifndef TILEATTN_SKIP_RESCALE
+#define TILEATTN_SKIP_RESCALE 0
+#endif
+
 namespace tileattn {
 
 constexpr int V3_3_WG = 128;              // threads per warpgroup
@@ -340,8 +344,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
           p[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
         }
       }
+      // Experiment switch TILEATTN_SKIP_RESCALE: no FMULs when no row of the warp was rebased.
+      if (!TILEATTN_SKIP_RESCALE || __any_sync(0xffffffffu, scale_old[0] != 1.0f || scale_old[1] != 1.0f)) {
 #pragma unroll
-      for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
+        for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
+      }
     };
 
     // PINGPONG (v3.4, csrc/v3_4_pingpong.cu): the two consumer warpgroups take turns issuing their
