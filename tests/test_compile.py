@@ -167,6 +167,22 @@ def test_unmasked_blocks_take_the_max_alone(name, D, causal):
     assert longest >= 64, f"{name} D={D} causal={causal}: longest FMNMX run {longest}"
 
 
+@pytest.mark.parametrize("name,D", [("v3.3", 64), ("v3.4", 64), ("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
+def test_o_rescale_behind_a_warp_vote(name, D):
+    """The lazy rebase (softmax.cuh's LAZY_RESCALE_LOG2): O's rescale, one FMUL per element a
+    thread holds (D / 2), runs behind a branch on a warp vote, taken only when a row's max moved."""
+    ops = []
+    for line in _nvrtc.sass(compiled(name, D, False, "sm_90a")).splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4}\*/\s+((?:@!?U?P\w+\s+)?[A-Z][A-Z0-9_.]+)", line)
+        if m:
+            ops.append(m.group(1))
+    assert any(op.startswith("VOTE.ANY") for op in ops)
+    runs = [i for i in range(1, len(ops)) if ops[i].startswith("FMUL") and not ops[i - 1].startswith("FMUL")]
+    longest = max(runs, key=lambda i: next(j for j in range(i, len(ops)) if not ops[j].startswith("FMUL")) - i)
+    length = next(j for j in range(longest, len(ops)) if not ops[j].startswith("FMUL")) - longest
+    assert length >= D // 2 and re.match(r"@!?P\d BRA", ops[longest - 1]), (length, ops[longest - 1])
+
+
 def test_compile_error_carries_log(tmp_path, monkeypatch):
     monkeypatch.setattr(_nvrtc, "CSRC", tmp_path)
     (tmp_path / "bad.cu").write_text("template <typename T> __global__ void k(T x) { undefined_thing; }\n")

@@ -136,7 +136,7 @@ def test_mma_many_heads(version):
     _check(Case(version, B=7, H=10000, Nq=17, D=64, causal="bottom_right", dtype="bfloat16"))
 
 
-@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.6", 128), ("v3.7", 64)])
+@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
 @pytest.mark.parametrize(
     "Nq,Nk,causal",
     [(1023, 1023, None), (1023, 1023, "top_left"), (1023, 300, "bottom_right"), (300, 2000, "bottom_right")],

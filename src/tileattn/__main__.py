@@ -282,7 +282,14 @@ def cmd_bench(args) -> int:
             for c in cases
         )
         with tqdm(total=total, desc=f"bench {suite_name}", file=sys.stderr) as bar:
-            rows = bench.run(cases, versions, peers, progress=bar.update, flex_seqlens=suite.flex_seqlens)
+            rows = bench.run(
+                cases,
+                versions,
+                peers,
+                progress=bar.update,
+                flex_seqlens=suite.flex_seqlens,
+                flex_head_dims=suite.flex_head_dims,
+            )
         bench.add_ratios(rows)
         result = dict(
             **bench.environment(), suite=suite_name, command="python -m tileattn " + " ".join(sys.argv[1:]), rows=rows

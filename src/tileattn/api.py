@@ -13,7 +13,7 @@ Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core rungs at FP32 accuracy by
 sm_90's wgmma, the default there, and v2.2 on mma.sync, the default elsewhere; v2.3_tf32 / v2.2_tf32
 with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1; on sm_90 v3.2 with
 TMA loads, v3.3 on wgmma, v3.4: v3.3 with ping-pong consumers at D=64, v3.6: v3.3 / v3.4 as a
-persistent kernel, the default at D=128 and for causal calls under 2048 rows at D=64, and v3.7: v3.6
+persistent kernel, the default at D=128 and 256 and for causal calls under 2048 rows at D=64, and v3.7: v3.6
 with three consumer warpgroups, the default at D=64 otherwise) at every head dim that is a multiple of 8 from 16
 to 256; any Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous
 head dim; causal masks aligned top-left or bottom-right; GQA/MQA; the log-sum-exp of each row.

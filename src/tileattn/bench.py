@@ -52,7 +52,9 @@ class Suite:
     dtypes: tuple[str, ...]
     peers: tuple[str, ...]
     causal: tuple[bool, ...] = (False, True)
-    flex_seqlens: tuple[int, ...] = ()  # FlexAttention compiles per shape: limit it to these N (empty: all)
+    # FlexAttention compiles per shape: limit it to these (N, D) (empty: all)
+    flex_seqlens: tuple[int, ...] = ()
+    flex_head_dims: tuple[int, ...] = ()
 
     def cases(self) -> list[Case]:
         return [Case(B, H, N, D, dt, c) for dt in self.dtypes for (B, H, N, D) in self.shapes for c in self.causal]
@@ -76,10 +78,11 @@ SUITES = {
     # Tensor-core fp16/bf16: H=16, B*N = 32768.
     "mma": Suite(
         ("v3", "v3.1", "v3.2", "v3.3", "v3.4", "v3.6", "v3.7"),
-        tuple((32768 // N, 16, N, D) for D in (64, 128) for N in (1024, 4096, 8192, 32768)),
+        tuple((32768 // N, 16, N, D) for D in (64, 128, 256) for N in (1024, 4096, 8192, 32768)),
         ("bfloat16", "float16"),
         ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex_attention"),
         flex_seqlens=(8192,),
+        flex_head_dims=(64, 128),
     ),
 }
 
@@ -151,7 +154,9 @@ def _timed_row(base: dict, build, rate: str, per_ms: float, error=None) -> dict:
         return dict(**base, ms=None, **{rate: None}, error=f"{type(e).__name__}: {e}"[:200])
 
 
-def run(cases: list[Case], versions: list[str], peers: list[str], progress=None, flex_seqlens=()) -> list[dict]:
+def run(
+    cases: list[Case], versions: list[str], peers: list[str], progress=None, flex_seqlens=(), flex_head_dims=()
+) -> list[dict]:
     rows = []
     for case in cases:
         dt = _DTYPE[case.dtype]
@@ -194,7 +199,9 @@ def run(cases: list[Case], versions: list[str], peers: list[str], progress=None,
             if progress:
                 progress()
         for name in peers:
-            if name == "flex_attention" and flex_seqlens and case.N not in flex_seqlens:
+            if name == "flex_attention" and (
+                (flex_seqlens and case.N not in flex_seqlens) or (flex_head_dims and case.D not in flex_head_dims)
+            ):
                 if progress:
                     progress()
                 continue

@@ -269,8 +269,9 @@ _V3_6 = dataclasses.replace(
     file="v3_6_persistent.cu",
     kernel="v3_6_fwd",
     grid_style="persistent",
-    # Measured at D = 64 and 128 only (the mma suite): 192 and 256 stay on v3.3 until a run times them.
-    tiles={64: (128, 128), 128: (128, 128)},
+    # D = 256 at v3.3's (128, 64): 1.13-1.19x v3.3 at N = 8192 with the lazy rebase (scripts/fwd_probe.py,
+    # bf16, 2026-12-03, bench/NOTES.md); 192 stays on v3.3 until a run times it.
+    tiles={64: (128, 128), 128: (128, 128), 256: (128, 64)},
     priority=15,
     summary="v3.3 (v3.4 at D=64) as a persistent kernel: a CTA per SM walks the tiles (causal: pairs of a long and "
     "a short Q block, equal work), the next tile's Q and K/V loading under the current tile's last P V and stores "
@@ -658,7 +659,7 @@ V3_6_VARIANTS = dataclasses.replace(
     name="v3.6_variants",
     file=_V3_6.file,
     kernel="v3_6_variants_fwd",
-    tiles=dict(_V3_6.tiles),
+    tiles={D: _V3_6.tiles[D] for D in (64, 128)},  # (D = 256: not timed with variants; v3.3's kernel)
     summary="v3.6's persistent walk with a sliding window, softcap and ALiBi (dense calls)",
     packed_tiles=False,
     persistent=True,

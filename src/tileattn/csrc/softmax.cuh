@@ -68,14 +68,15 @@ __device__ __forceinline__ float tanh_approx(float x) {
 // the scaled scores.  m_i becomes the running max, l_i is rebased to it, m_base is what this
 // block's scores subtract (safe_max: 0 while the row has seen only -inf), and the return value
 // is the factor O must be rebased by (0 on the row's first visible block, where m_i = -inf).
-// Experiment switch TILEATTN_LAZY_RESCALE = tau > 0 (log2 units): a row keeps its max unless the
-// block's exceeds it by more than tau, so weights reach at most 2^tau and O and l_i are rebased
-// only on a real jump (exact either way: O / l_i does not depend on which max both are relative to).
-#ifndef TILEATTN_LAZY_RESCALE
-#define TILEATTN_LAZY_RESCALE 0
-#endif
-__device__ __forceinline__ float online_rescale(float& m_i, float& l_i, float m_blk, float& m_base) {
-  if (TILEATTN_LAZY_RESCALE > 0 && m_blk <= m_i + TILEATTN_LAZY_RESCALE) {
+//
+// tau > 0 (log2 units; the wgmma rungs' LAZY_RESCALE_LOG2): a lazy rebase.  The row keeps its max
+// while the block's stays within tau of it, so the weights 2^(s S - m) reach at most 2^tau and the
+// factor is exactly 1: O and l_i are rebased only on a real jump.  O / l_i and the lse m + log2 l
+// do not depend on which max both are taken against, so the result is the same softmax; only the
+// range of P grows (2^8 = 256: within bf16's, fp16's and e4m3's, whose relative precision does not
+// depend on magnitude).
+__device__ __forceinline__ float online_rescale(float& m_i, float& l_i, float m_blk, float& m_base, float tau = 0.0f) {
+  if (tau > 0.0f && m_blk <= m_i + tau) {  // (m_i = -inf: only a block of -inf stays, with m_base 0)
     m_base = safe_max(m_i);
     return 1.0f;
   }
@@ -86,6 +87,14 @@ __device__ __forceinline__ float online_rescale(float& m_i, float& l_i, float m_
   l_i *= alpha;
   return alpha;
 }
+
+// The lazy rebase's threshold in the wgmma rungs (v3.3's body): a row's max moves only when a
+// block's exceeds it by more than 2^8, and a warp none of whose rows moved skips O's rescale (one
+// FMUL per O element a block: at D = 128 as many as the block's exponentials).  Measured on an H200
+// (scripts/fwd_probe.py, bf16, B*N = 32768, H = 16, two runs each, bench/NOTES.md): +3-6% at
+// D = 64 and 128, N = 8192, causal and not; +13% on v3.6 at D = 256.  The same idea as
+// FlashAttention-4's conditional rescaling on Blackwell.
+constexpr float LAZY_RESCALE_LOG2 = 8.0f;
 
 // The weight of a raw score S given the folded scale and the row's m_base: 2^(s S - m_base).
 __device__ __forceinline__ float softmax_weight(float S, float scale_log2, float m_base) {

@@ -33,10 +33,6 @@
 #include "mma.cuh"  // pack2, mbarriers, tma_load_4d
 #include "wgmma.cuh"
 
-#ifndef TILEATTN_SKIP_RESCALE
-#define TILEATTN_SKIP_RESCALE 0
-#endif
-
 namespace tileattn {
 
 constexpr int V3_3_WG = 128;              // threads per warpgroup
@@ -316,11 +312,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
       if constexpr (ALIBI_KEYS) {
         const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start,
+        fragment_online_softmax<CAUSAL, NS, true, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start,
                                                   row_a, t, seq_k, offset, alibi_offset);
       } else {
-        fragment_online_softmax<CAUSAL>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t,
-                                        seq_k, offset);
+        fragment_online_softmax<CAUSAL, NS, false, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+                                                         q_start, row_a, t, seq_k, offset);
       }
     };
     // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
@@ -344,8 +340,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
           p[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
         }
       }
-      // Experiment switch TILEATTN_SKIP_RESCALE: no FMULs when no row of the warp was rebased.
-      if (!TILEATTN_SKIP_RESCALE || __any_sync(0xffffffffu, scale_old[0] != 1.0f || scale_old[1] != 1.0f)) {
+      // O's rescale, skipped (a warp-uniform branch) when no row of the warp was rebased: under the
+      // lazy rebase (LAZY_RESCALE_LOG2, softmax.cuh) that is most blocks past a row's first.
+      if (__any_sync(0xffffffffu, scale_old[0] != 1.0f || scale_old[1] != 1.0f)) {
 #pragma unroll
         for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
       }

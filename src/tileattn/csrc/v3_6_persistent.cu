@@ -17,20 +17,16 @@
 //  * Everything else is v3.3's body (PERSISTENT), with v3.4's ping-pong at D=64.
 // Measured on an H200 (bf16 and fp16, H=16, B*N = 32768, `bench --suite mma` at 2826a65, against
 // the same run): 1.01-1.21x the faster of v3.3 and v3.4 at every shape, 1.12-1.21x at N=1024;
-// 0.81-1.00x cuDNN.  The default at D = 128, and at D = 64 for causal calls under 2048 query rows
-// (v3.7 takes the rest of D = 64).
+// 0.81-1.00x cuDNN.  The default at D = 128 and 256, and at D = 64 for causal calls under 2048
+// query rows (v3.7 takes the rest of D = 64).  At D = 256, (Br, Bc) = (128, 64) as v3.3's: 196 KB of
+// shared memory, one CTA per SM either way.
 #include "v3_3_wgmma.cu"
-
-// Experiment switch (scripts/fwd_probe.py under TILEATTN_DEFINES): v3.4's ping-pong at D=128 too.
-#ifndef TILEATTN_V36_PINGPONG_ALL
-#define TILEATTN_V36_PINGPONG_ALL 0
-#endif
 
 namespace tileattn {
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_6_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/HEAD_DIM == 64 || TILEATTN_V36_PINGPONG_ALL, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/HEAD_DIM == 64, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
                                                                                                 &tmaps);
 }
 
