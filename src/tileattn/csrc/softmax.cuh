@@ -73,8 +73,10 @@ __device__ __forceinline__ float tanh_approx(float x) {
 // while the block's stays within tau of it, so the weights 2^(s S - m) reach at most 2^tau and the
 // factor is exactly 1: O and l_i are rebased only on a real jump.  O / l_i and the lse m + log2 l
 // do not depend on which max both are taken against, so the result is the same softmax; only the
-// range of P grows (2^8 = 256: within bf16's, fp16's and e4m3's, whose relative precision does not
-// depend on magnitude).
+// range of P grows (2^8 = 256, within bf16's and fp16's), and a row's largest weight is no longer
+// exactly 1, so it rounds like the others when P is cast for P V: 4% more error in bf16 (2.24e-3 ->
+// 2.33e-3 at D = 64), 2-3x more in e4m3, whose 3-bit mantissa made the exact 1 count (a NumPy model
+// and tests/test_fp8.py, 2026-12-03): FP8 keeps the exact rebase.
 __device__ __forceinline__ float online_rescale(float& m_i, float& l_i, float m_blk, float& m_base, float tau = 0.0f) {
   if (tau > 0.0f && m_blk <= m_i + tau) {  // (m_i = -inf: only a block of -inf stays, with m_base 0)
     m_base = safe_max(m_i);
@@ -88,12 +90,12 @@ __device__ __forceinline__ float online_rescale(float& m_i, float& l_i, float m_
   return alpha;
 }
 
-// The lazy rebase's threshold in the wgmma rungs (v3.3's body): a row's max moves only when a
-// block's exceeds it by more than 2^8, and a warp none of whose rows moved skips O's rescale (one
-// FMUL per O element a block: at D = 128 as many as the block's exponentials).  Measured on an H200
-// (scripts/fwd_probe.py, bf16, B*N = 32768, H = 16, two runs each, bench/NOTES.md): +3-6% at
-// D = 64 and 128, N = 8192, causal and not; +13% on v3.6 at D = 256.  The same idea as
-// FlashAttention-4's conditional rescaling on Blackwell.
+// The lazy rebase's threshold in the fp16 / bf16 wgmma rungs (v3.3's body): a row's max moves
+// only when a block's exceeds it by more than 8 (a factor of 2^8), and a warp none of whose rows
+// moved skips O's rescale (one FMUL per O element a block: at D = 128 as many as the block's
+// exponentials).  Measured on an H200 (scripts/fwd_probe.py, bf16, B*N = 32768, H = 16, two runs
+// each, bench/NOTES.md): +3-6% at D = 64 and 128, N = 8192, causal and not; +13% on v3.6 at
+// D = 256.  The same idea as FlashAttention-4's conditional rescaling on Blackwell.
 constexpr float LAZY_RESCALE_LOG2 = 8.0f;
 
 // The weight of a raw score S given the folded scale and the row's m_base: 2^(s S - m_base).
