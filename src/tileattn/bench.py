@@ -414,22 +414,35 @@ def markdown_table(result: dict) -> str:
 
 def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
     """One line per shape: TFLOP/s of every rung and of the given peers (timed in the same run), and
-    every rung's ratio to the first peer and the last (newest) rung's ratio to the others."""
+    every rung's ratio to the first peer; then, on Hopper, the rung the default dispatch picks there
+    (versions.select) and its ratio to the other peers."""
+    from .versions import SHORT_CAUSAL_ROWS, select
+
     rungs = [i for i in dict.fromkeys(r["impl"] for r in result["rows"]) if i in VERSIONS]
     peers = [p for p in peers if any(r["impl"] == p and r.get("tflops") for r in result["rows"])]
     shapes = list(dict.fromkeys((r["dtype"], r["D"], r["Nq"], r["B"], r["causal"]) for r in result["rows"]))
     tflops = {(r["impl"], r["dtype"], r["D"], r["Nq"], r["B"], r["causal"]): r.get("tflops") for r in result["rows"]}
-    pairs = [(i, peers[0]) for i in rungs] + [(rungs[-1], p) for p in peers[1:]]
-    head = (
-        ["dtype", "D", "N", "B", "causal"] + [f"{i} TFLOP/s" for i in rungs + peers] + [f"{i} / {p}" for i, p in pairs]
+    hopper = any(name in result.get("gpu", "") for name in ("H100", "H200", "H800", "H20"))
+
+    def default(shape):
+        dtype, D, N, _, causal = shape
+        v = select(dtype, D, 90, short_causal=causal and N < SHORT_CAUSAL_ROWS) if hopper else None
+        return v.name if v is not None and v.name in rungs else None
+
+    head = ["dtype", "D", "N", "B", "causal"] + [f"{i} TFLOP/s" for i in rungs + peers]
+    head += [f"{i} / {peers[0]}" for i in rungs] + (
+        ["default"] + [f"default / {p}" for p in peers[1:]] if hopper else []
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    ratio = lambda i, p, shape: (
+        f"{t / ref:.2f}x" if i and (t := tflops.get((i, *shape))) and (ref := tflops.get((p, *shape))) else ""
+    )
     for shape in shapes:
         cells = [shape[0], shape[1], shape[2], shape[3], "yes" if shape[4] else "no"]
         cells += [f"{t:.0f}" if (t := tflops.get((i, *shape))) else "" for i in rungs + peers]
-        for i, p in pairs:
-            t, ref = tflops.get((i, *shape)), tflops.get((p, *shape))
-            cells.append(f"{t / ref:.2f}x" if t and ref else "")
+        cells += [ratio(i, peers[0], shape) for i in rungs]
+        if hopper:
+            cells += [default(shape) or ""] + [ratio(default(shape), p, shape) for p in peers[1:]]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
