@@ -312,8 +312,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
       if constexpr (ALIBI_KEYS) {
         const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start,
-                                                  row_a, t, seq_k, offset, alibi_offset);
+        fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+                                                        q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
         fragment_online_softmax<CAUSAL, NS, false, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
                                                          q_start, row_a, t, seq_k, offset);
