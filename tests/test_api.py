@@ -228,15 +228,18 @@ def test_ratio_table_divides_by_peers_of_the_same_shape():
     base = dict(B=4, H=16, Nq=8192, Nk=8192, D=64, dtype="bfloat16", causal=False)
     rows = [
         dict(base, impl="v3.1", tflops=300.0),
-        dict(base, impl="v3.2", tflops=330.0),
+        dict(base, impl="v3.7", tflops=462.0),
         dict(base, impl="sdpa_flash", tflops=300.0),
         dict(base, impl="sdpa_cudnn", tflops=440.0),
         dict(base, impl="sdpa_flash", tflops=1.0, Nq=1024),
     ]  # another shape: must not be used
-    table = ratio_table({"rows": rows}).splitlines()
-    assert table[0].split(" | ")[-3:] == ["v3.1 / sdpa_flash", "v3.2 / sdpa_flash", "v3.2 / sdpa_cudnn |"]
-    line = next(x for x in table if "| 8192 |" in x)
-    assert line.endswith("| 1.00x | 1.10x | 0.75x |")
+    table = ratio_table({"rows": rows}).splitlines()  # no GPU named: no default-dispatch columns
+    assert table[0].split(" | ")[-2:] == ["v3.1 / sdpa_flash", "v3.7 / sdpa_flash |"]
+    assert next(x for x in table if "| 8192 |" in x).endswith("| 1.00x | 1.54x |")
+    # On Hopper: the rung versions.select picks for the shape (v3.7 at D=64, N=8192) against cuDNN.
+    table = ratio_table({"rows": rows, "gpu": "NVIDIA H200"}).splitlines()
+    assert table[0].split(" | ")[-2:] == ["default", "default / sdpa_cudnn |"]
+    assert next(x for x in table if "| 8192 |" in x).endswith("| 1.00x | 1.54x | v3.7 | 1.05x |")
 
 
 def test_speedup_vs_previous_rung_of_the_same_precision():

@@ -169,7 +169,7 @@ def test_unmasked_blocks_take_the_max_alone(name, D, causal):
 
 @pytest.mark.parametrize("name,D", [("v3.3", 64), ("v3.4", 64), ("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
 def test_o_rescale_behind_a_warp_vote(name, D):
-    """The lazy rebase (softmax.cuh's LAZY_RESCALE_LOG2): O's rescale, one FMUL per element a
+    """The lazy rebase (softmax.cuh's lazy_rescale_log2): O's rescale, one FMUL per element a
     thread holds (D / 2), runs behind a branch on a warp vote, taken only when a row's max moved."""
     ops = []
     for line in _nvrtc.sass(compiled(name, D, False, "sm_90a")).splitlines():

@@ -328,7 +328,7 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // (this thread's partial row sums) are updated; scale_old is the factor O must be rebased by.
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
-// LAZY: online_rescale's lazy rebase at LAZY_RESCALE_LOG2 (scale_old is then 1 on most blocks).
+// LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
 template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
@@ -357,7 +357,7 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the quad holds the row
     const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
-    scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], LAZY ? LAZY_RESCALE_LOG2 : 0.0f);
+    scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], LAZY ? lazy_rescale_log2() : 0.0f);
     if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
   }
 #pragma unroll

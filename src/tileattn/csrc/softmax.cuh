@@ -69,7 +69,7 @@ __device__ __forceinline__ float tanh_approx(float x) {
 // block's scores subtract (safe_max: 0 while the row has seen only -inf), and the return value
 // is the factor O must be rebased by (0 on the row's first visible block, where m_i = -inf).
 //
-// tau > 0 (log2 units; the wgmma rungs' LAZY_RESCALE_LOG2): a lazy rebase.  The row keeps its max
+// tau > 0 (log2 units; the wgmma rungs' lazy_rescale_log2()): a lazy rebase.  The row keeps its max
 // while the block's stays within tau of it, so the weights 2^(s S - m) reach at most 2^tau and the
 // factor is exactly 1: O and l_i are rebased only on a real jump.  O / l_i and the lse m + log2 l
 // do not depend on which max both are taken against, so the result is the same softmax; only the
@@ -95,8 +95,10 @@ __device__ __forceinline__ float online_rescale(float& m_i, float& l_i, float m_
 // moved skips O's rescale (one FMUL per O element a block: at D = 128 as many as the block's
 // exponentials).  Measured on an H200 (scripts/fwd_probe.py, bf16, B*N = 32768, H = 16, two runs
 // each, bench/NOTES.md): +3-6% at D = 64 and 128, N = 8192, causal and not; +13% on v3.6 at
-// D = 256.  The same idea as FlashAttention-4's conditional rescaling on Blackwell.
-constexpr float LAZY_RESCALE_LOG2 = 8.0f;
+// D = 256.  The same idea as FlashAttention-4's conditional rescaling on Blackwell.  (A function:
+// as a namespace-scope constant it made two compiles of every kernel including this header differ
+// in their bytes, which tests/test_cache.py holds equal.)
+__device__ __forceinline__ constexpr float lazy_rescale_log2() { return 8.0f; }
 
 // The weight of a raw score S given the folded scale and the row's m_base: 2^(s S - m_base).
 __device__ __forceinline__ float softmax_weight(float S, float scale_log2, float m_base) {

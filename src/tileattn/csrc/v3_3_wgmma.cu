@@ -341,7 +341,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         }
       }
       // O's rescale, skipped (a warp-uniform branch) when no row of the warp was rebased: under the
-      // lazy rebase (LAZY_RESCALE_LOG2, softmax.cuh) that is most blocks past a row's first.
+      // lazy rebase (lazy_rescale_log2(), softmax.cuh) that is most blocks past a row's first.
       if (__any_sync(0xffffffffu, scale_old[0] != 1.0f || scale_old[1] != 1.0f)) {
 #pragma unroll
         for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
