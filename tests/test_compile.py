@@ -183,6 +183,16 @@ def test_o_rescale_behind_a_warp_vote(name, D):
     assert length >= D // 2 and re.match(r"@!?P\d BRA", ops[longest - 1]), (length, ops[longest - 1])
 
 
+@pytest.mark.parametrize("name,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
+def test_persistent_o_through_a_shared_stage(name, D):
+    """The persistent rungs at D <= 128 write O by stmatrix into shared memory (D / 16 STSM.x4 a
+    thread) and copy it out by one bulk copy (UBLKCP) a row; at D = 256 (no room beside v3.6's
+    192 KB) they keep the direct stores."""
+    sass = _nvrtc.sass(compiled(name, D, False, "sm_90a"))
+    stsm, ublkcp = len(re.findall(r"\bSTSM\b", sass)), len(re.findall(r"\bUBLKCP\b", sass))
+    assert (stsm, ublkcp) == ((D // 16, 1) if D <= 128 else (0, 0)), (stsm, ublkcp)
+
+
 def test_compile_error_carries_log(tmp_path, monkeypatch):
     monkeypatch.setattr(_nvrtc, "CSRC", tmp_path)
     (tmp_path / "bad.cu").write_text("template <typename T> __global__ void k(T x) { undefined_thing; }\n")

@@ -55,6 +55,16 @@ __device__ __forceinline__ void stmatrix_x4_trans(unsigned smem_addr, const unsi
 #endif
 }
 
+// The same without .trans: lane 8 i + r gives the address of the 16 bytes that receive row r of
+// matrix i.
+__device__ __forceinline__ void stmatrix_x4(unsigned smem_addr, const unsigned (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+
 // ---- mma.sync m16n8k16, fp32 accumulate: d += A (16x16) * B (16x8), fragments as above. ----
 template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
@@ -287,6 +297,21 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
                : "memory");
 }
 
+// The other way: `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory at
+// src to global memory, in this thread's current bulk group; commit closes the group, and
+// wait_read<N> returns once at most N of the thread's groups still read shared memory (their
+// source bytes may be overwritten; the global writes may still be in flight, and complete before
+// the grid does).
+__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
 // 16 bytes global -> shared (address dst) by this thread's cp.async; and the arrival, on a
 // CTA-local mbarrier, of this thread's cp.asyncs so far once they have landed (.noinc: the
 // barrier's count must include these arrivals).
@@ -471,6 +496,57 @@ __device__ __forceinline__ void fragment_store_rows(const float (&acc)[HEAD_DIM 
     for (int n = 0; n < HEAD_DIM / 8; ++n)
       store_pair(o + row * o_sn + n * 8 + 2 * t, acc[4 * n + 2 * h] * inv_l, acc[4 * n + 2 * h + 1] * inv_l);
     if (t == 0 && lse) lse[row] = row_lse(m_i[h] * LN2, l);
+  }
+}
+
+// fragment_store_rows for a warp's 16 rows of 16-bit O (rows row_a - g .. + 15), through shared
+// memory: the warp writes O / l into `stage` (16 rows of HEAD_DIM values at O_STAGE_PITCH bytes,
+// 16 bytes more than a row so that stmatrix's eight 16-byte rows of a matrix fall in distinct
+// banks), then lane r < 16 copies row r to global memory with one bulk copy (the async proxy)
+// when it is below Nq.  In place of HEAD_DIM / 4 four-byte stores a thread, which measured as
+// long-scoreboard and lg_throttle stalls at short sequences (bench/NOTES.md); the copies run on
+// while the warp goes on to its next tile.  Requires o and o_sn 16-byte aligned (the caller
+// checks).  Before it writes the stage, the warp waits for its last call's copies to have read
+// it; the caller waits for them once more before the CTA exits (o_stage_drain).
+template <int HEAD_DIM>
+constexpr int O_STAGE_PITCH = HEAD_DIM * 2 + 16;
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void fragment_store_rows_bulk(const float (&acc)[HEAD_DIM / 2], const float (&m_i)[2],
+                                                         const float (&l_i)[2], int row_a, int lane, int Nq, T* o,
+                                                         long long o_sn, float* lse, unsigned stage) {
+  static_assert(sizeof(T) == 2 && HEAD_DIM % 16 == 0, "16-bit O, whole stmatrix.x4 column pairs");
+  constexpr float LN2 = 0.6931471805599453f;
+  constexpr int PITCH = O_STAGE_PITCH<HEAD_DIM>;
+  const int t = lane % 4;
+  float inv_l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = lanes_sum<4>(l_i[h]);
+    inv_l[h] = l > 0.0f ? 1.0f / l : 0.0f;
+    const int row = row_a + 8 * h;
+    if (t == 0 && lse && row < Nq) lse[row] = row_lse(m_i[h] * LN2, l);
+  }
+  if (lane < 16) bulk_wait_read<0>();
+  __syncwarp();
+  // stmatrix.x4 n: matrices (rows 0-7, 8-15) x (columns 16 n .. 16 n + 7, + 8 .. + 15), i.e. n8
+  // tiles 2n, 2n + 1 of acc; lane 8 i + r addresses row r + 8 (i % 2), column 16 n + 8 (i / 2).
+  const unsigned my_row = stage + (lane % 8 + 8 * (lane / 8 % 2)) * PITCH + (lane / 16) * 16;
+#pragma unroll
+  for (int n = 0; n < HEAD_DIM / 16; ++n) {
+    unsigned r[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tile = 2 * n + i / 2, h = i % 2;
+      r[i] = pack2<T>(acc[4 * tile + 2 * h] * inv_l[h], acc[4 * tile + 2 * h + 1] * inv_l[h]);
+    }
+    stmatrix_x4(my_row + n * 32, r);
+  }
+  fence_proxy_async_smem();  // the stage's generic-proxy writes, before the bulk copies read them
+  __syncwarp();
+  const int row = row_a - lane / 4 + lane;
+  if (lane < 16 && row < Nq) {
+    bulk_store(o + row * o_sn, stage + lane * PITCH, HEAD_DIM * 2);
+    bulk_commit();
   }
 }
 

@@ -47,7 +47,28 @@ __host__ __device__ constexpr int v3_3_consumer_regs(int Br) {
 }
 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
-// (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2).
+// (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2); the
+// persistent kernels (v3.6, v3.7) add Q's empty barrier and, at 16-bit D <= 128, O's stage.
+
+// O's stage (fragment_store_rows_bulk, mma.cuh): the persistent kernels at 16-bit head dims up to
+// 128 write each warp's 16 rows of O into shared memory and copy them out with one bulk copy a
+// row, so the stores leave the consumers' path and overlap the next tile (at D = 256 the 64 KB
+// more do not fit beside v3.6's 192 KB).  The experiment switch TILEATTN_O_DIRECT keeps the
+// direct stores (fragment_store_rows) for an A/B.
+__host__ __device__ constexpr bool v3_3_stages_o(bool persistent, int elem_bytes, int head_dim) {
+#ifdef TILEATTN_O_DIRECT
+  return false;
+#else
+  return persistent && elem_bytes == 2 && head_dim <= 128;
+#endif
+}
+// The persistent kernels' shared memory: Q, 2 stages of K and V, 10 mbarriers (KVBarriers<2> and
+// Q's empty one), then O's stage from 128 bytes past the K/V stages, one 64-row slab per
+// consumer warpgroup.
+template <int HEAD_DIM>
+__host__ __device__ constexpr int v3_6_smem_bytes(int Br, int Bc) {
+  return (Br + 4 * Bc) * HEAD_DIM * 2 + (v3_3_stages_o(true, 2, HEAD_DIM) ? 128 + Br * O_STAGE_PITCH<HEAD_DIM> : 10 * 8);
+}
 
 // One tile's geometry: which (batch, head) slice, Q block, sequence rows and K/V blocks.
 struct V33Tile {
@@ -222,6 +243,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       return wgmma_desc_sw128(addr);
   };
   const unsigned long long dq = desc_qk(s_q + cwg * 64 * ROW_BYTES);
+  // This warp's 16 rows of O's stage (v3_6_smem_bytes).
+  constexpr bool STAGE_O = v3_3_stages_o(PERSISTENT, sizeof(T), HEAD_DIM);
+  const unsigned o_stage = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 128 + (cwg * 4 + warp) * 16 * O_STAGE_PITCH<HEAD_DIM>;
 
   // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the CTA's K/V
   // blocks (the stage).
@@ -442,10 +466,21 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
       fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
     } else {
-      fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
+      T* o_rows = hs.o + q0 * o_sn;
+      bool staged = false;  // O's stage takes 16-byte aligned rows (the bulk copy's requirement)
+      if constexpr (STAGE_O) {
+        if (((reinterpret_cast<unsigned long long>(o_rows) | (o_sn * sizeof(T))) & 15) == 0) {
+          fragment_store_rows_bulk<T, HEAD_DIM>(acc, m_i, l_i, row_a, lane, seq_q, o_rows, o_sn, lse_rows, o_stage);
+          staged = true;
+        }
+      }
+      if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
     }
   };
   v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true);
+  if constexpr (STAGE_O) {  // the last tile's copies read the stage: it must outlive them
+    if (lane < 16) bulk_wait_read<0>();
+  }
 #endif
 }
 

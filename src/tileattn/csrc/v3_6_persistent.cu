@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_6_fwd(TILEATTN_FWD_PAR
                                                                                                 &tmaps);
 }
 
-// v3.3's Q, 2 stages of K and V and 9 mbarriers (KVBarriers<2>), and Q's empty barrier.
-TILEATTN_SMEM_BYTES(v3_6_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 10 * 8);
+// v3.3's Q, 2 stages of K and V, 9 mbarriers (KVBarriers<2>), Q's empty barrier and O's stage (v3_6_smem_bytes).
+TILEATTN_SMEM_BYTES(v3_6_fwd, v3_6_smem_bytes<HEAD_DIM>(Br, Bc));
 
 // The same walk with the score variants read from the room fields (sliding window, softcap, ALiBi:
 // versions.V3_6_VARIANTS, flash_attn_func's dense calls with them on Hopper), without the
@@ -45,6 +45,6 @@ __global__ void __launch_bounds__(v3_3_threads(Br), 1)
                                                                                                     &tmaps);
 }
 
-TILEATTN_SMEM_BYTES(v3_6_variants_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 10 * 8);
+TILEATTN_SMEM_BYTES(v3_6_variants_fwd, v3_6_smem_bytes<HEAD_DIM>(Br, Bc));
 
 }  // namespace tileattn

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_7_fwd(TILEATTN_FWD_PAR
   v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/false, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS, &tmaps);
 }
 
-// v3.6's layout: Q (192 rows), 2 stages of K and V, 9 mbarriers (KVBarriers<2>) and Q's empty one.
-TILEATTN_SMEM_BYTES(v3_7_fwd, (Br + 4 * Bc) * HEAD_DIM * 2 + 10 * 8);
+// v3.6's layout (v3_6_smem_bytes): Q (192 rows), 2 stages of K and V, 10 mbarriers and O's stage.
+TILEATTN_SMEM_BYTES(v3_7_fwd, v3_6_smem_bytes<HEAD_DIM>(Br, Bc));
 
 }  // namespace tileattn
