@@ -48,18 +48,21 @@ __host__ __device__ constexpr int v3_3_consumer_regs(int Br) {
 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2); the
-// persistent kernels (v3.6, v3.7) add Q's empty barrier and, at 16-bit D <= 128, O's stage.
+// persistent kernels (v3.6, v3.7) add Q's empty barrier and, at 16-bit D = 128, O's stage.
 
-// O's stage (fragment_store_rows_bulk, mma.cuh): the persistent kernels at 16-bit head dims up to
-// 128 write each warp's 16 rows of O into shared memory and copy them out with one bulk copy a
-// row, so the stores leave the consumers' path and overlap the next tile (at D = 256 the 64 KB
-// more do not fit beside v3.6's 192 KB).  The experiment switch TILEATTN_O_DIRECT keeps the
-// direct stores (fragment_store_rows) for an A/B.
+// O's stage (fragment_store_rows_bulk, mma.cuh): the persistent kernels at 16-bit D = 128 write
+// each warp's 16 rows of O into shared memory and copy them out with one bulk copy a row, so the
+// stores leave the consumers' path and overlap the next tile.  Measured on an H200 against the
+// direct stores (switch TILEATTN_O_DIRECT, scripts/fwd_probe.py, bf16, B*N = 32768, H = 16, two
+// runs each, bench/results/sweeps/o_stage_probe_7d5840b.log): D = 128 N = 1024 +4-7% (causal
+// +6-7%), N = 4096 -2..+3% (causal +2-3%), N = 8192 +1.5% (causal +2..+7%).  At D = 64 it measured
+// +1% without a mask and -3% causal at N = 1024 (v3.6's ping-pong), so D = 64 keeps the direct
+// stores; at D = 256 the 66 KB more do not fit beside v3.6's 192 KB.
 __host__ __device__ constexpr bool v3_3_stages_o(bool persistent, int elem_bytes, int head_dim) {
 #ifdef TILEATTN_O_DIRECT
   return false;
 #else
-  return persistent && elem_bytes == 2 && head_dim <= 128;
+  return persistent && elem_bytes == 2 && head_dim == 128;
 #endif
 }
 // The persistent kernels' shared memory: Q, 2 stages of K and V, 10 mbarriers (KVBarriers<2> and
