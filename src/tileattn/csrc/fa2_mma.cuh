@@ -152,14 +152,14 @@ __device__ __forceinline__ void fa2_mma_body(TILEATTN_FWD_PARAMS(T), const TmaMa
     m_i[r] = TILEATTN_NEG_INF;
     l_i[r] = 0.0f;
   }
-  // The softmax scale folded into the exponent (softmax.cuh: folded_scale_log2).
-  const float scale_log2 = folded_scale_log2(softmax_scale);
-
   // VARIANTS: the per-head part of the variants, in the raw-score domain of the folded exponent
   // (mma.cuh: ScoreVariants); the rows' positions are set per row tile where they are used.
   ScoreVariants var{};
   if constexpr (VARIANTS)
     var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b_, h_, window_left, window_right);
+  // The softmax scale folded into the exponent (softmax.cuh: folded_scale_log2), times c / s with
+  // a softcap, whose fragments hold tanh alone (mma.cuh: exp_scale_log2).
+  const float scale_log2 = exp_scale_log2(var, folded_scale_log2(softmax_scale));
 
   for (int j = 0; j < Tc; ++j) {
     const int stage = j & 1;

@@ -396,9 +396,12 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
 // set up once per block of query rows: everything in the raw-score domain the folded exponent
 // expects (2^(S s log2e - m) with s = folded_scale), so softcap c gives S -> (c / s) tanh(S s / c)
 // and ALiBi subtracts (slope / s) |pos - j|.  Window bounds are per row: keys lo .. hi inclusive.
+// With a softcap the fragment keeps tanh(S s / c) alone and the factor c / s rides the exponent's
+// scale (exp_scale_log2: the kernel's one FFMA a score already multiplies by it), so ALiBi's
+// slope is counted in those units too (slope / c): one FMUL a score fewer than scaling back.
 struct ScoreVariants {
   float cap_s, inv_cap_s;  // c / s and s / c; softcap false: unused
-  float slope_s;           // ALiBi slope / s; alibi false: unused
+  float slope_s;           // ALiBi slope / s, or slope / c with a softcap; alibi false: unused
   int left, right;         // the window, -1 unbounded (right is -1 under a causal mask: it rules)
   bool softcap, alibi;
   int first_pos, last_pos;  // the positions of the block's first and last query rows
@@ -418,23 +421,30 @@ __device__ __forceinline__ ScoreVariants head_variants(float softmax_scale, floa
   var.cap_s = softcap / s;
   var.inv_cap_s = s / softcap;
   var.alibi = alibi_slopes != nullptr;
-  var.slope_s = var.alibi ? alibi_slopes[b_ * alibi_sb + h_] / s : 0.0f;
+  var.slope_s = var.alibi ? alibi_slopes[b_ * alibi_sb + h_] / (var.softcap ? softcap : s) : 0.0f;
   var.left = window_left;
   var.right = CAUSAL ? -1 : window_right;
   return var;
+}
+
+// The exponent's scale (folded_scale_log2) for scores in ScoreVariants's units: times c / s with
+// a softcap, whose fragment holds tanh(S s / c) (max and rebase are then in those units too;
+// m_i, in log2 units, and lse are unchanged).
+__device__ __forceinline__ float exp_scale_log2(const ScoreVariants& var, float scale_log2) {
+  return var.softcap ? scale_log2 * var.cap_s : scale_log2;
 }
 
 // Apply the variants to one K/V block's fragment S (keys kv_start .. kv_start + Bc - 1, this
 // thread's rows pos[0], pos[1]), before fragment_online_softmax masks causality and Nk.  The
 // window's mask runs only on the blocks that cross an edge (the others are inside for every
 // row, or skipped: the kernel's loop covers only blocks some row sees).  Per score, ALiBi is an
-// FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL, the
-// SFU's tanh and an FMUL.
+// FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL and
+// the SFU's tanh (its factor c / s is exp_scale_log2's).
 template <int NS>
 __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
   if (var.softcap) {
 #pragma unroll
-    for (int i = 0; i < NS; ++i) S[i] = var.cap_s * tanh_approx(S[i] * var.inv_cap_s);
+    for (int i = 0; i < NS; ++i) S[i] = tanh_approx(S[i] * var.inv_cap_s);
   }
   if (var.alibi) {
     // pos - key = (pos - kv_start - 2t) - (8 (i / 4) + (i & 1)): a per-row float minus a constant.

@@ -302,7 +302,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const float* ds = FP8 ? descale + 3 * (b_ * (H / h_per_kv) + hk_) : nullptr;
     const float score_scale = FP8 ? softmax_scale * ds[0] * ds[1] : softmax_scale;
     const bool fp8_negate = FP8 && score_scale < 0.0f;
-    const float scale_log2 = folded_scale_log2(FP8 ? fabsf(score_scale) : softmax_scale);
+    const float plain_scale_log2 = folded_scale_log2(FP8 ? fabsf(score_scale) : softmax_scale);
     float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
     float l_i[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -327,6 +327,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       var.pos[0] = row_a + offset;
       var.pos[1] = row_a + 8 + offset;
     }
+    // The exponent's scale, times c / s with a softcap (its fragments hold tanh alone: mma.cuh).
+    const float scale_log2 = VARIANTS ? exp_scale_log2(var, plain_scale_log2) : plain_scale_log2;
     ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
     if (ALIBI_KEYS) var_rest.alibi = false;
     // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
