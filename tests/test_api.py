@@ -242,6 +242,22 @@ def test_ratio_table_divides_by_peers_of_the_same_shape():
     assert next(x for x in table if "| 8192 |" in x).endswith("| 1.00x | 1.54x | v3.7 | 1.05x |")
 
 
+def test_grouped_bars_label_no_bar_that_was_not_measured():
+    """A peer missing from a group (FlexAttention at D=64 in the variants chart) gets no "0" label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tileattn.bench import _grouped_bars
+
+    fig, ax = plt.subplots()
+    values = {("a", "ours"): 449.0, ("b", "ours"): 607.0, ("b", "peer"): 374.0}
+    _grouped_bars(ax, ["a", "b"], ["ours", "peer"], lambda g, name: values.get((g, name), 0), labels=True)
+    assert sorted(t.get_text() for t in ax.texts if t.get_text()) == ["374", "449", "607"]
+    plt.close(fig)
+
+
 def test_speedup_vs_previous_rung_of_the_same_precision():
     from tileattn.bench import add_ratios
 

@@ -326,12 +326,14 @@ def _save_figure(fig, path: Path, dpi: int = 110, **layout) -> None:
 
 def _grouped_bars(ax, groups: list, impls: list[str], value, labels: bool = False) -> None:
     """One bar per implementation in each group, value(group, impl) high (0 where it has none);
-    the x ticks at the groups' centres.  labels: each bar's value written on it."""
+    the x ticks at the groups' centres.  labels: each bar's value written on it (none where the
+    implementation was not measured, which is not a 0)."""
     width = 0.8 / len(impls)
     for i, name in enumerate(impls):
-        bars = ax.bar([x + i * width for x in range(len(groups))], [value(g, name) for g in groups], width, label=name)
+        heights = [value(g, name) for g in groups]
+        bars = ax.bar([x + i * width for x in range(len(groups))], heights, width, label=name)
         if labels:
-            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+            ax.bar_label(bars, labels=[f"{h:.0f}" if h else "" for h in heights], fontsize=7)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))])
 
 
