@@ -328,7 +328,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       var.pos[1] = row_a + 8 + offset;
     }
     // The exponent's scale, times c / s with a softcap (its fragments hold tanh alone: mma.cuh).
-    const float scale_log2 = VARIANTS ? exp_scale_log2(var, plain_scale_log2) : plain_scale_log2;
+    const float scale_log2 = exp_scale_log2(var, plain_scale_log2);
     ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
     if (ALIBI_KEYS) var_rest.alibi = false;
     // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
