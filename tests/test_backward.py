@@ -51,14 +51,18 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
     elif entry.name == "bwd_v3":  # every product on wgmma: S^T, dP^T, dV, dK and dQ per D/64 part, per k16 step
         assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + 4 * D // 64 and "HMMA" not in sass
         assert "REDG.E.ADD.F32x2" in sass and float_atomics
-    elif entry.name == "bwd_v4":  # bwd_v3's products (dQ: 128 keys of 64 columns at D=128, 64 keys at D=64),
-        # the producer's tensor copies (K, V once; Q, dO per block) and the register hand-over.  At
-        # D=64 the PIPE order (bwd_v4_ws.cu) issues S^T and dP^T at two sites: a tile's first block,
-        # and block n+1's under block n's dQ.
+    elif entry.name in ("bwd_v4", "bwd_v5"):  # bwd_v3's products (dQ: 128 keys of 64 columns at D=128,
+        # 64 keys at D=64), the producer's tensor copies (K, V once; Q, dO per block) and the
+        # register hand-over.  At D=64 the PIPE order (bwd_v4_ws.cu) issues S^T and dP^T at two
+        # sites: a tile's first block, and block n+1's under block n's dQ.
         sites = 2 if D == 64 else 1
         assert sass.count("HGMMA") == sites * 2 * D // 16 + 2 * 4 + (8 if D == 128 else 4) and "HMMA" not in sass
         assert sass.count("UTMALDG") == 4 * D // 64 and "USETMAXREG" in sass
-        assert "REDG.E.ADD.F32x2" in sass and float_atomics
+        assert float_atomics  # dK, dV
+        if entry.name == "bwd_v4":
+            assert "REDG.E.ADD.F32x2" in sass
+        else:  # dQ: eight 16-byte shared stores a thread and one bulk reduction, no RED of its own
+            assert "REDG.E.ADD.F32x2" not in sass and sass.count("UBLKRED") == 1 and sass.count("STS.128") == 8
     elif not entry.name.startswith("bwd_v2.2"):
         assert "HMMA" not in sass  # CUDA cores only
     if entry.name == "bwd_v1":
@@ -253,7 +257,7 @@ def _needs_hopper():
     import torch
 
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma backward rungs (bwd_v3, bwd_v4) run on sm_90")
+        pytest.skip("the wgmma backward rungs (bwd_v3, bwd_v4, bwd_v5) run on sm_90")
 
 
 @pytest.mark.gpu
@@ -268,41 +272,73 @@ def test_backward_wgmma_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, sc
     _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version="bwd_v3")
 
 
-_BWD_V4_SMOKE = """
+_WS_RUNGS = ("bwd_v4", "bwd_v5")  # the warp-specialised rungs, on mbarrier pipelines
+_WS_SMOKE = """
 import torch
 from tileattn import api
 from tileattn.backward import attention_backward
 for D, mode in ((64, "top_left"), (128, None)):
     q, k, v, dO = (torch.randn(1, 2, 300, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
-    attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v4")
-    torch.cuda.synchronize()
-"""
+    for version in %r:
+        attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version=version)
+        torch.cuda.synchronize()
+""" % (_WS_RUNGS,)
 
 
 @pytest.fixture(scope="module")
-def bwd_v4_finishes():
-    """bwd_v4's mbarrier pipeline first runs small calls in a child process with a time limit, so
-    that a pipeline that hangs fails its tests instead of stalling the rest of the suite."""
+def ws_rungs_finish():
+    """The warp-specialised rungs' mbarrier pipelines first run small calls in a child process with
+    a time limit, so that a pipeline that hangs fails their tests instead of stalling the suite."""
     import subprocess
     import sys
 
     _needs_hopper()
     try:
-        run = subprocess.run([sys.executable, "-c", _BWD_V4_SMOKE], timeout=180, capture_output=True, text=True)
+        run = subprocess.run([sys.executable, "-c", _WS_SMOKE], timeout=180, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
-        pytest.fail("bwd_v4 did not finish two small backward calls in 180 s (a hang); its tests did not run")
-    assert run.returncode == 0, f"bwd_v4's first calls failed:\n{run.stderr[-3000:]}"
+        pytest.fail(f"{_WS_RUNGS} did not finish four small backward calls in 180 s (a hang); their tests did not run")
+    assert run.returncode == 0, f"{_WS_RUNGS}' first calls failed:\n{run.stderr[-3000:]}"
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", _WS_RUNGS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize(
     "D,B,H,H_kv,Nq,Nk,causal,scale,layout", [(D, *shape) for D in BWD_VERSIONS["bwd_v4"].head_dims for shape in SHAPES]
 )
-def test_backward_ws_matches_float64(bwd_v4_finishes, dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout):
-    """bwd_v4 (warp-specialised, 128 keys a CTA) against float64 autograd, as bwd_v2 and bwd_v3."""
-    _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version="bwd_v4")
+def test_backward_ws_matches_float64(ws_rungs_finish, version, dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout):
+    """bwd_v4 and bwd_v5 (warp-specialised, 128 keys a CTA) against float64 autograd, as bwd_v2 and
+    bwd_v3."""
+    _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version=version)
+
+
+@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
+@pytest.mark.parametrize("D,Nq", [(64, 64), (64, 100), (128, 130)])
+def test_dq_from_blocks_undoes_the_accumulator_order(layout, D, Nq):
+    """backward._dq_from_blocks against a direct model of bwd_v5's chunks (CPU): value 2 hh + e of
+    n8 of warpgroup w's thread 32 warp + 4 g + t is row 16 warp + 8 hh + g, column
+    64 w + 8 n8 + 2 t + e of its Q block (the wgmma accumulator layout)."""
+    import torch
+
+    from tileattn.backward import _dq_from_blocks
+
+    B, H, blocks = 2, 3, -(-Nq // 64)
+    dq = torch.randn(B, H, blocks * 64, D)
+    acc = torch.empty(B, H, blocks * 64 * D)
+    for blk in range(blocks):
+        i = blk * 64 * D
+        for w in range(D // 64):
+            for n8 in range(8):
+                for tid in range(128):
+                    warp, g, t = tid // 32, tid % 32 // 4, tid % 4
+                    for hh in range(2):
+                        for e in range(2):
+                            acc[:, :, i] = dq[:, :, blk * 64 + 16 * warp + 8 * hh + g, 64 * w + 8 * n8 + 2 * t + e]
+                            i += 1
+    got = _dq_from_blocks(acc.view(B, H, blocks * 64, D), Nq, layout, torch.float64)
+    got = got.transpose(1, 2) if layout == "bnhd" else got  # (backward.py's like() turns it back)
+    assert got.dtype == torch.float64 and torch.equal(got, dq[:, :, :Nq].double())
 
 
 @pytest.mark.gpu

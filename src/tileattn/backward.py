@@ -62,7 +62,8 @@ def attention_backward(
     qs, ks, vs, os_, dos = (api._bhnd(t, layout)[1] for t in (q, k, v, out, dout))
     f32 = dict(dtype=torch.float32, device=q.device)
     Br, Bc = entry.tiles[D]
-    dq_acc = torch.zeros((B, H, Nq, D), **f32)
+    # A blocked rung's dQ chunks cover whole Q blocks: Br rows each, padding past Nq included.
+    dq_acc = torch.zeros((B, H, -(-Nq // Br) * Br if entry.dq_blocked else Nq, D), **f32)
     dk_acc = torch.zeros((B, H if deterministic else H_kv, Nk, D), **f32)
     dv_acc = torch.zeros_like(dk_acc)
     semaphore = torch.zeros(B * H * -(-Nq // Br), dtype=torch.int32, device=q.device) if deterministic else None
@@ -99,7 +100,31 @@ def attention_backward(
         acc = acc.transpose(1, 2) if layout == "bnhd" else acc
         return acc.to(torch.float32 if float32_grads else t.dtype).contiguous()
 
+    if entry.dq_blocked:
+        dq_acc = _dq_from_blocks(dq_acc, Nq, layout, torch.float32 if float32_grads else q.dtype)
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
+
+
+def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """A blocked rung's dQ accumulator, (B, H, Q blocks x 64 rows, D) float32 holding each Q block's
+    64 x D chunk in the wgmma accumulator's order, as (B, H, Nq, D) (or (B, Nq, H, D) for "bnhd")
+    of ``dtype``, in one copy.
+
+    A chunk is [w][n8][warp][g][t][hh][e] (bwd_v5_dq_bulk.cu): consumer warpgroup w's columns
+    (D=128: 64 w..; D=64 has one w), n8 its 8-column group, then thread 32 warp + 4 g + t of the
+    warpgroup and its values 2 hh + e, which are row 16 warp + 8 hh + g and column
+    64 w + 8 n8 + 2 t + e (the m64nNk16 accumulator layout, PTX ISA "wgmma ... register fragment")."""
+    B, H, Npad, D = acc.shape
+    W = D // 64
+    chunks = acc.view(B, H, Npad // 64, W, 8, 4, 8, 4, 2, 2)  # b h blk | w n8 warp g t hh e
+    rows_cols = chunks.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9)  # b h blk warp hh g | w n8 t e
+    if layout == "bnhd":
+        out = torch.empty((B, Npad, H, D), dtype=dtype, device=acc.device)
+        out.view(B, Npad // 64, 4, 2, 8, H, W, 8, 4, 2).copy_(rows_cols.permute(0, 2, 3, 4, 5, 1, 6, 7, 8, 9))
+        return out[:, :Nq].transpose(1, 2)  # like() transposes back: no second copy unless Nq % 64
+    out = torch.empty((B, H, Npad, D), dtype=dtype, device=acc.device)
+    out.view(B, H, Npad // 64, 4, 2, 8, W, 8, 4, 2).copy_(rows_cols)
+    return out[:, :, :Nq]
 
 
 def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, precision: str | None = None) -> str:

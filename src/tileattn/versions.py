@@ -392,6 +392,9 @@ class KernelEntry:
     tensor_maps: bool = False  # takes a TmaMaps parameter after its fields
     deterministic: bool = True  # backward: honours dq_semaphore (deterministic=True)
     precision: Precision = "native"  # as Version's: "fp32" / "tf32" for the FP32 backward rungs
+    # Backward: dq_accum in Q-block chunks of Br x D floats in the wgmma accumulator's order
+    # (bwd_v5_dq_bulk.cu), which backward._dq_from_blocks permutes back.
+    dq_blocked: bool = False
     # Decode kernels and page sizes: "any"; "tile" (runs any, but the default choice skips it for
     # pages shorter than its tile: slower there, serving._decode_entry); "copy_engine" (its tensor
     # copies take whole boxes of one page: a contiguous cache, pages of a multiple of Bc, or of a
@@ -467,6 +470,19 @@ _BWD_V4 = dataclasses.replace(
     # division, 6ce5495).  D=64: none.
     spill_bytes={128: 32},
 )
+# bwd_v4 with dQ through shared memory and one bulk reduction a warpgroup per Q block.
+_BWD_V5 = dataclasses.replace(
+    _BWD_V4,
+    name="bwd_v5",
+    file="bwd_v5_dq_bulk.cu",
+    kernel="bwd_v5",
+    summary="bwd_v4 with dQ written to shared memory in the accumulator's order and added by one bulk "
+    "reduction (cp.reduce.async.bulk) a warpgroup per Q block, issued by a producer warp",
+    dq_blocked=True,
+    # D=128 non-causal: 16 bytes of loop invariants, stored once and reloaded per Q block (NVRTC
+    # 13.0: 48 bytes of loads), beside bwd_v4's registers and the dQ tile's address and phase.
+    spill_bytes={128: 48},
+)
 
 # FP32 on tensor cores: the default FP32 backward (backward.default_rung), bwd_v2.2_tf32 with
 # precision="tf32".
@@ -530,6 +546,7 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
         _BWD_V2_2_TF32,
         _BWD_V3,
         _BWD_V4,
+        _BWD_V5,
     ]
 }
 

@@ -31,6 +31,7 @@ constexpr int BWD_V4_WG = 128;
 constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2 x 64 floats a block
 constexpr int BWD_V4_CONSUMER_REGS = 240;  // 24 + 2 x 240 <= 512 (65536 registers / 128 threads)
 constexpr int BWD_V4_STAGES = 3;  // Q_i / dO_i / lse_i / D_i stages: fits beside K, V and dS at D=128 (194 KB)
+constexpr int BWD_V4_DQ_BYTES = 64 * 64 * 4;  // bwd_v5: a consumer warpgroup's dQ tile (float32)
 
 // TILEATTN_BWD_V4_PIPE (default 1; 0 gives the serial order, for A/B runs) issues block n+1's S^T
 // and dP^T right after block n's dQ product, so that n's dQ wait and red adds run under n+1's
@@ -45,15 +46,18 @@ constexpr int BWD_V4_STAGES = 3;  // Q_i / dO_i / lse_i / D_i stages: fits besid
 
 // Shared memory: K_j, V_j (Bc x D), BWD_V4_STAGES stages of Q_i and dO_i (Br x D), two dS tiles
 // (Br x Bc, [query row][key]), all 16-bit SwizzledTiles whose sizes are multiples of 1024 bytes
-// (the 128-byte swizzle's alignment); the stages' lse_i and D_i (Br floats each); the mbarriers.
-__host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc) {
-  return (2 * Bc * D + BWD_V4_STAGES * 2 * Br * D + 2 * Br * Bc) * 2 + BWD_V4_STAGES * 2 * Br * 4 +
-         (1 + 2 * BWD_V4_STAGES) * 8;
+// (the 128-byte swizzle's alignment); with DQ_BULK (bwd_v5) each consumer warpgroup's dQ tile
+// (64 rows x 64 columns, float32); the stages' lse_i and D_i (Br floats each); the mbarriers
+// (DQ_BULK: a full and an empty one per consumer warpgroup more).
+__host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc, bool dq_bulk = false) {
+  return (2 * Bc * D + BWD_V4_STAGES * 2 * Br * D + 2 * Br * Bc) * 2 + (dq_bulk ? 2 * BWD_V4_DQ_BYTES : 0) +
+         BWD_V4_STAGES * 2 * Br * 4 + (1 + 2 * BWD_V4_STAGES + (dq_bulk ? 4 : 0)) * 8;
 }
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
-    bwd_v4(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+// The kernel body of bwd_v4 (DQ_BULK false) and bwd_v5 (bwd_v5_dq_bulk.cu: true).  tmaps: the
+// kernel's __grid_constant__ parameter.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool DQ_BULK>
+__device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "bwd_v4 takes 16-bit (fp16 / bf16) inputs");
   static_assert(Br == 64 && Bc == 128, "wgmma's M = 64 keys per warpgroup, N = 64 query rows");
@@ -70,21 +74,33 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
   auto s_q = [&](int st) { return s_k + 2 * KV_BYTES + st * 2 * Q_BYTES; };
   auto s_do = [&](int st) { return s_q(st) + Q_BYTES; };
   auto s_ds = [&](int buf) { return s_q(BWD_V4_STAGES) + buf * DS_BYTES; };
-  float* const stats = reinterpret_cast<float*>(smem + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES);
+  constexpr int DQ_SMEM = DQ_BULK ? 2 * BWD_V4_DQ_BYTES : 0;
+  const unsigned s_dq = s_ds(2);  // DQ_BULK: warpgroup w's dQ tile at s_dq + w * BWD_V4_DQ_BYTES
+  float* const stats = reinterpret_cast<float*>(smem + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES + DQ_SMEM);
   auto lse_s = [&](int st) { return stats + st * 2 * Br; };
   auto Di_s = [&](int st) { return stats + st * 2 * Br + Br; };
   // mbarriers: kv (K_j and V_j: the copying thread's 2 arrivals), full[st] (Q_i, dO_i: 2
   // arrivals of the copying lane with the bytes, then one of each of the 32 lanes with its lse_i,
-  // D_i), empty[st] (the 256 consumer threads, once they are done with the stage).
-  const unsigned bar_kv = s_k + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES + BWD_V4_STAGES * 2 * Br * 4;
+  // D_i), empty[st] (the 256 consumer threads, once they are done with the stage); DQ_BULK:
+  // dq_full[w] (warpgroup w's 128 threads, their dQ values in its tile), dq_empty[w] (its dQ
+  // warp, once the reduction has read the tile).
+  const unsigned bar_kv =
+      s_k + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES + DQ_SMEM + BWD_V4_STAGES * 2 * Br * 4;
   auto bar_full = [&](int st) { return bar_kv + 8 * (1 + st); };
   auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + BWD_V4_STAGES + st); };
+  auto bar_dq_full = [&](int w) { return bar_kv + 8 * (1 + 2 * BWD_V4_STAGES + w); };
+  auto bar_dq_empty = [&](int w) { return bar_kv + 8 * (3 + 2 * BWD_V4_STAGES + w); };
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 2);
     for (int st = 0; st < BWD_V4_STAGES; ++st) {
       mbar_init(bar_full(st), 2 + 32);
       mbar_init(bar_empty(st), 2 * BWD_V4_WG);
     }
+    if constexpr (DQ_BULK)
+      for (int w = 0; w < 2; ++w) {
+        mbar_init(bar_dq_full(w), BWD_V4_WG);
+        mbar_init(bar_dq_empty(w), 1);
+      }
     mbar_fence_init();
   }
   __syncthreads();
@@ -94,16 +110,40 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
   const int kv_start = blockIdx.x * Bc;
   const int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
   const int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
+  // dQ's split between the consumer warpgroups.  D=128: warpgroup w takes dQ's columns 64 w.. over
+  // all Bc keys (both warpgroups' dS rows; one 256-thread barrier per Q block).  D=64: each its own
+  // 64 keys over all columns (dS's panel w, K's rows 64 w..), with no barrier between the two, so
+  // they drift apart and one's elementwise step runs under the other's products.  (At D=128 that
+  // form, with twice the dQ adds, measured 306 / 262 TFLOP/s against 362 / 334.)
+  constexpr bool SHARED_DQ = HEAD_DIM == 128;
 
   if (threadIdx.x < BWD_V4_WG) {
     // ---------------- producer: warp 0 (lane 0 issues the tensor copies) ----------------
     setmaxnreg_dec<BWD_V4_PRODUCER_REGS>();
+    if (DQ_BULK && (threadIdx.x == 32 || threadIdx.x == 64)) {
+      // ---------------- bwd_v5's dQ: lane 0 of warp 1 + w, for consumer warpgroup w ----------------
+      // Each Q block's dQ tile, once the warpgroup has written it, added into the block's chunk of
+      // dq_accum (Br x D floats, at (bh, Q block) in the blocked layout; at D=128 warpgroup w's
+      // columns are the chunk's half w, at D=64 both add into the whole chunk) by one reduction,
+      // which has read the tile before the warpgroup may write the next.
+      const int w = threadIdx.x / 32 - 1;
+      float* dst = dq_accum + ((long long)bh * ((Nq + Br - 1) / Br) + q_first / Br) * Br * HEAD_DIM +
+                   (SHARED_DQ ? w * BWD_V4_DQ_BYTES / 4 : 0);
+      for (int n = 0; n < n_blocks; ++n) {
+        mbar_wait(bar_dq_full(w), n & 1);
+        bulk_reduce_add(dst + (long long)n * Br * HEAD_DIM, s_dq + w * BWD_V4_DQ_BYTES, BWD_V4_DQ_BYTES);
+        bulk_commit();
+        bulk_wait_read<0>();
+        mbar_arrive(bar_dq_empty(w));
+      }
+      return;
+    }
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x;
     // Maps (TmaMaps, built by backward.py): 0 q and 3 dO (boxes of Br rows), 1 k and 2 v (Bc rows).
     if (lane == 0) {
-      tma_tile_load<HEAD_DIM>(&tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b);
-      tma_tile_load<HEAD_DIM>(&tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b);
+      tma_tile_load<HEAD_DIM>(tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b);
+      tma_tile_load<HEAD_DIM>(tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b);
     }
     const float* lse_bh = lse + (long long)bh * Nq;
     const float* Di_bh = Di + (long long)bh * Nq;
@@ -125,8 +165,8 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
       const int st = n % BWD_V4_STAGES, q_start = q_first + n * Br;
       if (n >= BWD_V4_STAGES) mbar_wait(bar_empty(st), ((n / BWD_V4_STAGES) & 1) ^ 1);
       if (lane == 0) {
-        tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
-        tma_tile_load<HEAD_DIM>(&tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
+        tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
+        tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
       }
 #pragma unroll
       for (int k = 0; k < Br / 32; ++k) {
@@ -155,12 +195,6 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
 #pragma unroll
   for (int i = 0; i < ND; ++i) dK[i] = dV[i] = 0.0f;
 
-  // dQ's split between the warpgroups.  D=128: warpgroup w takes dQ's columns 64 w.. over all Bc
-  // keys (both warpgroups' dS rows; one 256-thread barrier per Q block).  D=64: each its own 64
-  // keys over all columns (dS's panel w, K's rows 64 w..), with no barrier between the two, so
-  // they drift apart and one's elementwise step runs under the other's products.  (At D=128 that
-  // form, with twice the dQ adds, measured 306 / 262 TFLOP/s against 362 / 334.)
-  constexpr bool SHARED_DQ = HEAD_DIM == 128;
   constexpr int DQ_KEYS = SHARED_DQ ? Bc : 64;  // the dQ product's k extent
   const unsigned long long kn_desc =
       wgmma_desc_sw128(SHARED_DQ ? s_k + w * Bc * 128 : s_k + w * 64 * 128, Bc * 128);
@@ -240,15 +274,30 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
     mbar_arrive(bar_empty(st));
     wgmma_wait<PIPE ? 1 : 0>();  // dQ's group (PIPE: block n + 1's may still run under the adds below)
     fence_operands(dq);
-    const int col0 = SHARED_DQ ? 64 * w : 0;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = q_start + 16 * warp + g + 8 * hh;
-      if (row >= Nq) continue;
-      float* dq_row = dq_bh + (long long)row * HEAD_DIM + col0 + 2 * t;
+    if constexpr (DQ_BULK) {
+      // bwd_v5: the tile in the accumulator's order, [n8][thread][its 4 values of n8] (a warp's
+      // 16-byte stores cover 512 contiguous bytes: no bank conflict), which the dQ warp adds into
+      // the chunk as it is; backward.py puts rows and columns back.  Rows past Nq add zeros (their
+      // dS is 0) into the chunk's padding.
+      mbar_wait(bar_dq_empty(w), (n & 1) ^ 1);  // (n = 0: the phase before the first, complete)
+      const unsigned tile = s_dq + w * BWD_V4_DQ_BYTES + 16 * (tid % BWD_V4_WG);
 #pragma unroll
       for (int n8 = 0; n8 < 8; ++n8)
-        red_add2(dq_row + 8 * n8, softmax_scale * dq[4 * n8 + 2 * hh], softmax_scale * dq[4 * n8 + 2 * hh + 1]);
+        st_shared_v4(tile + 16 * BWD_V4_WG * n8, softmax_scale * dq[4 * n8], softmax_scale * dq[4 * n8 + 1],
+                     softmax_scale * dq[4 * n8 + 2], softmax_scale * dq[4 * n8 + 3]);
+      fence_proxy_async_smem();
+      mbar_arrive(bar_dq_full(w));
+    } else {
+      const int col0 = SHARED_DQ ? 64 * w : 0;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = q_start + 16 * warp + g + 8 * hh;
+        if (row >= Nq) continue;
+        float* dq_row = dq_bh + (long long)row * HEAD_DIM + col0 + 2 * t;
+#pragma unroll
+        for (int n8 = 0; n8 < 8; ++n8)
+          red_add2(dq_row + 8 * n8, softmax_scale * dq[4 * n8 + 2 * hh], softmax_scale * dq[4 * n8 + 2 * hh + 1]);
+      }
     }
     if constexpr (PIPE) wait_scores();  // block n + 1's S^T and dP^T
   }
@@ -261,6 +310,12 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
       store_dkdv(dk_accum, dv_accum, nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i], dV[i]);
   }
 #endif
+}
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
+    bwd_v4(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  bwd_v4_body<T, HEAD_DIM, Br, Bc, CAUSAL, false>(TILEATTN_BWD_ARGS, &tmaps);
 }
 
 TILEATTN_SMEM_BYTES(bwd_v4, bwd_v4_smem(HEAD_DIM, Br, Bc));

@@ -249,6 +249,10 @@ __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.p
 __device__ __forceinline__ void st_shared_zero16(unsigned addr) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
 }
+// 16 bytes (four floats) at shared address addr.
+__device__ __forceinline__ void st_shared_v4(unsigned addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
 // A plain arrival on a CTA-local mbarrier (release): one of the `count` the phase waits for.
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
@@ -304,6 +308,14 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
 // the grid does).
 __device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+// The same shape of transfer as bulk_store, but each float32 of src is added into dst's (the
+// adds done at L2, as red.global.add does, all in one instruction of one thread), in this thread's
+// current bulk group.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
