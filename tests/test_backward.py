@@ -283,6 +283,8 @@ for D, mode in ((64, "top_left"), (128, None)):
     for version in %r:
         attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version=version)
         torch.cuda.synchronize()
+    attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5", deterministic=True)
+    torch.cuda.synchronize()
 """ % (_WS_RUNGS,)
 
 
@@ -297,7 +299,7 @@ def ws_rungs_finish():
     try:
         run = subprocess.run([sys.executable, "-c", _WS_SMOKE], timeout=180, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"{_WS_RUNGS} did not finish four small backward calls in 180 s (a hang); their tests did not run")
+        pytest.fail(f"{_WS_RUNGS} did not finish six small backward calls in 180 s (a hang); their tests did not run")
     assert run.returncode == 0, f"{_WS_RUNGS}' first calls failed:\n{run.stderr[-3000:]}"
 
 
@@ -355,26 +357,31 @@ def test_backward_ws_refuses_deterministic():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", ["bwd_v3", "bwd_v5"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_backward_wgmma_deterministic(dtype):
-    """bwd_v3 with deterministic=True: within the tolerance of float64 (GQA 4:1, causal, Nq != Nk)
-    and bitwise-identical over two runs."""
+def test_backward_wgmma_deterministic(ws_rungs_finish, version, dtype):
+    """bwd_v3 and bwd_v5 with deterministic=True: within the tolerance of float64 (GQA 4:1, causal,
+    Nq != Nk; D=128 and 64) and bitwise-identical over three runs (non-causal too: every K/V block
+    adds into every Q block's dQ)."""
     import torch
 
     import tileattn
     from tileattn.backward import attention_backward
 
-    _needs_hopper()
-    _check_backward(dtype, 128, 2, 8, 2, 1000, 777, "bottom_right", None, "bnhd", deterministic=True, version="bwd_v3")
+    _check_backward(dtype, 128, 2, 8, 2, 1000, 777, "bottom_right", None, "bnhd", deterministic=True, version=version)
+    _check_backward(dtype, 64, 1, 4, 1, 203, 1023, None, None, "bhnd", deterministic=True, version=version)
     dt = getattr(torch, dtype)
-    q = torch.randn(1, 999, 4, 64, device="cuda", dtype=dt)
-    k, v = (torch.randn(1, 999, 1, 64, device="cuda", dtype=dt) for _ in range(2))
-    dO = torch.randn_like(q)
-    with torch.no_grad():
-        out, lse = tileattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
-        runs = [attention_backward(q, k, v, out, lse, dO, 0.125, "bottom_right", "bnhd", version="bwd_v3",
-                                   deterministic=True) for _ in range(2)]  # fmt: skip
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    for D, causal in ((64, True), (128, False)):
+        q = torch.randn(1, 999, 4, D, device="cuda", dtype=dt)
+        k, v = (torch.randn(1, 999, 1, D, device="cuda", dtype=dt) for _ in range(2))
+        dO = torch.randn_like(q)
+        with torch.no_grad():
+            out, lse = tileattn.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+            mode = "bottom_right" if causal else None
+            runs = [attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bnhd", version=version,
+                                       deterministic=True) for _ in range(3)]  # fmt: skip
+        for run in runs[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(runs[0], run)), f"D={D} causal={causal}: runs differ"
 
 
 @pytest.mark.gpu

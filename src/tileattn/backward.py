@@ -84,7 +84,7 @@ def attention_backward(
             (name, causal is not None, -(-Nk // Bc)),
         )
         maps = None
-        if entry.tensor_maps:  # bwd_v4 loads Q, dO, K, V through the copy engine
+        if entry.tensor_maps:  # bwd_v4 / bwd_v5 load Q, dO, K, V through the copy engine
             maps = _tensor_maps(q, k, v, dout, (B, H, Nq, D), (B, H_kv, Nk, D), qs, ks, vs, dos, Br, Bc)
         for kernel, is_causal, grid_x in launches:
             kern = api.entry_kernel(kernel, dtype, D, is_causal, device_index)
@@ -128,22 +128,22 @@ def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype)
 
 
 def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, precision: str | None = None) -> str:
-    """The rung autograd runs: on sm_90 at D = 64 and 128 the wgmma rungs, bwd_v4 (warp-specialised,
-    the fastest: 1.4-1.8x bwd_v2 on an H200, bench/NOTES.md) or, for a deterministic backward,
-    bwd_v3 (one warpgroup, which has the fixed-order dQ mode bwd_v4 lacks); bwd_v2 (mma.sync)
-    elsewhere for fp16 / bf16; for FP32 bwd_v2.2 (3xTF32 on mma.sync), bwd_v2.2_tf32 when the
-    forward ran with precision="tf32"."""
+    """The rung autograd runs: on sm_90 at D = 64 and 128 the wgmma rungs, bwd_v5 (warp-specialised,
+    dQ by bulk reduction: the fastest, 1.1-1.4x bwd_v4 on an H200, bench/NOTES.md) or, for a
+    deterministic backward, bwd_v3 (one warpgroup, which has the fixed-order dQ mode the
+    warp-specialised rungs lack); bwd_v2 (mma.sync) elsewhere for fp16 / bf16; for FP32 bwd_v2.2
+    (3xTF32 on mma.sync), bwd_v2.2_tf32 when the forward ran with precision="tf32"."""
     if dtype == "float32":
         return "bwd_v2.2_tf32" if precision == "tf32" else "bwd_v2.2"
     cc = _nvrtc.device_arch(device_index)
-    hopper = BWD_VERSIONS["bwd_v4"].runs_on(cc[0] * 10 + cc[1])
-    if hopper and D in BWD_VERSIONS["bwd_v4"].tiles:
-        return "bwd_v3" if deterministic else "bwd_v4"
+    hopper = BWD_VERSIONS["bwd_v5"].runs_on(cc[0] * 10 + cc[1])
+    if hopper and D in BWD_VERSIONS["bwd_v5"].tiles:
+        return "bwd_v3" if deterministic else "bwd_v5"
     return "bwd_v2"
 
 
 def _tensor_maps(q, k, v, dout, q_shape, kv_shape, qs, ks, vs, dos, Br, Bc) -> bytes:
-    """A TMA backward rung's TmaMaps (common.cuh; bwd_v4_ws.cu reads them): q (map 0) and dO
+    """A TMA backward rung's TmaMaps (common.cuh; bwd_v4_ws.cu's body reads them): q (map 0) and dO
     (map 3) in boxes of 64 columns x Br rows, k (1) and v (2) of Bc rows; maps 4, 5 repeat k, v
     (the rungs take whole 64-column panels, so no narrow maps)."""
     dtype, esize = api._DTYPES[q.dtype], q.element_size()

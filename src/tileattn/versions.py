@@ -434,7 +434,7 @@ BWD_PREPROCESS = KernelEntry(
     causal_variants=(False,),
 )
 
-# The deterministic default on sm_90 at D = 64 and 128 (backward.default_rung); bwd_v4 is faster
+# The deterministic default on sm_90 at D = 64 and 128 (backward.default_rung); bwd_v5 is faster
 # where the order of dQ's adds may vary.
 _BWD_V3 = KernelEntry(
     name="bwd_v3",
@@ -453,7 +453,7 @@ _BWD_V3 = KernelEntry(
     # invariants (addresses, indices), stored once and reloaded per Q block.
     spill_bytes={64: 16, 128: 112},
 )
-# The default on sm_90 at D = 64 and 128 (backward.default_rung): 1.4-1.8x bwd_v2 on an H200.
+# 1.4-1.8x bwd_v2 on an H200; the default on sm_90 at D = 64 and 128 until bwd_v5.
 _BWD_V4 = dataclasses.replace(
     _BWD_V3,
     name="bwd_v4",
@@ -470,7 +470,8 @@ _BWD_V4 = dataclasses.replace(
     # division, 6ce5495).  D=64: none.
     spill_bytes={128: 32},
 )
-# bwd_v4 with dQ through shared memory and one bulk reduction a warpgroup per Q block.
+# bwd_v4 with dQ through shared memory and one bulk reduction a warpgroup per Q block: the default
+# on sm_90 at D = 64 and 128 (backward.default_rung), 1.1-1.4x bwd_v4 on an H200.
 _BWD_V5 = dataclasses.replace(
     _BWD_V4,
     name="bwd_v5",
@@ -479,6 +480,7 @@ _BWD_V5 = dataclasses.replace(
     summary="bwd_v4 with dQ written to shared memory in the accumulator's order and added by one bulk "
     "reduction (cp.reduce.async.bulk) a warpgroup per Q block, issued by a producer warp",
     dq_blocked=True,
+    deterministic=True,  # the producer's dQ warp orders the reductions (bwd_v4_ws.cu)
     # D=128 non-causal: 16 bytes of loop invariants, stored once and reloaded per Q block (NVRTC
     # 13.0: 48 bytes of loads), beside bwd_v4's registers and the dQ tile's address and phase.
     spill_bytes={128: 48},
@@ -512,7 +514,7 @@ _BWD_V2_2_TF32 = dataclasses.replace(
 )
 
 # The autograd formula (backward.py) picks bwd_v2.2 for FP32 (bwd_v2.2_tf32 with precision="tf32"),
-# bwd_v4 / bwd_v3 on sm_90 at D = 64 and 128 and bwd_v2 elsewhere for fp16/bf16
+# bwd_v5 / bwd_v3 on sm_90 at D = 64 and 128 and bwd_v2 elsewhere for fp16/bf16
 # (backward.default_rung); an input that requires grad at a head dim none takes raises
 # (api._check_backward_exists).
 BWD_VERSIONS: dict[str, KernelEntry] = {

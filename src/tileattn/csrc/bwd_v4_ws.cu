@@ -19,7 +19,8 @@
 // The products per warpgroup are bwd_v3's, with the key dimension as wgmma's M:
 //   S^T = K_w Q_i^T, dP^T = V_w dO_i^T (SS); P^T, dS^T in registers; dV_w += P^T dO_i,
 //   dK_w += dS^T Q_i (RS); dQ_i = dS K (SS), added into dq_accum with red.global.add.
-// Not deterministic (the dQ adds land in any order): a deterministic backward runs bwd_v3.
+// Not deterministic (the dQ adds land in any order): a deterministic backward runs bwd_v5 (its
+// producer warp orders the dQ reductions) or bwd_v3.
 #include "bwd_common.cuh"
 #include "bwd_wgmma.cuh"
 #include "mma.cuh"
@@ -120,21 +121,41 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   if (threadIdx.x < BWD_V4_WG) {
     // ---------------- producer: warp 0 (lane 0 issues the tensor copies) ----------------
     setmaxnreg_dec<BWD_V4_PRODUCER_REGS>();
-    if (DQ_BULK && (threadIdx.x == 32 || threadIdx.x == 64)) {
+    const bool ordered = dq_semaphore != nullptr;  // deterministic mode (bwd_common.cuh)
+    if (DQ_BULK && (threadIdx.x == 32 || (threadIdx.x == 64 && !ordered))) {
       // ---------------- bwd_v5's dQ: lane 0 of warp 1 + w, for consumer warpgroup w ----------------
       // Each Q block's dQ tile, once the warpgroup has written it, added into the block's chunk of
       // dq_accum (Br x D floats, at (bh, Q block) in the blocked layout; at D=128 warpgroup w's
       // columns are the chunk's half w, at D=64 both add into the whole chunk) by one reduction,
       // which has read the tile before the warpgroup may write the next.
-      const int w = threadIdx.x / 32 - 1;
-      float* dst = dq_accum + ((long long)bh * ((Nq + Br - 1) / Br) + q_first / Br) * Br * HEAD_DIM +
-                   (SHARED_DQ ? w * BWD_V4_DQ_BYTES / 4 : 0);
+      // Deterministic: warp 1 alone serves both warpgroups, in the fixed order of bwd_common.cuh's
+      // ordered adds (K/V block j after blocks 0 .. j - 1, warpgroup 0 before 1 where both add into
+      // the same floats), waiting until each reduction's writes are done before the next that
+      // depends on them and before it moves the Q block's count on.  Only this thread waits; the
+      // consumers run on until they need their tile again.
+      const int w0 = threadIdx.x / 32 - 1, w1 = ordered ? 1 : w0;
+      float* dst = dq_accum + ((long long)bh * ((Nq + Br - 1) / Br) + q_first / Br) * Br * HEAD_DIM;
       for (int n = 0; n < n_blocks; ++n) {
-        mbar_wait(bar_dq_full(w), n & 1);
-        bulk_reduce_add(dst + (long long)n * Br * HEAD_DIM, s_dq + w * BWD_V4_DQ_BYTES, BWD_V4_DQ_BYTES);
-        bulk_commit();
-        bulk_wait_read<0>();
-        mbar_arrive(bar_dq_empty(w));
+        int* count = ordered ? dq_count<Br>(dq_semaphore, bh, Nq, q_first + n * Br) : nullptr;
+        if (ordered) {
+          while (*reinterpret_cast<const volatile int*>(count) != blockIdx.x) {
+          }
+          __threadfence();  // the earlier blocks' adds, before this block's
+        }
+        for (int w = w0; w <= w1; ++w) {
+          mbar_wait(bar_dq_full(w), n & 1);
+          bulk_reduce_add(dst + (long long)n * Br * HEAD_DIM + (SHARED_DQ ? w * BWD_V4_DQ_BYTES / 4 : 0),
+                          s_dq + w * BWD_V4_DQ_BYTES, BWD_V4_DQ_BYTES);
+          bulk_commit();
+          if (ordered && (!SHARED_DQ || w == w1)) bulk_wait<0>();  // (the same floats next, or the count)
+        }
+        if (ordered) {
+          __threadfence();
+          atomicAdd(count, 1);
+        } else {
+          bulk_wait_read<0>();
+        }
+        for (int w = w0; w <= w1; ++w) mbar_arrive(bar_dq_empty(w));
       }
       return;
     }
@@ -307,7 +328,8 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   for (int i = 0; i < ND; ++i) {
     const int key = kv_start + 64 * w + 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + (i % 2);
     if (key < Nk)
-      store_dkdv(dk_accum, dv_accum, nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i], dV[i]);
+      store_dkdv(dk_accum, dv_accum, DQ_BULK ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
+                 softmax_scale * dK[i], dV[i]);
   }
 #endif
 }

@@ -323,6 +323,11 @@ template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
+// ... and once at most N of them are still in flight at all (their writes to global memory done).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // 16 bytes global -> shared (address dst) by this thread's cp.async; and the arrival, on a
 // CTA-local mbarrier, of this thread's cp.asyncs so far once they have landed (.noinc: the
