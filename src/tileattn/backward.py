@@ -107,8 +107,8 @@ def attention_backward(
 
 def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype) -> torch.Tensor:
     """A blocked rung's dQ accumulator, (B, H, Q blocks x 64 rows, D) float32 holding each Q block's
-    64 x D chunk in the wgmma accumulator's order, as (B, H, Nq, D) (or (B, Nq, H, D) for "bnhd")
-    of ``dtype``, in one copy.
+    64 x D chunk in the wgmma accumulator's order, as (B, H, Nq, D) of ``dtype`` in one copy (for
+    "bnhd" a view of (B, Nq, H, D) memory, which like() turns back without copying).
 
     A chunk is [w][n8][warp][g][t][hh][e] (bwd_v5_dq_bulk.cu): consumer warpgroup w's columns
     (D=128: 64 w..; D=64 has one w), n8 its 8-column group, then thread 32 warp + 4 g + t of the
