@@ -128,17 +128,16 @@ def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype)
 
 
 def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, precision: str | None = None) -> str:
-    """The rung autograd runs: on sm_90 at D = 64 and 128 the wgmma rungs, bwd_v5 (warp-specialised,
-    dQ by bulk reduction: the fastest, 1.1-1.4x bwd_v4 on an H200, bench/NOTES.md) or, for a
-    deterministic backward, bwd_v3 (one warpgroup, which has the fixed-order dQ mode the
-    warp-specialised rungs lack); bwd_v2 (mma.sync) elsewhere for fp16 / bf16; for FP32 bwd_v2.2
-    (3xTF32 on mma.sync), bwd_v2.2_tf32 when the forward ran with precision="tf32"."""
+    """The rung autograd runs: on sm_90 at D = 64 and 128 bwd_v5 (wgmma, warp-specialised, dQ by
+    bulk reduction: 1.1-1.4x bwd_v4 on an H200, and its deterministic mode 3-6x faster than
+    bwd_v3's, bench/results/bwd_n8192.json); bwd_v2 (mma.sync) elsewhere for fp16 / bf16; for FP32
+    bwd_v2.2 (3xTF32 on mma.sync), bwd_v2.2_tf32 when the forward ran with precision="tf32"."""
     if dtype == "float32":
         return "bwd_v2.2_tf32" if precision == "tf32" else "bwd_v2.2"
     cc = _nvrtc.device_arch(device_index)
     hopper = BWD_VERSIONS["bwd_v5"].runs_on(cc[0] * 10 + cc[1])
     if hopper and D in BWD_VERSIONS["bwd_v5"].tiles:
-        return "bwd_v3" if deterministic else "bwd_v5"
+        return "bwd_v5"
     return "bwd_v2"
 
 
