@@ -316,32 +316,34 @@ def test_backward_ws_matches_float64(ws_rungs_finish, version, dtype, D, B, H, H
 
 
 @pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
-@pytest.mark.parametrize("D,Nq", [(64, 64), (64, 100), (128, 130)])
-def test_dq_from_blocks_undoes_the_accumulator_order(layout, D, Nq):
+@pytest.mark.parametrize("D,Br,Nq", [(64, 64, 64), (64, 64, 100), (128, 64, 130), (64, 128, 200)])
+def test_dq_from_blocks_undoes_the_accumulator_order(layout, D, Br, Nq):
     """backward._dq_from_blocks against a direct model of bwd_v5's chunks (CPU): value 2 hh + e of
-    n8 of warpgroup w's thread 32 warp + 4 g + t is row 16 warp + 8 hh + g, column
-    64 w + 8 n8 + 2 t + e of its Q block (the wgmma accumulator layout)."""
+    n8 of warpgroup w's thread 32 warp + 4 g + t is row 16 warp + 8 hh + g, column 8 n8 + 2 t + e
+    of the warpgroup's 64 x 64 tile of its Q block (the wgmma accumulator layout): columns 64 w..
+    at D=128, rows 64 w.. at Br=128."""
     import torch
 
     from tileattn.backward import _dq_from_blocks
 
-    B, H, blocks = 2, 3, -(-Nq // 64)
-    dq = torch.randn(B, H, blocks * 64, D)
-    acc = torch.empty(B, H, blocks * 64 * D)
+    B, H, blocks = 2, 3, -(-Nq // Br)
+    dq = torch.randn(B, H, blocks * Br, D)
+    acc = torch.empty(B, H, blocks * Br * D)
+    i = 0
     for blk in range(blocks):
-        i = blk * 64 * D
-        for w in range(D // 64):
+        for w in range(max(Br, D) // 64):
+            row0, col0 = blk * Br + (64 * w if Br == 128 else 0), 64 * w if D == 128 else 0
             for n8 in range(8):
                 for tid in range(128):
                     warp, g, t = tid // 32, tid % 32 // 4, tid % 4
                     for hh in range(2):
                         for e in range(2):
-                            acc[:, :, i] = dq[:, :, blk * 64 + 16 * warp + 8 * hh + g, 64 * w + 8 * n8 + 2 * t + e]
+                            acc[:, :, i] = dq[:, :, row0 + 16 * warp + 8 * hh + g, col0 + 8 * n8 + 2 * t + e]
                             i += 1
-    got = _dq_from_blocks(acc.view(B, H, blocks * 64, D), Nq, layout, torch.float64)
+    got = _dq_from_blocks(acc.view(B, H, blocks * Br, D), Nq, Br, layout, torch.float64)
     assert got.dtype == torch.float64 and torch.equal(got, dq[:, :, :Nq].double())
     if layout == "bnhd":  # a (B, H, Nq, D) view of (B, Nq, H, D) memory: like() needs no copy
-        assert got.transpose(1, 2).is_contiguous() or Nq % 64
+        assert got.transpose(1, 2).is_contiguous() or Nq % Br
 
 
 @pytest.mark.gpu

@@ -101,29 +101,30 @@ def attention_backward(
         return acc.to(torch.float32 if float32_grads else t.dtype).contiguous()
 
     if entry.dq_blocked:
-        dq_acc = _dq_from_blocks(dq_acc, Nq, layout, torch.float32 if float32_grads else q.dtype)
+        dq_acc = _dq_from_blocks(dq_acc, Nq, Br, layout, torch.float32 if float32_grads else q.dtype)
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
 
 
-def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype) -> torch.Tensor:
-    """A blocked rung's dQ accumulator, (B, H, Q blocks x 64 rows, D) float32 holding each Q block's
-    64 x D chunk in the wgmma accumulator's order, as (B, H, Nq, D) of ``dtype`` in one copy (for
+def _dq_from_blocks(acc: torch.Tensor, Nq: int, Br: int, layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """A blocked rung's dQ accumulator, (B, H, Q blocks x Br rows, D) float32 holding each Q block's
+    Br x D chunk in the wgmma accumulator's order, as (B, H, Nq, D) of ``dtype`` in one copy (for
     "bnhd" a view of (B, Nq, H, D) memory, which like() turns back without copying).
 
-    A chunk is [w][n8][warp][g][t][hh][e] (bwd_v5_dq_bulk.cu): consumer warpgroup w's columns
-    (D=128: 64 w..; D=64 has one w), n8 its 8-column group, then thread 32 warp + 4 g + t of the
-    warpgroup and its values 2 hh + e, which are row 16 warp + 8 hh + g and column
-    64 w + 8 n8 + 2 t + e (the m64nNk16 accumulator layout, PTX ISA "wgmma ... register fragment")."""
+    A chunk is [w][n8][warp][g][t][hh][e] (bwd_v5_dq_bulk.cu): consumer warpgroup w's 64 x 64 tile,
+    n8 its 8-column group, then thread 32 warp + 4 g + t of the warpgroup and its values 2 hh + e,
+    which are row 16 warp + 8 hh + g and column 8 n8 + 2 t + e of the tile (the m64nNk16
+    accumulator layout, PTX ISA "wgmma ... register fragment").  The tile is columns 64 w.. at
+    D=128, rows 64 w.. at Br=128, and at D=64, Br=64 both warpgroups add into the one tile."""
     B, H, Npad, D = acc.shape
-    W = D // 64
-    chunks = acc.view(B, H, Npad // 64, W, 8, 4, 8, 4, 2, 2)  # b h blk | w n8 warp g t hh e
-    rows_cols = chunks.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9)  # b h blk warp hh g | w n8 t e
+    Wr, Wc = Br // 64, D // 64  # the warpgroups' tiles along rows, along columns (one of them 1)
+    chunks = acc.view(B, H, Npad // Br, Wr, Wc, 8, 4, 8, 4, 2, 2)  # b h blk | wr wc n8 warp g t hh e
+    rows_cols = chunks.permute(0, 1, 2, 3, 6, 9, 7, 4, 5, 8, 10)  # b h blk wr warp hh g | wc n8 t e
     if layout == "bnhd":
         out = torch.empty((B, Npad, H, D), dtype=dtype, device=acc.device)
-        out.view(B, Npad // 64, 4, 2, 8, H, W, 8, 4, 2).copy_(rows_cols.permute(0, 2, 3, 4, 5, 1, 6, 7, 8, 9))
-        return out[:, :Nq].transpose(1, 2)  # like() transposes back: no second copy unless Nq % 64
+        out.view(B, Npad // Br, Wr, 4, 2, 8, H, Wc, 8, 4, 2).copy_(rows_cols.permute(0, 2, 3, 4, 5, 6, 1, 7, 8, 9, 10))
+        return out[:, :Nq].transpose(1, 2)  # like() transposes back: no second copy unless Nq % Br
     out = torch.empty((B, H, Npad, D), dtype=dtype, device=acc.device)
-    out.view(B, H, Npad // 64, 4, 2, 8, W, 8, 4, 2).copy_(rows_cols)
+    out.view(B, H, Npad // Br, Wr, 4, 2, 8, Wc, 8, 4, 2).copy_(rows_cols)
     return out[:, :, :Nq]
 
 

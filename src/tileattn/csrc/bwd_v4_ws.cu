@@ -33,6 +33,9 @@ constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2
 constexpr int BWD_V4_CONSUMER_REGS = 240;  // 24 + 2 x 240 <= 512 (65536 registers / 128 threads)
 constexpr int BWD_V4_STAGES = 3;  // Q_i / dO_i / lse_i / D_i stages: fits beside K, V and dS at D=128 (194 KB)
 constexpr int BWD_V4_DQ_BYTES = 64 * 64 * 4;  // bwd_v5: a consumer warpgroup's dQ tile (float32)
+// Br = 128 (bwd_v5 at D=64 only, an experiment: `scripts/bwd_probe.py --tile bwd_v5:64=128,128`)
+// takes two stages: three with the 128-row dS tiles would pass 227 KB by 88 bytes.
+__host__ __device__ constexpr int bwd_v4_stages(int Br) { return Br == 128 ? 2 : BWD_V4_STAGES; }
 
 // TILEATTN_BWD_V4_PIPE (default 1; 0 gives the serial order, for A/B runs) issues block n+1's S^T
 // and dP^T right after block n's dQ product, so that n's dQ wait and red adds run under n+1's
@@ -45,14 +48,14 @@ constexpr int BWD_V4_DQ_BYTES = 64 * 64 * 4;  // bwd_v5: a consumer warpgroup's 
 #define TILEATTN_BWD_V4_PIPE 1
 #endif
 
-// Shared memory: K_j, V_j (Bc x D), BWD_V4_STAGES stages of Q_i and dO_i (Br x D), two dS tiles
+// Shared memory: K_j, V_j (Bc x D), bwd_v4_stages(Br) stages of Q_i and dO_i (Br x D), two dS tiles
 // (Br x Bc, [query row][key]), all 16-bit SwizzledTiles whose sizes are multiples of 1024 bytes
 // (the 128-byte swizzle's alignment); with DQ_BULK (bwd_v5) each consumer warpgroup's dQ tile
 // (64 rows x 64 columns, float32); the stages' lse_i and D_i (Br floats each); the mbarriers
 // (DQ_BULK: a full and an empty one per consumer warpgroup more).
 __host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc, bool dq_bulk = false) {
-  return (2 * Bc * D + BWD_V4_STAGES * 2 * Br * D + 2 * Br * Bc) * 2 + (dq_bulk ? 2 * BWD_V4_DQ_BYTES : 0) +
-         BWD_V4_STAGES * 2 * Br * 4 + (1 + 2 * BWD_V4_STAGES + (dq_bulk ? 4 : 0)) * 8;
+  return (2 * Bc * D + bwd_v4_stages(Br) * 2 * Br * D + 2 * Br * Bc) * 2 + (dq_bulk ? 2 * BWD_V4_DQ_BYTES : 0) +
+         bwd_v4_stages(Br) * 2 * Br * 4 + (1 + 2 * bwd_v4_stages(Br) + (dq_bulk ? 4 : 0)) * 8;
 }
 
 // The kernel body of bwd_v4 (DQ_BULK false) and bwd_v5 (bwd_v5_dq_bulk.cu: true).  tmaps: the
@@ -61,7 +64,9 @@ template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool DQ_BULK>
 __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "bwd_v4 takes 16-bit (fp16 / bf16) inputs");
-  static_assert(Br == 64 && Bc == 128, "wgmma's M = 64 keys per warpgroup, N = 64 query rows");
+  static_assert((Br == 64 || (Br == 128 && HEAD_DIM == 64 && DQ_BULK)) && Bc == 128,
+                "wgmma's M = 64 keys per warpgroup, N = 64 query rows (bwd_v5 at D=64: 128 too)");
+  constexpr int STAGES = bwd_v4_stages(Br);
   // (Whole 64-column panels also keep tma_tile_load off its narrow-panel maps 3..5: map 3 is dO here.)
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column panels, dK and dV in 64 registers each");
   constexpr int NS = Br / 2;        // S^T, dP^T values per thread (64 keys x Br rows over 128 threads)
@@ -74,10 +79,10 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   const unsigned s_v = s_k + KV_BYTES;
   auto s_q = [&](int st) { return s_k + 2 * KV_BYTES + st * 2 * Q_BYTES; };
   auto s_do = [&](int st) { return s_q(st) + Q_BYTES; };
-  auto s_ds = [&](int buf) { return s_q(BWD_V4_STAGES) + buf * DS_BYTES; };
+  auto s_ds = [&](int buf) { return s_q(STAGES) + buf * DS_BYTES; };
   constexpr int DQ_SMEM = DQ_BULK ? 2 * BWD_V4_DQ_BYTES : 0;
   const unsigned s_dq = s_ds(2);  // DQ_BULK: warpgroup w's dQ tile at s_dq + w * BWD_V4_DQ_BYTES
-  float* const stats = reinterpret_cast<float*>(smem + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES + DQ_SMEM);
+  float* const stats = reinterpret_cast<float*>(smem + 2 * KV_BYTES + STAGES * 2 * Q_BYTES + 2 * DS_BYTES + DQ_SMEM);
   auto lse_s = [&](int st) { return stats + st * 2 * Br; };
   auto Di_s = [&](int st) { return stats + st * 2 * Br + Br; };
   // mbarriers: kv (K_j and V_j: the copying thread's 2 arrivals), full[st] (Q_i, dO_i: 2
@@ -86,14 +91,14 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   // dq_full[w] (warpgroup w's 128 threads, their dQ values in its tile), dq_empty[w] (its dQ
   // warp, once the reduction has read the tile).
   const unsigned bar_kv =
-      s_k + 2 * KV_BYTES + BWD_V4_STAGES * 2 * Q_BYTES + 2 * DS_BYTES + DQ_SMEM + BWD_V4_STAGES * 2 * Br * 4;
+      s_k + 2 * KV_BYTES + STAGES * 2 * Q_BYTES + 2 * DS_BYTES + DQ_SMEM + STAGES * 2 * Br * 4;
   auto bar_full = [&](int st) { return bar_kv + 8 * (1 + st); };
-  auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + BWD_V4_STAGES + st); };
-  auto bar_dq_full = [&](int w) { return bar_kv + 8 * (1 + 2 * BWD_V4_STAGES + w); };
-  auto bar_dq_empty = [&](int w) { return bar_kv + 8 * (3 + 2 * BWD_V4_STAGES + w); };
+  auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + STAGES + st); };
+  auto bar_dq_full = [&](int w) { return bar_kv + 8 * (1 + 2 * STAGES + w); };
+  auto bar_dq_empty = [&](int w) { return bar_kv + 8 * (3 + 2 * STAGES + w); };
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 2);
-    for (int st = 0; st < BWD_V4_STAGES; ++st) {
+    for (int st = 0; st < STAGES; ++st) {
       mbar_init(bar_full(st), 2 + 32);
       mbar_init(bar_empty(st), 2 * BWD_V4_WG);
     }
@@ -116,7 +121,9 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   // 64 keys over all columns (dS's panel w, K's rows 64 w..), with no barrier between the two, so
   // they drift apart and one's elementwise step runs under the other's products.  (At D=128 that
   // form, with twice the dQ adds, measured 306 / 262 TFLOP/s against 362 / 334.)
-  constexpr bool SHARED_DQ = HEAD_DIM == 128;
+  // Br = 128 (bwd_v5 at D=64, an experiment): warpgroup w takes dQ's rows 64 w.. over all Bc keys
+  // and all columns (both warpgroups' dS rows, the same barrier).
+  constexpr bool SHARED_DQ = HEAD_DIM == 128 || Br == 128;
 
   if (threadIdx.x < BWD_V4_WG) {
     // ---------------- producer: warp 0 (lane 0 issues the tensor copies) ----------------
@@ -183,8 +190,8 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     };
     load_stats(0);
     for (int n = 0; n < n_blocks; ++n) {
-      const int st = n % BWD_V4_STAGES, q_start = q_first + n * Br;
-      if (n >= BWD_V4_STAGES) mbar_wait(bar_empty(st), ((n / BWD_V4_STAGES) & 1) ^ 1);
+      const int st = n % STAGES, q_start = q_first + n * Br;
+      if (n >= STAGES) mbar_wait(bar_empty(st), ((n / STAGES) & 1) ^ 1);
       if (lane == 0) {
         tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
         tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
@@ -218,16 +225,16 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
 
   constexpr int DQ_KEYS = SHARED_DQ ? Bc : 64;  // the dQ product's k extent
   const unsigned long long kn_desc =
-      wgmma_desc_sw128(SHARED_DQ ? s_k + w * Bc * 128 : s_k + w * 64 * 128, Bc * 128);
+      wgmma_desc_sw128(SHARED_DQ ? s_k + (HEAD_DIM == 128 ? w : 0) * Bc * 128 : s_k + w * 64 * 128, Bc * 128);
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
-  constexpr bool PIPE = TILEATTN_BWD_V4_PIPE && HEAD_DIM == 64;
+  constexpr bool PIPE = TILEATTN_BWD_V4_PIPE && HEAD_DIM == 64 && Br == 64;
   // 1. S^T = K_w Q_n^T, dP^T = V_w dO_n^T: one commit group, issued once block n's stage is full
   // (waited for by the caller).
   float S[NS], dP[NS];
   auto issue_scores = [&](int n) {
-    const int st = n % BWD_V4_STAGES;
-    mbar_wait(bar_full(st), (n / BWD_V4_STAGES) & 1);
+    const int st = n % STAGES;
+    mbar_wait(bar_full(st), (n / STAGES) & 1);
     bwd_scores<T, HEAD_DIM, Br, Bc, false>(S, dP, kw_desc, vw_desc, wgmma_desc_sw128(s_q(st)),
                                            wgmma_desc_sw128(s_do(st)));
   };
@@ -237,8 +244,8 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   // the last block they repeat that block's (its stage is still full, the result unused).
   auto issue_next_scores = [&](int n) {
     const bool last = n + 1 >= n_blocks;
-    const int st = (last ? n : n + 1) % BWD_V4_STAGES;
-    if (!last) mbar_wait(bar_full(st), ((n + 1) / BWD_V4_STAGES) & 1);
+    const int st = (last ? n : n + 1) % STAGES;
+    if (!last) mbar_wait(bar_full(st), ((n + 1) / STAGES) & 1);
     bwd_scores<T, HEAD_DIM, Br, Bc, false>(S, dP, kw_desc, vw_desc, wgmma_desc_sw128(s_q(st)),
                                            wgmma_desc_sw128(s_do(st)));
   };
@@ -253,7 +260,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     wait_scores();
   }
   for (int n = 0; n < n_blocks; ++n) {
-    const int st = n % BWD_V4_STAGES, q_start = q_first + n * Br;
+    const int st = n % STAGES, q_start = q_first + n * Br;
     const unsigned ds_base = s_ds(n % 2);
     if (!PIPE) issue_scores(n);  // (PIPE: issued and waited for during block n - 1)
     const unsigned long long q_ndesc = wgmma_desc_sw128(s_q(st), Br * 128);
@@ -276,7 +283,9 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     if constexpr (SHARED_DQ) named_barrier_sync<2 * BWD_V4_WG>(1);
     else named_barrier_sync<BWD_V4_WG>(1 + w);
     float dq[32];
-    const unsigned long long dsa_desc = wgmma_desc_sw128(SHARED_DQ ? ds_base : ds_base + w * Br * 128);
+    // (dS's rows 64 w.. of each panel at Br = 128; its panel w of keys at D=64, Br = 64.)
+    const unsigned long long dsa_desc =
+        wgmma_desc_sw128(Br == 128 ? ds_base + w * 64 * 128 : SHARED_DQ ? ds_base : ds_base + w * Br * 128);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < DQ_KEYS / 16; ++ks)
