@@ -1,4 +1,4 @@
-"""Probe: the backward rungs (by default the 16-bit bwd_v2, bwd_v3, bwd_v4 at bf16 B=4 H=16; with
+"""Probe: the backward rungs (by default the 16-bit bwd_v2 .. bwd_v5 at bf16 B=4 H=16; with
 --dtype float32 the FP32 ones at H=8) at N=8192, D=64 and 128, causal and not, timed with triton's
 do_bench (median), with each rung's largest dQ difference from the first as a sanity check (a
 build that leaves something out on purpose shows it here).
@@ -20,7 +20,7 @@ from tileattn.versions import BWD_VERSIONS, KERNEL_ENTRIES
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE], defined in every kernel")
-parser.add_argument("--versions", nargs="+", default=["bwd_v2", "bwd_v3", "bwd_v4"])
+parser.add_argument("--versions", nargs="+", default=["bwd_v2", "bwd_v3", "bwd_v4", "bwd_v5"])
 parser.add_argument("--tile", action="append", default=[], help="RUNG:D=Br,Bc, a tile other than the registry's")
 parser.add_argument("--dtype", default="bfloat16", help="float32: the FP32 rungs, at H=8 as the bwd suite")
 args = parser.parse_args()
