@@ -280,12 +280,12 @@ from tileattn.backward import attention_backward
 for D, mode in ((64, "top_left"), (128, None)):
     q, k, v, dO = (torch.randn(1, 2, 300, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
-    for version in %r:
+    for version in RUNGS:
         attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version=version)
         torch.cuda.synchronize()
     attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5", deterministic=True)
     torch.cuda.synchronize()
-""" % (_WS_RUNGS,)
+""".replace("RUNGS", repr(_WS_RUNGS))
 
 
 @pytest.fixture(scope="module")
