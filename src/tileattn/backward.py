@@ -132,7 +132,8 @@ def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, pre
     """The rung autograd runs: on sm_90 at D = 64 and 128 bwd_v5 (wgmma, warp-specialised, dQ by
     bulk reduction: 1.1-1.4x bwd_v4 on an H200, and its deterministic mode 3-6x faster than
     bwd_v3's, bench/results/bwd_n8192.json); bwd_v2 (mma.sync) elsewhere for fp16 / bf16; for FP32
-    bwd_v2.2 (3xTF32 on mma.sync), bwd_v2.2_tf32 when the forward ran with precision="tf32"."""
+    bwd_v2.2 (3xTF32 on mma.sync), bwd_v2.2_tf32 when the forward ran with precision="tf32".
+    Each has a deterministic mode, so ``deterministic`` does not change the choice."""
     if dtype == "float32":
         return "bwd_v2.2_tf32" if precision == "tf32" else "bwd_v2.2"
     cc = _nvrtc.device_arch(device_index)

@@ -480,8 +480,8 @@ _BWD_V5 = dataclasses.replace(
     "reduction (cp.reduce.async.bulk) a warpgroup per Q block, issued by a producer warp",
     dq_blocked=True,
     deterministic=True,  # the producer's dQ warp orders the reductions (bwd_v4_ws.cu)
-    # D=128 non-causal: 16 bytes of loop invariants, stored once and reloaded per Q block (NVRTC
-    # 13.0: 48 bytes of loads), beside bwd_v4's registers and the dQ tile's address and phase.
+    # D=128: 16 bytes of loop invariants, stored once and reloaded per Q block (NVRTC 13.0: up to
+    # 48 bytes of loads), beside bwd_v4's registers and the dQ tile's address and phase.
     spill_bytes={128: 48},
 )
 
