@@ -68,12 +68,14 @@ __device__ __forceinline__ int* dq_count(int* dq_semaphore, int bh, int Nq, int 
 // blocks before it have added (the count is j: a K/V block visits the Q blocks from its first
 // visible one on, so the blocks that visit Q block i are 0, 1, ..., in order), add, publish.
 // Block j waits only on blocks with smaller blockIdx.x, which the hardware starts first.
-__device__ __forceinline__ void ordered_add_begin(const int* count, int j) {
-  if (threadIdx.x == 0) {
-    while (*reinterpret_cast<const volatile int*>(count) != j) {
-    }
-    __threadfence();  // the earlier blocks' adds are visible before this block reads dq_accum
+// wait_for_turn is the one thread's part (bwd_v5's dQ warp calls it alone).
+__device__ __forceinline__ void wait_for_turn(const int* count, int j) {
+  while (*reinterpret_cast<const volatile int*>(count) != j) {
   }
+  __threadfence();  // the earlier blocks' adds are visible before this block reads dq_accum
+}
+__device__ __forceinline__ void ordered_add_begin(const int* count, int j) {
+  if (threadIdx.x == 0) wait_for_turn(count, j);
   __syncthreads();
 }
 __device__ __forceinline__ void ordered_add_end(int* count) {

@@ -144,11 +144,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
       float* dst = dq_accum + ((long long)bh * ((Nq + Br - 1) / Br) + q_first / Br) * Br * HEAD_DIM;
       for (int n = 0; n < n_blocks; ++n) {
         int* count = ordered ? dq_count<Br>(dq_semaphore, bh, Nq, q_first + n * Br) : nullptr;
-        if (ordered) {
-          while (*reinterpret_cast<const volatile int*>(count) != blockIdx.x) {
-          }
-          __threadfence();  // the earlier blocks' adds, before this block's
-        }
+        if (ordered) wait_for_turn(count, blockIdx.x);
         for (int w = w0; w <= w1; ++w) {
           mbar_wait(bar_dq_full(w), n & 1);
           bulk_reduce_add(dst + (long long)n * Br * HEAD_DIM + (SHARED_DQ ? w * BWD_V4_DQ_BYTES / 4 : 0),
@@ -223,9 +219,13 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
 #pragma unroll
   for (int i = 0; i < ND; ++i) dK[i] = dV[i] = 0.0f;
 
+  // dQ = dS K over the split above: K's 64-column panel w at D=128, its rows 64 w.. (the keys as
+  // the k16 steps) where the warpgroup takes its own keys; dS's rows 64 w.. at Br = 128, its panel
+  // w (keys 64 w..) where the warpgroup takes its own keys.
   constexpr int DQ_KEYS = SHARED_DQ ? Bc : 64;  // the dQ product's k extent
   const unsigned long long kn_desc =
-      wgmma_desc_sw128(SHARED_DQ ? s_k + (HEAD_DIM == 128 ? w : 0) * Bc * 128 : s_k + w * 64 * 128, Bc * 128);
+      wgmma_desc_sw128(s_k + (HEAD_DIM == 128 ? w * Bc * 128 : 0) + (SHARED_DQ ? 0 : w * 64 * 128), Bc * 128);
+  const unsigned ds_offset = (Br == 128 ? w * 64 * 128 : 0) + (SHARED_DQ ? 0 : w * Br * 128);
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
   constexpr bool PIPE = TILEATTN_BWD_V4_PIPE && HEAD_DIM == 64 && Br == 64;
@@ -283,9 +283,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     if constexpr (SHARED_DQ) named_barrier_sync<2 * BWD_V4_WG>(1);
     else named_barrier_sync<BWD_V4_WG>(1 + w);
     float dq[32];
-    // (dS's rows 64 w.. of each panel at Br = 128; its panel w of keys at D=64, Br = 64.)
-    const unsigned long long dsa_desc =
-        wgmma_desc_sw128(Br == 128 ? ds_base + w * 64 * 128 : SHARED_DQ ? ds_base : ds_base + w * Br * 128);
+    const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base + ds_offset);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < DQ_KEYS / 16; ++ks)

@@ -245,14 +245,11 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned byt
 // the same bytes (wgmma's operand reads, a later TMA copy into them): each writing thread fences
 // before it signals the consumer.
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// 16 zero bytes at shared address addr.
-__device__ __forceinline__ void st_shared_zero16(unsigned addr) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-}
-// 16 bytes (four floats) at shared address addr.
+// 16 bytes (four floats) at shared address addr; st_shared_zero16: 16 zero bytes.
 __device__ __forceinline__ void st_shared_v4(unsigned addr, float a, float b, float c, float d) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
+__device__ __forceinline__ void st_shared_zero16(unsigned addr) { st_shared_v4(addr, 0.0f, 0.0f, 0.0f, 0.0f); }
 // A plain arrival on a CTA-local mbarrier (release): one of the `count` the phase waits for.
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
