@@ -5,7 +5,8 @@ build that leaves something out on purpose shows it here).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined, as
 scripts/variants_probe.py (an experiment's switch in the CUDA sources); `--tile RUNG:D=Br,Bc` runs
-a rung at a tile other than the registry's.
+a rung at a tile other than the registry's; `--kernels` lists each launch of one call of each rung
+(torch.profiler: the rung, the D_i pass, the memsets and copies around it) with its device time.
 """
 
 import argparse
@@ -23,6 +24,7 @@ parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE],
 parser.add_argument("--versions", nargs="+", default=["bwd_v2", "bwd_v3", "bwd_v4", "bwd_v5"])
 parser.add_argument("--tile", action="append", default=[], help="RUNG:D=Br,Bc, a tile other than the registry's")
 parser.add_argument("--dtype", default="bfloat16", help="float32: the FP32 rungs, at H=8 as the bwd suite")
+parser.add_argument("--kernels", action="store_true", help="each launch of one call, with its device time")
 args = parser.parse_args()
 _nvrtc.EXPERIMENT_DEFINES[:] = args.define
 for spec in args.tile:  # the backward reads BWD_VERSIONS, the loader KERNEL_ENTRIES: both replaced
@@ -55,3 +57,10 @@ for D in (64, 128):
             print(
                 f"D={D} causal={causal} {name}: {ms:.2f} ms {flops / ms / 1e9:.0f} TFLOP/s, max |dq - first| {diff:.1e}"
             )
+            if args.kernels:
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    run()
+                    torch.cuda.synchronize()
+                for e in prof.events():
+                    if e.device_type == torch.autograd.DeviceType.CUDA:
+                        print(f"    {e.device_time / 1e3:8.3f} ms  {e.name[:100]}")

@@ -4,7 +4,8 @@ shape after a warm-up launch, for `ncu` to profile, e.g.
     ncu --clock-control none -k regex:flash_fwd --launch-skip 1 -c 1 \
         python3 scripts/profile_one.py sdpa_flash bfloat16 64
 FP8: "v3.5" (its dtype argument is ignored: bf16 inputs quantized to e4m3).
-Backward: "bwd_v2" (a BWD_VERSIONS rung) or "sdpa_flash_bwd" with -k regex:bwd_v2 / regex:flash_bwd.
+Backward: "bwd_v2" (a BWD_VERSIONS rung) or a PyTorch backend's, "sdpa_flash_bwd" / "sdpa_cudnn_bwd" /
+"sdpa_efficient_bwd", with -k regex:bwd_v2 / regex:flash_bwd / regex:bprop (cuDNN's kernel names).
 Optional B H N [causal] after D pick another shape, e.g. a small one under compute-sanitizer:
     compute-sanitizer --tool racecheck python3 scripts/profile_one.py v2.3 float32 128 1 2 300 causal
 """
@@ -27,11 +28,11 @@ for _ in range(2):  # the first launch compiles/loads; ncu skips it
         with torch.no_grad():
             out, lse = tileattn.api._call(q, k, v, None, "top_left" if causal else None, "bhnd", None, None, "", True)
             attention_backward(q, k, v, out, lse, dO, D**-0.5, "top_left" if causal else None, "bhnd", version=version)
-    elif version == "sdpa_flash_bwd":  # PyTorch's FA2 backward
+    elif version.endswith("_bwd"):  # a PyTorch backend's backward (its forward runs first)
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         qkv = [t.detach().requires_grad_() for t in (q, k, v)]
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        with sdpa_kernel([getattr(SDPBackend, version[5:-4].upper() + "_ATTENTION")]):
             out = torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal)
         torch.autograd.grad(out, qkv, dO)
     elif version in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):  # PyTorch's backends, the peers

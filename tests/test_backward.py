@@ -8,12 +8,12 @@ import pytest
 
 from tileattn import _nvrtc, _params
 from tileattn.testing import compile_in_parallel, reference_grads
-from tileattn.versions import BWD_PREPROCESS, BWD_VERSIONS
+from tileattn.versions import BWD_DQ_CONVERT, BWD_PREPROCESS, BWD_VERSIONS
 
 ARCHS = ["sm_80", "sm_90"]
 INSTANCES = [
     (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))
-    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values()]
+    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT]
     for dtype, D, causal in entry.instantiations()
     for arch in ARCHS
     if entry.runs_on(int(arch[3:]))
@@ -38,12 +38,14 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
     assert res["registers"] * threads <= 65536
     assert not cubin.wgmma_serialized, "ptxas serialised the kernel's wgmma (C7514)"
     assert _params.smem_bytes(cubin) <= (163 if arch == "sm_80" else 227) * 1024
-    layout = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps, _params.BWD_ARGS, [])
+    layout = _params.packer(cubin.data, cubin.lowered_name, entry.tensor_maps, _params.ENTRY_ARGS[entry.fields], [])
     assert layout.offsets[0] == 0 and (layout.tma_offset is not None) == entry.tensor_maps
     sass = _nvrtc.sass(cubin)
     # dQ, dK, dV reduced with fire-and-forget RED (bwd_common.cuh's red_add), never ATOMG, whose
     # unused result still stalls the warp; sm_90 adds dQ's adjacent pairs in one (F32x2).
     float_atomics = re.search(r"\bREDG?\.E\.ADD\.F32", sass) and not re.search(r"\bATOMG?\.E\.ADD\.F32", sass)
+    if entry.name == "bwd_dq_convert":  # 16-byte loads of the tiles, 16-byte stores of the rows
+        assert "LDG.E.128" in sass and "STG.E.128" in sass and "STS.64" in sass
     if entry.name == "bwd_v2" and arch == "sm_90":
         assert "REDG.E.ADD.F32x2" in sass
     if entry.name == "bwd_v2":
@@ -51,18 +53,24 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
     elif entry.name == "bwd_v3":  # every product on wgmma: S^T, dP^T, dV, dK and dQ per D/64 part, per k16 step
         assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + 4 * D // 64 and "HMMA" not in sass
         assert "REDG.E.ADD.F32x2" in sass and float_atomics
-    elif entry.name in ("bwd_v4", "bwd_v5"):  # bwd_v3's products (dQ: 128 keys of 64 columns at D=128,
-        # 64 keys at D=64), the producer's tensor copies (K, V once; Q, dO per block) and the
-        # register hand-over.  At D=64 the PIPE order (bwd_v4_ws.cu) issues S^T and dP^T at two
-        # sites: a tile's first block, and block n+1's under block n's dQ.
-        sites = 2 if D == 64 else 1
-        assert sass.count("HGMMA") == sites * 2 * D // 16 + 2 * 4 + (8 if D == 128 else 4) and "HMMA" not in sass
+    elif entry.name in ("bwd_v4", "bwd_v5", "bwd_v6"):  # bwd_v3's products (dQ: all 128 keys where the
+        # warpgroups share dS, at D=128 and Br=128, else its own 64), the producer's tensor copies
+        # (K, V once; Q, dO per block) and the register hand-over.  At D=64, Br=64 the PIPE order
+        # (bwd_v4_ws.cu) issues S^T and dP^T at two sites: a tile's first block, and block n+1's
+        # under block n's dQ.
+        # bwd_v6 spells every product twice: its first block peeled, the last block's dQ after the loop.
+        Br, Bc = entry.tiles[D]
+        sites = 2 if D == 64 and Br == 64 else 1
+        dq_keys = Bc if D == 128 or Br == 128 else 64
+        copies = 2 if entry.name == "bwd_v6" else 1
+        assert sass.count("HGMMA") == copies * (sites * 2 * D // 16 + 2 * Br // 16 + dq_keys // 16)
+        assert "HMMA" not in sass
         assert sass.count("UTMALDG") == 4 * D // 64 and "USETMAXREG" in sass
         assert float_atomics  # dK, dV
         if entry.name == "bwd_v4":
             assert "REDG.E.ADD.F32x2" in sass
         else:  # dQ: eight 16-byte shared stores a thread and one bulk reduction, no RED of its own
-            assert "REDG.E.ADD.F32x2" not in sass and sass.count("UBLKRED") == 1 and sass.count("STS.128") == 8
+            assert "REDG.E.ADD.F32x2" not in sass and sass.count("UBLKRED") == 1 and sass.count("STS.128") == 8 * copies
     elif not entry.name.startswith("bwd_v2.2"):
         assert "HMMA" not in sass  # CUDA cores only
     if entry.name == "bwd_v1":
@@ -272,7 +280,7 @@ def test_backward_wgmma_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, sc
     _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version="bwd_v3")
 
 
-_WS_RUNGS = ("bwd_v4", "bwd_v5")  # the warp-specialised rungs, on mbarrier pipelines
+_WS_RUNGS = ("bwd_v4", "bwd_v5", "bwd_v6")  # the warp-specialised rungs, on mbarrier pipelines
 _WS_SMOKE = """
 import torch
 from tileattn import api
@@ -315,22 +323,17 @@ def test_backward_ws_matches_float64(ws_rungs_finish, version, dtype, D, B, H, H
     _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version=version)
 
 
-@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
-@pytest.mark.parametrize("D,Br,Nq", [(64, 64, 64), (64, 64, 100), (128, 64, 130), (64, 128, 200)])
-def test_dq_from_blocks_undoes_the_accumulator_order(layout, D, Br, Nq):
-    """backward._dq_from_blocks against a direct model of bwd_v5's chunks (CPU): value 2 hh + e of
-    n8 of warpgroup w's thread 32 warp + 4 g + t is row 16 warp + 8 hh + g, column 8 n8 + 2 t + e
-    of the warpgroup's 64 x 64 tile of its Q block (the wgmma accumulator layout): columns 64 w..
-    at D=128, rows 64 w.. at Br=128."""
+def _blocked_dq(dq, Br: int):
+    """bwd_v5's dQ accumulator for the (B, H, rows, D) values dq, written as a direct model of its
+    chunks: value 2 hh + e of n8 of warpgroup w's thread 32 warp + 4 g + t is row 16 warp + 8 hh + g,
+    column 8 n8 + 2 t + e of the warpgroup's 64 x 64 tile of its Q block (the wgmma accumulator
+    layout): columns 64 w.. at D=128, rows 64 w.. at Br=128."""
     import torch
 
-    from tileattn.backward import _dq_from_blocks
-
-    B, H, blocks = 2, 3, -(-Nq // Br)
-    dq = torch.randn(B, H, blocks * Br, D)
-    acc = torch.empty(B, H, blocks * Br * D)
+    B, H, rows, D = dq.shape
+    acc = torch.empty(B, H, rows * D, dtype=torch.float32, device=dq.device)
     i = 0
-    for blk in range(blocks):
+    for blk in range(rows // Br):
         for w in range(max(Br, D) // 64):
             row0, col0 = blk * Br + (64 * w if Br == 128 else 0), 64 * w if D == 128 else 0
             for n8 in range(8):
@@ -340,10 +343,49 @@ def test_dq_from_blocks_undoes_the_accumulator_order(layout, D, Br, Nq):
                         for e in range(2):
                             acc[:, :, i] = dq[:, :, row0 + 16 * warp + 8 * hh + g, col0 + 8 * n8 + 2 * t + e]
                             i += 1
-    got = _dq_from_blocks(acc.view(B, H, blocks * Br, D), Nq, Br, layout, torch.float64)
+    return acc.view(B, H, rows, D)
+
+
+@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
+@pytest.mark.parametrize("D,Br,Nq", [(64, 64, 64), (64, 64, 100), (128, 64, 130), (64, 128, 200)])
+def test_dq_from_blocks_undoes_the_accumulator_order(layout, D, Br, Nq):
+    """testing.dq_from_blocks (bwd_dq_convert's model) against the direct model of bwd_v5's chunks
+    (CPU), at both tiles of Br: the accumulator is 64-row strips whatever the rung's Br."""
+    import torch
+
+    from tileattn.testing import dq_from_blocks
+
+    B, H, blocks = 2, 3, -(-Nq // Br)
+    dq = torch.randn(B, H, blocks * Br, D)
+    got = dq_from_blocks(_blocked_dq(dq, Br), Nq, layout, torch.float64)
     assert got.dtype == torch.float64 and torch.equal(got, dq[:, :, :Nq].double())
     if layout == "bnhd":  # a (B, H, Nq, D) view of (B, Nq, H, D) memory: like() needs no copy
-        assert got.transpose(1, 2).is_contiguous() or Nq % Br
+        assert got.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("D,B,H,Nq", [(64, 2, 3, 1), (64, 1, 2, 200), (128, 3, 1, 130), (128, 1, 65537, 64)])
+def test_dq_convert_matches_its_model(layout, dtype, D, B, H, Nq):
+    """bwd_dq_convert (the blocked float32 dQ -> the gradient) against testing.dq_from_blocks, on
+    random accumulators (rows past Nq included: they must not be written), output poisoned with
+    NaN first; B * H above 65535 too (its grid is one-dimensional)."""
+    import torch
+
+    from tileattn.backward import _dq_from_blocks
+    from tileattn.testing import dq_from_blocks
+
+    rows = -(-Nq // 64) * 64
+    acc = torch.randn(B, H, rows, D, device="cuda")
+    dt = getattr(torch, dtype)
+    # The output is fresh memory: NaN into the block of its size that the allocator hands out next.
+    poison = torch.full((B * H * Nq * D,), float("nan"), device="cuda", dtype=dt)
+    del poison
+    got = _dq_from_blocks(acc, Nq, layout, dt, torch.cuda.current_device())
+    want = dq_from_blocks(acc, Nq, layout, dt)
+    assert got.shape == want.shape == (B, H, Nq, D) and torch.equal(got, want)
+    assert (got.transpose(1, 2) if layout == "bnhd" else got).is_contiguous()  # the caller's layout
 
 
 @pytest.mark.gpu
@@ -360,7 +402,7 @@ def test_backward_ws_refuses_deterministic():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["bwd_v3", "bwd_v5"])
+@pytest.mark.parametrize("version", ["bwd_v3", "bwd_v5", "bwd_v6"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_backward_wgmma_deterministic(ws_rungs_finish, version, dtype):
     """bwd_v3 and bwd_v5 with deterministic=True: within the tolerance of float64 (GQA 4:1, causal,

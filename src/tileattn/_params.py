@@ -242,5 +242,10 @@ VT_ARGS: list[tuple[str, str]] = [("v", "Q"), ("vt", "Q"), ("Nk", "i"), ("Nk_pad
     (f"v_{s}", "q") for s in ("sb", "sh", "sn")
 ]
 
+# TILEATTN_DQC_FIELDS (csrc/bwd_dq_convert.cu): bwd_v5's dQ, blocked float32 -> the gradient.
+DQC_ARGS: list[tuple[str, str]] = [("dq_accum", "Q"), ("dq", "Q"), ("Nq", "i"), ("H", "i"), ("tiles_per_bh", "i")] + [
+    (f"dq_{s}", "q") for s in ("sb", "sh", "sn")
+]
+
 # The parameter lists of the kernels outside the forward ladder (versions.KernelEntry.fields).
-ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS, "fwd": FWD_FIELDS, "vt": VT_ARGS}
+ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS, "fwd": FWD_FIELDS, "vt": VT_ARGS, "dqc": DQC_ARGS}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import _nvrtc, api
-from .versions import BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
+from .versions import BWD_DQ_CONVERT, BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
 
 
 def attention_backward(
@@ -64,10 +64,13 @@ def attention_backward(
     Br, Bc = entry.tiles[D]
     # A blocked rung's dQ chunks cover whole Q blocks: Br rows each, padding past Nq included.
     dq_acc = torch.zeros((B, H, -(-Nq // Br) * Br if entry.dq_blocked else Nq, D), **f32)
-    dk_acc = torch.zeros((B, H if deterministic else H_kv, Nk, D), **f32)
-    dv_acc = torch.zeros_like(dk_acc)
+    # dK, dV: zeroed where a GQA group's query heads add into one K/V head's slice (or where no
+    # kernel runs); otherwise each element has one writer (bwd_common.cuh's store_dkdv).
+    launched = B * H * Nq > 0 and Nk > 0
+    alloc = torch.empty if launched and (H == H_kv or deterministic) else torch.zeros
+    dk_acc, dv_acc = (alloc((B, H if deterministic else H_kv, Nk, D), **f32) for _ in range(2))
     semaphore = torch.zeros(B * H * -(-Nq // Br), dtype=torch.int32, device=q.device) if deterministic else None
-    if B * H * Nq and Nk:
+    if launched:
         Di = torch.empty((B, H, Nq), **f32)
         offset = 0 if causal != "bottom_right" else Nk - Nq
         # fmt: off
@@ -96,36 +99,31 @@ def attention_backward(
     if deterministic and H != H_kv:  # per query head -> per K/V head, summed by torch in a fixed order
         dk_acc, dv_acc = (a.view(B, H_kv, H // H_kv, Nk, D).sum(2) for a in (dk_acc, dv_acc))
 
-    def like(acc, t):  # (B, H, N, D) float32 -> t's dtype (or float32), in the caller's layout
+    def like(acc, t):  # (B, H, N, D) float32 -> t's dtype (or float32), in the caller's layout: one copy at most
         acc = acc.transpose(1, 2) if layout == "bnhd" else acc
-        return acc.to(torch.float32 if float32_grads else t.dtype).contiguous()
+        dtype = torch.float32 if float32_grads else t.dtype
+        # (.to of the same dtype returns a transposed view as it is, whatever the memory format asked)
+        return acc.contiguous() if acc.dtype == dtype else acc.to(dtype, memory_format=torch.contiguous_format)
 
     if entry.dq_blocked:
-        dq_acc = _dq_from_blocks(dq_acc, Nq, Br, layout, torch.float32 if float32_grads else q.dtype)
+        dq_acc = _dq_from_blocks(dq_acc, Nq, layout, torch.float32 if float32_grads else q.dtype, device_index)
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
 
 
-def _dq_from_blocks(acc: torch.Tensor, Nq: int, Br: int, layout: str, dtype: torch.dtype) -> torch.Tensor:
+def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype, device_index: int) -> torch.Tensor:
     """A blocked rung's dQ accumulator, (B, H, Q blocks x Br rows, D) float32 holding each Q block's
-    Br x D chunk in the wgmma accumulator's order, as (B, H, Nq, D) of ``dtype`` in one copy (for
-    "bnhd" a view of (B, Nq, H, D) memory, which like() turns back without copying).
-
-    A chunk is [w][n8][warp][g][t][hh][e] (bwd_v5_dq_bulk.cu): consumer warpgroup w's 64 x 64 tile,
-    n8 its 8-column group, then thread 32 warp + 4 g + t of the warpgroup and its values 2 hh + e,
-    which are row 16 warp + 8 hh + g and column 8 n8 + 2 t + e of the tile (the m64nNk16
-    accumulator layout, PTX ISA "wgmma ... register fragment").  The tile is columns 64 w.. at
-    D=128, rows 64 w.. at Br=128, and at D=64, Br=64 both warpgroups add into the one tile."""
+    64 x 64 tiles in the wgmma accumulator's order (csrc/bwd_dq_convert.cu), as (B, H, Nq, D) of
+    ``dtype`` (for "bnhd" a view of (B, Nq, H, D) memory, which like() turns back without copying),
+    by bwd_dq_convert (testing.dq_from_blocks is its model)."""
     B, H, Npad, D = acc.shape
-    Wr, Wc = Br // 64, D // 64  # the warpgroups' tiles along rows, along columns (one of them 1)
-    chunks = acc.view(B, H, Npad // Br, Wr, Wc, 8, 4, 8, 4, 2, 2)  # b h blk | wr wc n8 warp g t hh e
-    rows_cols = chunks.permute(0, 1, 2, 3, 6, 9, 7, 4, 5, 8, 10)  # b h blk wr warp hh g | wc n8 t e
-    if layout == "bnhd":
-        out = torch.empty((B, Npad, H, D), dtype=dtype, device=acc.device)
-        out.view(B, Npad // Br, Wr, 4, 2, 8, H, Wc, 8, 4, 2).copy_(rows_cols.permute(0, 2, 3, 4, 5, 6, 1, 7, 8, 9, 10))
-        return out[:, :Nq].transpose(1, 2)  # like() transposes back: no second copy unless Nq % Br
-    out = torch.empty((B, H, Npad, D), dtype=dtype, device=acc.device)
-    out.view(B, H, Npad // Br, Wr, 4, 2, 8, Wc, 8, 4, 2).copy_(rows_cols)
-    return out[:, :, :Nq]
+    out = torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=dtype, device=acc.device)
+    strides = api._bhnd(out, layout)[1]
+    tiles_per_bh = Npad // 64 * (D // 64)
+    if B * H * Nq:
+        kern = api.entry_kernel(BWD_DQ_CONVERT.name, str(dtype).removeprefix("torch."), D, False, device_index)
+        args = [acc.data_ptr(), out.data_ptr(), Nq, H, tiles_per_bh, *strides[:3]]
+        kern.launch(api._current_stream(device_index), B * H * tiles_per_bh, 1, args)
+    return out.transpose(1, 2) if layout == "bnhd" else out
 
 
 def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, precision: str | None = None) -> str:

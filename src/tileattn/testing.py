@@ -192,6 +192,17 @@ def reference_grads(q, k, v, dO, softmax_scale: float, causal: str | None, layou
     return [x.grad for x in t]
 
 
+def dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """The model of csrc/bwd_dq_convert.cu in torch: a blocked dQ accumulator (B, H, padded rows, D),
+    float32 64 x 64 tiles (row strips, then column tiles) in the wgmma accumulator's order
+    [n8][warp][g][t][hh][e], as (B, H, Nq, D) of ``dtype`` (for "bnhd" a view of (B, Nq, H, D))."""
+    B, H, Npad, D = acc.shape
+    tiles = acc.view(B, H, Npad // 64, D // 64, 8, 4, 8, 4, 2, 2)  # b h strip wc | n8 warp g t hh e
+    rows_cols = tiles.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9).reshape(B, H, Npad, D)  # (warp hh g) (wc n8 t e)
+    out = rows_cols[:, :, :Nq].to(dtype)
+    return out.transpose(1, 2).contiguous().transpose(1, 2) if layout == "bnhd" else out.contiguous()
+
+
 def make_inputs(case: Case, generator: torch.Generator | None = None):
     """Fresh random q, k, v as (B, H, N, D) views, laid out as the case asks."""
     Nk = case.Nk if case.Nk is not None else case.Nq

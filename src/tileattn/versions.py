@@ -478,11 +478,44 @@ _BWD_V5 = dataclasses.replace(
     kernel="bwd_v5",
     summary="bwd_v4 with dQ written to shared memory in the accumulator's order and added by one bulk "
     "reduction (cp.reduce.async.bulk) a warpgroup per Q block, issued by a producer warp",
+    # D=64: 128 query rows a block (S^T and dP^T m64n128, dQ split by rows; bwd_v4_ws.cu).
+    tiles={64: (128, 128), 128: (64, 128)},
     dq_blocked=True,
     deterministic=True,  # the producer's dQ warp orders the reductions (bwd_v4_ws.cu)
     # D=128: 16 bytes of loop invariants, stored once and reloaded per Q block (NVRTC 13.0: up to
-    # 48 bytes of loads), beside bwd_v4's registers and the dQ tile's address and phase.
-    spill_bytes={128: 48},
+    # 48 bytes of loads), beside bwd_v4's registers and the dQ tile's address and phase.  D=64
+    # (Br = 128: S^T and dP^T 64 registers each beside dK, dV and the fragments): 112 bytes of
+    # stack, 128 / 156 bytes of spill stores / loads under NVRTC 13.0, nearly all on the masked
+    # path of edge blocks; the unmasked path stores and reloads 5 values a Q block.
+    spill_bytes={64: 160, 128: 48},
+)
+
+_BWD_V6 = dataclasses.replace(
+    _BWD_V5,
+    name="bwd_v6",
+    file="bwd_v6_dq_deferred.cu",
+    kernel="bwd_v6",
+    summary="bwd_v5 with each Q block's dQ = dS K issued one block later, behind the next block's dV "
+    "and dK, on per-buffer dS mbarriers instead of a per-block meeting of the two warpgroups",
+    # NVRTC 13.0: D=128 40 bytes of stack (36-40 / 68-80 bytes of spill stores / loads); D=64
+    # 112-152 (140-168 / 188-268), the first block peeled out of the loop (bwd_v6_dq_deferred.cu)
+    # doubling the spill sites of bwd_v5's masked path.
+    spill_bytes={64: 272, 128: 80},
+)
+
+# bwd_v5's blocked dQ accumulator -> the gradient (the inputs' dtype, or float32), in the caller's
+# layout: a 64 x 64 tile a block.  Its dtype is the gradient's; Br, Bc are unused (the tile is 64
+# rows for every Br).
+BWD_DQ_CONVERT = KernelEntry(
+    name="bwd_dq_convert",
+    file="bwd_dq_convert.cu",
+    kernel="bwd_dq_convert",
+    tiles={D: (64, 0) for D in _BWD_V5.tiles},
+    dtypes=("float32", "float16", "bfloat16"),
+    fields="dqc",
+    summary="bwd_v5's dQ tiles (the wgmma accumulator's order) -> row order in shared memory -> "
+    "the gradient's dtype and layout",
+    causal_variants=(False,),
 )
 
 # FP32 on tensor cores: the default FP32 backward (backward.default_rung), bwd_v2.2_tf32 with
@@ -548,6 +581,7 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
         _BWD_V3,
         _BWD_V4,
         _BWD_V5,
+        _BWD_V6,
     ]
 }
 
@@ -750,5 +784,6 @@ PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_1_VARLEN, V3_1_V
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
-    e.name: e for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), *DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT)
+    e.name: e
+    for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, *DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT)
 }

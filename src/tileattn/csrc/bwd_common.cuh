@@ -14,9 +14,10 @@ namespace tileattn {
 
 // The backward arguments, written once (as the forward's TILEATTN_FWD_FIELDS).  q, k, v, o, dout
 // in the caller's layout (strides in elements, head dim contiguous); lse, Di: (B, H, Nq) float32,
-// contiguous; the accumulators are float32, contiguous and zeroed by the host: dq_accum
-// (B, H, Nq, D), dk_accum and dv_accum (B, H_kv, Nk, D), into which every K/V block (dQ) and every
-// query head of a GQA group (dK, dV) adds with atomics, in whatever order the blocks run.
+// contiguous; the accumulators are float32 and contiguous: dq_accum (B, H, Nq, D), zeroed by the
+// host, into which every K/V block adds its dQ with atomics, in whatever order the blocks run;
+// dk_accum and dv_accum (B, H_kv, Nk, D), into which the query heads of a GQA group add with
+// atomics (zeroed by the host), or which each K/V block writes without (no GQA: store_dkdv).
 // dq_semaphore null: that.  Non-null (deterministic mode, (B*H, ceil(Nq / Br)) int32 zeroed): the
 // K/V blocks add their dQ of a Q block in the order j = 0, 1, 2, ... (each waits for the count of
 // adds before it), and dk_accum, dv_accum are (B, H, Nk, D), one slice per query head written
@@ -127,12 +128,14 @@ __device__ __forceinline__ void frag_p_ds(float (&S)[NT][4], float (&dP)[NT][4],
 }
 
 // The end of a K/V block: its dK (already scaled) and dV values at (key, column) of query head h
-// into the accumulators: atomics into the K/V head's slice, or (deterministic) a plain store
-// into the query head's own slice.
+// into the accumulators: atomics into the K/V head's slice where a GQA group's query heads share
+// it, otherwise a plain store, this thread being the value's one writer: into the query head's own
+// slice (deterministic), or without GQA (h_per_kv 1) the K/V head's, which is the same slice (so
+// the host need not zero them first).
 __device__ __forceinline__ void store_dkdv(float* dk_accum, float* dv_accum, const int* dq_semaphore, int b,
                                            int h, int H, int h_per_kv, int Nk, int key, int col, int head_dim,
                                            float dk, float dv) {
-  if (dq_semaphore) {
+  if (dq_semaphore || h_per_kv == 1) {
     const long long i = (((long long)b * H + h) * Nk + key) * head_dim + col;
     dk_accum[i] = dk;
     dv_accum[i] = dv;
