@@ -53,24 +53,21 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
     elif entry.name == "bwd_v3":  # every product on wgmma: S^T, dP^T, dV, dK and dQ per D/64 part, per k16 step
         assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + 4 * D // 64 and "HMMA" not in sass
         assert "REDG.E.ADD.F32x2" in sass and float_atomics
-    elif entry.name in ("bwd_v4", "bwd_v5", "bwd_v6"):  # bwd_v3's products (dQ: all 128 keys where the
+    elif entry.name in ("bwd_v4", "bwd_v5"):  # bwd_v3's products (dQ: all 128 keys where the
         # warpgroups share dS, at D=128 and Br=128, else its own 64), the producer's tensor copies
         # (K, V once; Q, dO per block) and the register hand-over.  At D=64, Br=64 the PIPE order
         # (bwd_v4_ws.cu) issues S^T and dP^T at two sites: a tile's first block, and block n+1's
         # under block n's dQ.
-        # bwd_v6 spells every product twice: its first block peeled, the last block's dQ after the loop.
         Br, Bc = entry.tiles[D]
         sites = 2 if D == 64 and Br == 64 else 1
         dq_keys = Bc if D == 128 or Br == 128 else 64
-        copies = 2 if entry.name == "bwd_v6" else 1
-        assert sass.count("HGMMA") == copies * (sites * 2 * D // 16 + 2 * Br // 16 + dq_keys // 16)
-        assert "HMMA" not in sass
+        assert sass.count("HGMMA") == sites * 2 * D // 16 + 2 * Br // 16 + dq_keys // 16 and "HMMA" not in sass
         assert sass.count("UTMALDG") == 4 * D // 64 and "USETMAXREG" in sass
         assert float_atomics  # dK, dV
         if entry.name == "bwd_v4":
             assert "REDG.E.ADD.F32x2" in sass
         else:  # dQ: eight 16-byte shared stores a thread and one bulk reduction, no RED of its own
-            assert "REDG.E.ADD.F32x2" not in sass and sass.count("UBLKRED") == 1 and sass.count("STS.128") == 8 * copies
+            assert "REDG.E.ADD.F32x2" not in sass and sass.count("UBLKRED") == 1 and sass.count("STS.128") == 8
     elif not entry.name.startswith("bwd_v2.2"):
         assert "HMMA" not in sass  # CUDA cores only
     if entry.name == "bwd_v1":
@@ -280,7 +277,7 @@ def test_backward_wgmma_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, sc
     _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version="bwd_v3")
 
 
-_WS_RUNGS = ("bwd_v4", "bwd_v5", "bwd_v6")  # the warp-specialised rungs, on mbarrier pipelines
+_WS_RUNGS = ("bwd_v4", "bwd_v5")  # the warp-specialised rungs, on mbarrier pipelines
 _WS_SMOKE = """
 import torch
 from tileattn import api
@@ -402,7 +399,7 @@ def test_backward_ws_refuses_deterministic():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["bwd_v3", "bwd_v5", "bwd_v6"])
+@pytest.mark.parametrize("version", ["bwd_v3", "bwd_v5"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_backward_wgmma_deterministic(ws_rungs_finish, version, dtype):
     """bwd_v3 and bwd_v5 with deterministic=True: within the tolerance of float64 (GQA 4:1, causal,

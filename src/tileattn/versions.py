@@ -490,19 +490,6 @@ _BWD_V5 = dataclasses.replace(
     spill_bytes={64: 160, 128: 48},
 )
 
-_BWD_V6 = dataclasses.replace(
-    _BWD_V5,
-    name="bwd_v6",
-    file="bwd_v6_dq_deferred.cu",
-    kernel="bwd_v6",
-    summary="bwd_v5 with each Q block's dQ = dS K issued one block later, behind the next block's dV "
-    "and dK, on per-buffer dS mbarriers instead of a per-block meeting of the two warpgroups",
-    # NVRTC 13.0: D=128 40 bytes of stack (36-40 / 68-80 bytes of spill stores / loads); D=64
-    # 112-152 (140-168 / 188-268), the first block peeled out of the loop (bwd_v6_dq_deferred.cu)
-    # doubling the spill sites of bwd_v5's masked path.
-    spill_bytes={64: 272, 128: 80},
-)
-
 # bwd_v5's blocked dQ accumulator -> the gradient (the inputs' dtype, or float32), in the caller's
 # layout: a 64 x 64 tile a block.  Its dtype is the gradient's; Br, Bc are unused (the tile is 64
 # rows for every Br).
@@ -581,7 +568,6 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
         _BWD_V3,
         _BWD_V4,
         _BWD_V5,
-        _BWD_V6,
     ]
 }
 

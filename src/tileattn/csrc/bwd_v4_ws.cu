@@ -53,15 +53,14 @@ __host__ __device__ constexpr int bwd_v4_stages(int Br) { return Br == 128 ? 2 :
 // (the 128-byte swizzle's alignment); with DQ_BULK (bwd_v5) each consumer warpgroup's dQ tile
 // (64 rows x 64 columns, float32); the stages' lse_i and D_i (Br floats each); the mbarriers
 // (DQ_BULK: a full and an empty one per consumer warpgroup more).
-__host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc, bool dq_bulk = false, bool defer_dq = false) {
+__host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc, bool dq_bulk = false) {
   return (2 * Bc * D + bwd_v4_stages(Br) * 2 * Br * D + 2 * Br * Bc) * 2 + (dq_bulk ? 2 * BWD_V4_DQ_BYTES : 0) +
-         bwd_v4_stages(Br) * 2 * Br * 4 + (1 + 2 * bwd_v4_stages(Br) + (dq_bulk ? 4 : 0) + (defer_dq ? 4 : 0)) * 8;
+         bwd_v4_stages(Br) * 2 * Br * 4 + (1 + 2 * bwd_v4_stages(Br) + (dq_bulk ? 4 : 0)) * 8;
 }
 
-// The kernel body of bwd_v4 (DQ_BULK false), bwd_v5 (bwd_v5_dq_bulk.cu: true) and bwd_v6
-// (bwd_v6_dq_deferred.cu: DEFER_DQ, block n's dQ product issued in block n + 1).  tmaps: the
+// The kernel body of bwd_v4 (DQ_BULK false) and bwd_v5 (bwd_v5_dq_bulk.cu: true).  tmaps: the
 // kernel's __grid_constant__ parameter.
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool DQ_BULK, bool DEFER_DQ = false>
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool DQ_BULK>
 __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "bwd_v4 takes 16-bit (fp16 / bf16) inputs");
@@ -97,10 +96,6 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + STAGES + st); };
   auto bar_dq_full = [&](int w) { return bar_kv + 8 * (1 + 2 * STAGES + w); };
   auto bar_dq_empty = [&](int w) { return bar_kv + 8 * (3 + 2 * STAGES + w); };
-  // DEFER_DQ: ds_full[buf] (the 256 consumer threads, once their rows of a dS tile are in buffer
-  // buf), ds_empty[buf] (the same, once their dQ product has read it).
-  auto bar_ds_full = [&](int buf) { return bar_kv + 8 * (5 + 2 * STAGES + buf); };
-  auto bar_ds_empty = [&](int buf) { return bar_kv + 8 * (7 + 2 * STAGES + buf); };
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 2);
     for (int st = 0; st < STAGES; ++st) {
@@ -111,11 +106,6 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
       for (int w = 0; w < 2; ++w) {
         mbar_init(bar_dq_full(w), BWD_V4_WG);
         mbar_init(bar_dq_empty(w), 1);
-      }
-    if constexpr (DEFER_DQ)
-      for (int buf = 0; buf < 2; ++buf) {
-        mbar_init(bar_ds_full(buf), 2 * BWD_V4_WG);
-        mbar_init(bar_ds_empty(buf), 2 * BWD_V4_WG);
       }
     mbar_fence_init();
   }
@@ -137,7 +127,6 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   // tile a warpgroup per 128 rows instead of per 64): 424 -> 445 TFLOP/s, causal 380 -> 414 on an
   // H200 (bench/NOTES.md), despite the spills of its 64 + 64 score registers (versions.py).
   constexpr bool SHARED_DQ = HEAD_DIM == 128 || Br == 128;
-  static_assert(!DEFER_DQ || (SHARED_DQ && DQ_BULK), "bwd_v6 defers the dQ of shared dS tiles (bwd_v5's dQ)");
 
   if (threadIdx.x < BWD_V4_WG) {
     // ---------------- producer: warp 0 (lane 0 issues the tensor copies) ----------------
@@ -268,17 +257,53 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     fence_operands(S);
     fence_operands(dP);
   };
-  // 4. dQ = dS K for the block whose dS is in buffer buf: one commit group.
-  auto issue_dq = [&](float(&dq)[32], int buf) {
-    const unsigned long long dsa_desc = wgmma_desc_sw128(s_ds(buf) + ds_offset);
+  mbar_wait(bar_kv, 0);
+  if (PIPE && n_blocks > 0) {
+    issue_scores(0);
+    wait_scores();
+  }
+  for (int n = 0; n < n_blocks; ++n) {
+    const int st = n % STAGES, q_start = q_first + n * Br;
+    const unsigned ds_base = s_ds(n % 2);
+    if (!PIPE) issue_scores(n);  // (PIPE: issued and waited for during block n - 1)
+    const unsigned long long q_ndesc = wgmma_desc_sw128(s_q(st), Br * 128);
+    const unsigned long long do_ndesc = wgmma_desc_sw128(s_do(st), Br * 128);
+    const float* lse_i = lse_s(st);
+    const float* Di_i = Di_s(st);
+    wait_scores();  // (PIPE: nothing in flight here; the wait ends each iteration, so that no
+                    // group is in flight across the loop's back edge, where S and dP merge)
+
+    // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
+    unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
+    const int warp_key0 = 64 * w + 16 * warp;
+    bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, Bc, warp_key0, q_start,
+                                   Nq, Nk, causal_offset, scale_log2, lane);
+
+    // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
+    bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
+
+    // 4. dQ_i = dS K, added into dq_accum, once this block's dS rows it reads are in the tile.
+    if constexpr (SHARED_DQ) named_barrier_sync<2 * BWD_V4_WG>(1);
+    else named_barrier_sync<BWD_V4_WG>(1 + w);
+    float dq[32];
+    const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base + ds_offset);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < DQ_KEYS / 16; ++ks)
       Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
     wgmma_commit();
-  };
-  // 5. Block n's dQ (its product waited for) into dq_accum.
-  auto add_dq = [&](float(&dq)[32], int n) {
+    if constexpr (PIPE) {
+      issue_next_scores(n);  // S and dP are free: their values live in p_frag and ds_frag now
+      wgmma_wait<2>();  // step 3's group (groups retire in order): the stage is free
+    } else {
+      wgmma_wait<1>();  // step 3's group: the stage is free, dQ may still run
+    }
+    fence_operands(p_frag);
+    fence_operands(ds_frag);
+    fence_operands(dV);
+    fence_operands(dK);
+    mbar_arrive(bar_empty(st));
+    wgmma_wait<PIPE ? 1 : 0>();  // dQ's group (PIPE: block n + 1's may still run under the adds below)
     fence_operands(dq);
     if constexpr (DQ_BULK) {
       // bwd_v5: the tile in the accumulator's order, [n8][thread][its 4 values of n8] (a warp's
@@ -297,7 +322,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
       const int col0 = SHARED_DQ ? 64 * w : 0;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int row = q_first + n * Br + 16 * warp + g + 8 * hh;
+        const int row = q_start + 16 * warp + g + 8 * hh;
         if (row >= Nq) continue;
         float* dq_row = dq_bh + (long long)row * HEAD_DIM + col0 + 2 * t;
 #pragma unroll
@@ -305,105 +330,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
           red_add2(dq_row + 8 * n8, softmax_scale * dq[4 * n8 + 2 * hh], softmax_scale * dq[4 * n8 + 2 * hh + 1]);
       }
     }
-  };
-  // bwd_v6's steps 2 and 3 of block n (bwd_v4 / bwd_v5 spell them out below, as measured), its
-  // S^T and dP^T waited for: P^T and dS^T in place, their A
-  // fragments, dS to buffer n % 2 (bwd_wgmma.cuh); then dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B
-  // N-major), one commit group, not waited for here.
-  auto p_ds_dv_dk = [&](int n, unsigned(&p_frag)[Br / 16][4], unsigned(&ds_frag)[Br / 16][4]) {
-    const int st = n % STAGES;
-    bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, s_ds(n % 2), lse_s(st), Di_s(st), kv_start, Bc,
-                                   64 * w + 16 * warp, q_first + n * Br, Nq, Nk, causal_offset, scale_log2, lane);
-    mbar_arrive(bar_ds_full(n % 2));
-    bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, wgmma_desc_sw128(s_do(st), Br * 128), wgmma_desc_sw128(s_q(st), Br * 128));
-  };
-  // Once step 3's group is complete: the stage is free.
-  auto free_stage = [&](int n, unsigned(&p_frag)[Br / 16][4], unsigned(&ds_frag)[Br / 16][4]) {
-    fence_operands(p_frag);
-    fence_operands(ds_frag);
-    fence_operands(dV);
-    fence_operands(dK);
-    mbar_arrive(bar_empty(n % STAGES));
-  };
-  mbar_wait(bar_kv, 0);
-  if constexpr (DEFER_DQ) {
-    // bwd_v6: block n's dQ is issued in block n + 1, behind that block's dV and dK: the other
-    // warpgroup's half of dS(n) has had a whole block to arrive.  Block 0 has no dQ before it and
-    // the last block's dQ follows the loop: peeled, since a product in flight across a branch that
-    // only one path issues makes ptxas serialise every wgmma of the kernel.
-    float dq[32];
-    unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
-    if (n_blocks > 0) {
-      issue_scores(0);
-      wait_scores();
-      p_ds_dv_dk(0, p_frag, ds_frag);
-      wgmma_wait<0>();
-      free_stage(0, p_frag, ds_frag);
-    }
-    for (int n = 1; n < n_blocks; ++n) {
-      issue_scores(n);
-      wait_scores();
-      if (n >= 2) mbar_wait(bar_ds_empty(n % 2), ((n - 2) / 2) & 1);  // both dQ(n - 2) have read it
-      p_ds_dv_dk(n, p_frag, ds_frag);
-      mbar_wait(bar_ds_full((n - 1) % 2), ((n - 1) / 2) & 1);
-      issue_dq(dq, (n - 1) % 2);
-      wgmma_wait<1>();  // step 3's group: the stage is free, dQ(n - 1) may still run
-      free_stage(n, p_frag, ds_frag);
-      wgmma_wait<0>();
-      mbar_arrive(bar_ds_empty((n - 1) % 2));
-      add_dq(dq, n - 1);
-    }
-    if (n_blocks > 0) {
-      mbar_wait(bar_ds_full((n_blocks - 1) % 2), ((n_blocks - 1) / 2) & 1);
-      issue_dq(dq, (n_blocks - 1) % 2);
-      wgmma_wait<0>();
-      add_dq(dq, n_blocks - 1);
-    }
-  } else {
-    if (PIPE && n_blocks > 0) {
-      issue_scores(0);
-      wait_scores();
-    }
-    for (int n = 0; n < n_blocks; ++n) {
-      const int st = n % STAGES, q_start = q_first + n * Br;
-      const unsigned ds_base = s_ds(n % 2);
-      if (!PIPE) issue_scores(n);  // (PIPE: issued and waited for during block n - 1)
-      const unsigned long long q_ndesc = wgmma_desc_sw128(s_q(st), Br * 128);
-      const unsigned long long do_ndesc = wgmma_desc_sw128(s_do(st), Br * 128);
-      const float* lse_i = lse_s(st);
-      const float* Di_i = Di_s(st);
-      wait_scores();  // (PIPE: nothing in flight here; the wait ends each iteration, so that no
-                      // group is in flight across the loop's back edge, where S and dP merge)
-
-      // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
-      unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
-      const int warp_key0 = 64 * w + 16 * warp;
-      bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, Bc, warp_key0, q_start,
-                                     Nq, Nk, causal_offset, scale_log2, lane);
-
-      // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
-      bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
-
-      // 4. dQ_i = dS K, added into dq_accum, once this block's dS rows it reads are in the tile.
-      if constexpr (SHARED_DQ) named_barrier_sync<2 * BWD_V4_WG>(1);
-      else named_barrier_sync<BWD_V4_WG>(1 + w);
-      float dq[32];
-      issue_dq(dq, n % 2);
-      if constexpr (PIPE) {
-        issue_next_scores(n);  // S and dP are free: their values live in p_frag and ds_frag now
-        wgmma_wait<2>();  // step 3's group (groups retire in order): the stage is free
-      } else {
-        wgmma_wait<1>();  // step 3's group: the stage is free, dQ may still run
-      }
-      fence_operands(p_frag);
-      fence_operands(ds_frag);
-      fence_operands(dV);
-      fence_operands(dK);
-      mbar_arrive(bar_empty(st));
-      wgmma_wait<PIPE ? 1 : 0>();  // dQ's group (PIPE: block n + 1's may still run under the adds below)
-      add_dq(dq, n);
-      if constexpr (PIPE) wait_scores();  // block n + 1's S^T and dP^T
-    }
+    if constexpr (PIPE) wait_scores();  // block n + 1's S^T and dP^T
   }
 
   // dK_w, dV_w into the accumulators (shared by the GQA group: red).
