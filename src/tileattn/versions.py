@@ -484,10 +484,10 @@ _BWD_V5 = dataclasses.replace(
     deterministic=True,  # the producer's dQ warp orders the reductions (bwd_v4_ws.cu)
     # D=128: 16 bytes of loop invariants, stored once and reloaded per Q block (NVRTC 13.0: up to
     # 48 bytes of loads), beside bwd_v4's registers and the dQ tile's address and phase.  D=64
-    # (Br = 128: S^T and dP^T 64 registers each beside dK, dV and the fragments): 112 bytes of
-    # stack, 128 / 156 bytes of spill stores / loads under NVRTC 13.0, nearly all on the masked
-    # path of edge blocks; the unmasked path stores and reloads 5 values a Q block.
-    spill_bytes={64: 160, 128: 48},
+    # (Br = 128: S^T and dP^T 64 registers each beside dK, dV and the fragments): 136 bytes of
+    # stack, 152 / 180 bytes of spill stores / loads under NVRTC 13.0, nearly all on the masked
+    # path of edge blocks; the unmasked path stores and reloads about 5 values a Q block.
+    spill_bytes={64: 184, 128: 48},
 )
 
 # bwd_v5's blocked dQ accumulator -> the gradient (the inputs' dtype, or float32), in the caller's

@@ -47,6 +47,14 @@ __host__ __device__ constexpr int bwd_v4_stages(int Br) { return Br == 128 ? 2 :
 #ifndef TILEATTN_BWD_V4_PIPE
 #define TILEATTN_BWD_V4_PIPE 1
 #endif
+// TILEATTN_BWD_V5_LATE_PUBLISH (default 1; 0 for A/B runs): bwd_v5 outside the PIPE order hands a
+// block's dQ tile to its dQ warp (proxy fence, dq_full) after issuing the next block's S^T and dP^T
+// instead of right after its shared stores, so that the fence's wait for those stores runs under
+// the products.  (ncu's source counters at D=128: 4.7% of all warp samples on that fence and the
+// arrival after it, bench/NOTES.md.)
+#ifndef TILEATTN_BWD_V5_LATE_PUBLISH
+#define TILEATTN_BWD_V5_LATE_PUBLISH 1
+#endif
 
 // Shared memory: K_j, V_j (Bc x D), bwd_v4_stages(Br) stages of Q_i and dO_i (Br x D), two dS tiles
 // (Br x Bc, [query row][key]), all 16-bit SwizzledTiles whose sizes are multiples of 1024 bytes
@@ -232,6 +240,11 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
   constexpr bool PIPE = TILEATTN_BWD_V4_PIPE && HEAD_DIM == 64 && Br == 64;
+  constexpr bool LATE_PUBLISH = TILEATTN_BWD_V5_LATE_PUBLISH && DQ_BULK && !PIPE;
+  auto publish_dq = [&] {  // this thread's stores of the warpgroup's dQ tile, to the dQ warp
+    fence_proxy_async_smem();
+    mbar_arrive(bar_dq_full(w));
+  };
   // 1. S^T = K_w Q_n^T, dP^T = V_w dO_n^T: one commit group, issued once block n's stage is full
   // (waited for by the caller).
   float S[NS], dP[NS];
@@ -266,6 +279,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     const int st = n % STAGES, q_start = q_first + n * Br;
     const unsigned ds_base = s_ds(n % 2);
     if (!PIPE) issue_scores(n);  // (PIPE: issued and waited for during block n - 1)
+    if (LATE_PUBLISH && n > 0) publish_dq();  // block n - 1's tile
     const unsigned long long q_ndesc = wgmma_desc_sw128(s_q(st), Br * 128);
     const unsigned long long do_ndesc = wgmma_desc_sw128(s_do(st), Br * 128);
     const float* lse_i = lse_s(st);
@@ -316,8 +330,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
       for (int n8 = 0; n8 < 8; ++n8)
         st_shared_v4(tile + 16 * BWD_V4_WG * n8, softmax_scale * dq[4 * n8], softmax_scale * dq[4 * n8 + 1],
                      softmax_scale * dq[4 * n8 + 2], softmax_scale * dq[4 * n8 + 3]);
-      fence_proxy_async_smem();
-      mbar_arrive(bar_dq_full(w));
+      if (!LATE_PUBLISH) publish_dq();
     } else {
       const int col0 = SHARED_DQ ? 64 * w : 0;
 #pragma unroll
@@ -332,6 +345,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     }
     if constexpr (PIPE) wait_scores();  // block n + 1's S^T and dP^T
   }
+  if (LATE_PUBLISH && n_blocks > 0) publish_dq();  // the last block's tile
 
   // dK_w, dV_w into the accumulators (shared by the GQA group: red).
 #pragma unroll
