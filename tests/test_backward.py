@@ -44,6 +44,8 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
     # dQ, dK, dV reduced with fire-and-forget RED (bwd_common.cuh's red_add), never ATOMG, whose
     # unused result still stalls the warp; sm_90 adds dQ's adjacent pairs in one (F32x2).
     float_atomics = re.search(r"\bREDG?\.E\.ADD\.F32", sass) and not re.search(r"\bATOMG?\.E\.ADD\.F32", sass)
+    if entry.name == "bwd_preprocess":  # O and dO rows by 16-byte loads, 4-32 lanes a row
+        assert "LDG.E.128" in sass and "SHFL.BFLY" in sass
     if entry.name == "bwd_dq_convert":  # 16-byte loads of the tiles, 16-byte stores of the rows
         assert "LDG.E.128" in sass and "STG.E.128" in sass and "STS.64" in sass
     if entry.name == "bwd_v2" and arch == "sm_90":

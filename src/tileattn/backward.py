@@ -64,20 +64,31 @@ def attention_backward(
     Br, Bc = entry.tiles[D]
     # A blocked rung's dQ chunks cover whole Q blocks: Br rows each, padding past Nq included.
     dq_acc = torch.zeros((B, H, -(-Nq // Br) * Br if entry.dq_blocked else Nq, D), **f32)
-    # dK, dV: zeroed where a GQA group's query heads add into one K/V head's slice (or where no
-    # kernel runs); otherwise each element has one writer (bwd_common.cuh's store_dkdv).
     launched = B * H * Nq > 0 and Nk > 0
-    alloc = torch.empty if launched and (H == H_kv or deterministic) else torch.zeros
-    dk_acc, dv_acc = (alloc((B, H if deterministic else H_kv, Nk, D), **f32) for _ in range(2))
+    # dK, dV: without GQA (and unless float32 is asked for) the kernels write the gradients
+    # themselves, in k's dtype and the caller's layout (one writer each: bwd_common.cuh's
+    # store_dkdv); otherwise float32 accumulators, zeroed where a GQA group's query heads add into one
+    # K/V head's slice (or where no kernel runs).
+    direct = H == H_kv and not float32_grads
+    if direct:
+        shape = (B, Nk, H, D) if layout == "bnhd" else (B, H, Nk, D)
+        dk_out, dv_out = (
+            (torch.empty if launched else torch.zeros)(shape, dtype=k.dtype, device=q.device) for _ in "kv"
+        )
+        dkv_ptrs, dkv_strides = (0, 0, dk_out.data_ptr(), dv_out.data_ptr()), api._bhnd(dk_out, layout)[1][:3]
+    else:
+        alloc = torch.empty if launched and (H == H_kv or deterministic) else torch.zeros
+        dk_acc, dv_acc = (alloc((B, H if deterministic else H_kv, Nk, D), **f32) for _ in "kv")
+        dkv_ptrs, dkv_strides = (dk_acc.data_ptr(), dv_acc.data_ptr(), 0, 0), (0, 0, 0)
     semaphore = torch.zeros(B * H * -(-Nq // Br), dtype=torch.int32, device=q.device) if deterministic else None
     if launched:
         Di = torch.empty((B, H, Nq), **f32)
         offset = 0 if causal != "bottom_right" else Nk - Nq
         # fmt: off
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
-                Di.data_ptr(), dq_acc.data_ptr(), dk_acc.data_ptr(), dv_acc.data_ptr(),
-                0 if semaphore is None else semaphore.data_ptr(), Nq, Nk, H, H // H_kv,
-                *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], softmax_scale, offset, 0]
+                Di.data_ptr(), dq_acc.data_ptr(), *dkv_ptrs[:2], 0 if semaphore is None else semaphore.data_ptr(),
+                Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *dkv_ptrs[2:], *dkv_strides,
+                softmax_scale, offset, 0]
         # fmt: on
         stream = api._current_stream(device_index)
         # D_i over query rows (its CAUSAL template argument is unused: one instantiation), then the
@@ -107,6 +118,8 @@ def attention_backward(
 
     if entry.dq_blocked:
         dq_acc = _dq_from_blocks(dq_acc, Nq, layout, torch.float32 if float32_grads else q.dtype, device_index)
+    if direct:
+        return like(dq_acc, q), dk_out, dv_out
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
 
 

@@ -423,7 +423,7 @@ class KernelEntry:
         return name_expression(self.kernel, dtype, head_dim, *self.tiles[head_dim], causal)
 
 
-# D_i = rowsum(dO * O): BWD_PRE_ROWS rows (one warp each) per block of 32 * BWD_PRE_ROWS threads.
+# D_i = rowsum(dO * O): BWD_PRE_ROWS rows per block, each by 4-32 lanes (bwd_common.cuh).
 BWD_PRE_ROWS = 8
 BWD_PREPROCESS = KernelEntry(
     name="bwd_preprocess",

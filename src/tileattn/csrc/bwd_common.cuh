@@ -17,7 +17,9 @@ namespace tileattn {
 // contiguous; the accumulators are float32 and contiguous: dq_accum (B, H, Nq, D), zeroed by the
 // host, into which every K/V block adds its dQ with atomics, in whatever order the blocks run;
 // dk_accum and dv_accum (B, H_kv, Nk, D), into which the query heads of a GQA group add with
-// atomics (zeroed by the host), or which each K/V block writes without (no GQA: store_dkdv).
+// atomics (zeroed by the host), or which each K/V block writes without (no GQA: store_dkdv);
+// dk_out, dv_out: null, or (no GQA) the gradients themselves, which the K/V blocks write in T
+// instead of the accumulators (strides dkv_sb, dkv_sh, dkv_sn; dv's the same as dk's).
 // dq_semaphore null: that.  Non-null (deterministic mode, (B*H, ceil(Nq / Br)) int32 zeroed): the
 // K/V blocks add their dQ of a Q block in the order j = 0, 1, 2, ... (each waits for the count of
 // adds before it), and dk_accum, dv_accum are (B, H, Nk, D), one slice per query head written
@@ -34,6 +36,8 @@ namespace tileattn {
   X(const long long, v_sb) SEP X(const long long, v_sh) SEP X(const long long, v_sn) SEP  \
   X(const long long, o_sb) SEP X(const long long, o_sh) SEP X(const long long, o_sn) SEP  \
   X(const long long, do_sb) SEP X(const long long, do_sh) SEP X(const long long, do_sn) SEP \
+  X(T* __restrict__, dk_out) SEP X(T* __restrict__, dv_out) SEP                            \
+  X(const long long, dkv_sb) SEP X(const long long, dkv_sh) SEP X(const long long, dkv_sn) SEP \
   X(const float, softmax_scale) SEP X(const int, causal_offset) SEP X(const int, bh_offset)
 
 #define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
@@ -127,15 +131,24 @@ __device__ __forceinline__ void frag_p_ds(float (&S)[NT][4], float (&dP)[NT][4],
   }
 }
 
-// The end of a K/V block: its dK (already scaled) and dV values at (key, column) of query head h
-// into the accumulators: atomics into the K/V head's slice where a GQA group's query heads share
-// it, otherwise a plain store, this thread being the value's one writer: into the query head's own
-// slice (deterministic), or without GQA (h_per_kv 1) the K/V head's, which is the same slice (so
-// the host need not zero them first).
-__device__ __forceinline__ void store_dkdv(float* dk_accum, float* dv_accum, const int* dq_semaphore, int b,
-                                           int h, int H, int h_per_kv, int Nk, int key, int col, int head_dim,
-                                           float dk, float dv) {
-  if (dq_semaphore || h_per_kv == 1) {
+// The end of a K/V block: its dK (already scaled) and dV values at (key, column) of query head h.
+// dk_out non-null (no GQA): into the gradients themselves, in their dtype and layout (strides
+// dkv_*), this thread being the value's one writer.  Otherwise into the float32 accumulators:
+// atomics into the K/V head's slice where a GQA group's query heads share it, or a plain store
+// into the query head's own slice (deterministic), or without GQA the K/V head's, which is the
+// same slice (so the host need not zero them first).
+// store_dkdv's destinations, the kernel's fields by name.
+#define TILEATTN_DKDV_DEST dk_accum, dv_accum, dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn
+template <typename T>
+__device__ __forceinline__ void store_dkdv(float* dk_accum, float* dv_accum, T* dk_out, T* dv_out, long long dkv_sb,
+                                           long long dkv_sh, long long dkv_sn, const int* dq_semaphore, int b, int h,
+                                           int H, int h_per_kv, int Nk, int key, int col, int head_dim, float dk,
+                                           float dv) {
+  if (dk_out) {
+    const long long i = b * dkv_sb + h * dkv_sh + key * dkv_sn + col;
+    dk_out[i] = static_cast<T>(dk);
+    dv_out[i] = static_cast<T>(dv);
+  } else if (dq_semaphore || h_per_kv == 1) {
     const long long i = (((long long)b * H + h) * Nk + key) * head_dim + col;
     dk_accum[i] = dk;
     dv_accum[i] = dv;
@@ -146,21 +159,66 @@ __device__ __forceinline__ void store_dkdv(float* dk_accum, float* dv_accum, con
   }
 }
 
-// Preprocessing: D_i = rowsum(dO * O) in float32, one warp per query row, BWD_PRE_ROWS rows per
-// thread block (grid: (ceil(Nq / BWD_PRE_ROWS), B*H)).  The uniform template signature of the
-// registry; Br is the rows per block, Bc and CAUSAL are unused.
+// Preprocessing: D_i = rowsum(dO * O) in float32, Br query rows per thread block (grid:
+// (ceil(Nq / Br), B*H)), each row by bwd_pre_lanes lanes of 16-byte loads (a row's 16-byte chunks,
+// rounded up to a power of two, 4 to 32): 8 lanes a row at D=64 in 16 bits, so a 64-thread
+// block, where one warp a row with 2-byte loads kept too few bytes in flight to pass ~1.4 TB/s
+// (0.093 ms at B=4 H=16 N=8192 on an H200).  O and dO rows start on 16-byte boundaries
+// (backward.py copies them otherwise).  The uniform template signature of the registry; Bc and
+// CAUSAL are unused.
+template <typename T, int HEAD_DIM>
+__host__ __device__ constexpr int bwd_pre_lanes() {
+  int lanes = 4;  // (at least: Br = 8 rows a block then fill whole warps, as the full-mask shuffles need)
+  while (lanes < 32 && lanes * 16 < HEAD_DIM * (int)sizeof(T)) lanes *= 2;
+  return lanes;
+}
+
+// A register of two 16-bit T as two floats (lo first); the inverse of mma.cuh's pack2.  By value
+// (no address taken: that split the 16-byte loads of bwd_preprocess into 8-byte ones).
+template <typename T>
+__device__ __forceinline__ float2 unpack2(unsigned w);
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(unsigned w) {
+  return make_float2(__half2float(__ushort_as_half(w & 0xffffu)), __half2float(__ushort_as_half(w >> 16)));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));  // bf16 is float's top half
+}
+
+// The products of two 16-byte vectors of T, summed in float32.
+template <typename T>
+__device__ __forceinline__ float dot16(const uint4& a, const uint4& b) {
+  const unsigned x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (sizeof(T) == 4) {
+      sum = fmaf(__uint_as_float(x[j]), __uint_as_float(y[j]), sum);
+    } else {
+      const float2 u = unpack2<T>(x[j]), v = unpack2<T>(y[j]);
+      sum = fmaf(u.x, v.x, fmaf(u.y, v.y, sum));
+    }
+  }
+  return sum;
+}
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(32 * Br) bwd_preprocess(TILEATTN_BWD_PARAMS(T)) {
+__global__ void __launch_bounds__(Br * bwd_pre_lanes<T, HEAD_DIM>()) bwd_preprocess(TILEATTN_BWD_PARAMS(T)) {
+  constexpr int LANES = bwd_pre_lanes<T, HEAD_DIM>(), CHUNKS = HEAD_DIM * (int)sizeof(T) / 16;
+  static_assert(HEAD_DIM * sizeof(T) % 16 == 0, "whole 16-byte chunks a row");
   const int bh = blockIdx.y + bh_offset;
   const int b = bh / H, h = bh % H;
-  const int row = blockIdx.x * Br + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= Nq) return;
-  const T* o_row = o + b * o_sb + h * o_sh + row * o_sn;
-  const T* do_row = dout + b * do_sb + h * do_sh + row * do_sn;
+  const int row = blockIdx.x * Br + threadIdx.x / LANES, lane = threadIdx.x % LANES;
+  // (No early exit: a warp may hold rows on both sides of Nq, and its shuffles need every lane.)
+  const uint4* o_row = reinterpret_cast<const uint4*>(o + b * o_sb + h * o_sh + row * o_sn);
+  const uint4* do_row = reinterpret_cast<const uint4*>(dout + b * do_sb + h * do_sh + row * do_sn);
   float sum = 0.0f;
-  for (int d = lane; d < HEAD_DIM; d += 32) sum = fmaf(static_cast<float>(o_row[d]), static_cast<float>(do_row[d]), sum);
-  sum = lanes_sum<32>(sum);
-  if (lane == 0) Di[(long long)bh * Nq + row] = sum;
+  if (row < Nq)
+#pragma unroll
+    for (int c = lane; c < CHUNKS; c += LANES) sum += dot16<T>(o_row[c], do_row[c]);
+  sum = lanes_sum<LANES>(sum);
+  if (lane == 0 && row < Nq) Di[(long long)bh * Nq + row] = sum;
 }
 TILEATTN_SMEM_BYTES(bwd_preprocess, 0);
 

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(BWD_V1_THREADS, 1) bwd_v1(TILEATTN_BWD_PARAMS(
   if (kv_start + c3 < Nk) {
 #pragma unroll
     for (int m = 0; m < DK; ++m)
-      store_dkdv(dk_accum, dv_accum, dq_semaphore, b, h, H, h_per_kv, Nk, kv_start + c3, d3 + TPK * m, HEAD_DIM,
+      store_dkdv(TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, kv_start + c3, d3 + TPK * m, HEAD_DIM,
                  softmax_scale * dK[m], dV[m]);
   }
 }

@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
       for (int dt = 0; dt < DTW; ++dt)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          store_dkdv(dk_accum, dv_accum, dq_semaphore, b, h, H, h_per_kv, Nk, key, 8 * (dt0 + dt) + 2 * t + e, HEAD_DIM,
+          store_dkdv(TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, key, 8 * (dt0 + dt) + 2 * t + e, HEAD_DIM,
                      softmax_scale * dK[dt][2 * hh + e], dV[dt][2 * hh + e]);
     }
   }

@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
   for (int i = 0; i < ND; ++i) {
     const int key = kv_start + 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + (i % 2);
     if (key < Nk)
-      store_dkdv(dk_accum, dv_accum, dq_semaphore, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i],
+      store_dkdv(TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i],
                  dV[i]);
   }
 #endif

@@ -352,7 +352,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   for (int i = 0; i < ND; ++i) {
     const int key = kv_start + 64 * w + 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + (i % 2);
     if (key < Nk)
-      store_dkdv(dk_accum, dv_accum, DQ_BULK ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
+      store_dkdv(TILEATTN_DKDV_DEST, DQ_BULK ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
                  softmax_scale * dK[i], dV[i]);
   }
 #endif
