@@ -6,7 +6,9 @@ build that leaves something out on purpose shows it here).
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined, as
 scripts/variants_probe.py (an experiment's switch in the CUDA sources); `--tile RUNG:D=Br,Bc` runs
 a rung at a tile other than the registry's; `--kernels` lists each launch of one call of each rung
-(torch.profiler: the rung, the D_i pass, the memsets and copies around it) with its device time.
+(torch.profiler: the rung, the D_i pass, the memsets and copies around it) with its device time;
+`--peers` times cuDNN's and FA2's backward (SDPA) on the same inputs and prints each rung's ratio
+to them; `--seqlen N` runs B = 32768 / N (the bwd suite's shapes) instead of N=8192.
 """
 
 import argparse
@@ -25,6 +27,8 @@ parser.add_argument("--versions", nargs="+", default=["bwd_v2", "bwd_v3", "bwd_v
 parser.add_argument("--tile", action="append", default=[], help="RUNG:D=Br,Bc, a tile other than the registry's")
 parser.add_argument("--dtype", default="bfloat16", help="float32: the FP32 rungs, at H=8 as the bwd suite")
 parser.add_argument("--kernels", action="store_true", help="each launch of one call, with its device time")
+parser.add_argument("--peers", action="store_true", help="cuDNN and FA2 (SDPA) on the same inputs, and our ratios")
+parser.add_argument("--seqlen", type=int, default=8192, help="N, with B = 32768 / N")
 args = parser.parse_args()
 _nvrtc.EXPERIMENT_DEFINES[:] = args.define
 for spec in args.tile:  # the backward reads BWD_VERSIONS, the loader KERNEL_ENTRIES: both replaced
@@ -35,7 +39,8 @@ for spec in args.tile:  # the backward reads BWD_VERSIONS, the loader KERNEL_ENT
     BWD_VERSIONS[rung] = KERNEL_ENTRIES[rung] = entry
 print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}, tiles {args.tile}")
 
-B, H, N = 4, 16 if args.dtype != "float32" else 8, 8192
+B, H, N = 32768 // args.seqlen, 16 if args.dtype != "float32" else 8, args.seqlen
+PEERS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION"} if args.peers else {}
 dt = getattr(torch, args.dtype)
 for D in (64, 128):
     for causal in (False, True):
@@ -44,7 +49,20 @@ for D in (64, 128):
         with torch.no_grad():
             out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
         flops = 2.5 * bench.Case(B, H, N, D, args.dtype, causal).flops  # 5 products of the forward's 2
-        base = None
+        base, times = None, {}
+        for peer, backend in PEERS.items():  # autograd through SDPA's backend, its forward run once
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            qkv = [t.detach().requires_grad_() for t in (q, k, v)]
+            with sdpa_kernel([getattr(SDPBackend, backend)]):
+                o = torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal)
+            times[peer] = do_bench(
+                lambda o=o, qkv=qkv: torch.autograd.grad(o, qkv, dO, retain_graph=True),
+                warmup=25,
+                rep=200,
+                return_mode="median",
+            )
+            print(f"D={D} causal={causal} {peer}: {times[peer]:.2f} ms {flops / times[peer] / 1e9:.0f} TFLOP/s")
         for name in args.versions:
             p = "tf32" if BWD_VERSIONS[name].precision == "tf32" else None
             run = lambda name=name, p=p: attention_backward(
@@ -54,8 +72,10 @@ for D in (64, 128):
             base = dq if base is None else base
             ms = do_bench(run, warmup=25, rep=200, return_mode="median")
             diff = (dq - base).abs().max().item()
+            ratios = "".join(f", {t / ms:.2f}x {peer}" for peer, t in times.items())
             print(
                 f"D={D} causal={causal} {name}: {ms:.2f} ms {flops / ms / 1e9:.0f} TFLOP/s, max |dq - first| {diff:.1e}"
+                + ratios
             )
             if args.kernels:
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
