@@ -55,12 +55,6 @@ __host__ __device__ constexpr int bwd_v4_stages(int Br) { return Br == 128 ? 2 :
 #ifndef TILEATTN_BWD_V5_LATE_PUBLISH
 #define TILEATTN_BWD_V5_LATE_PUBLISH 1
 #endif
-// TILEATTN_BWD_V5_SPLIT_SCORES (an experiment, default 0): bwd_v5 outside the PIPE order commits S^T's
-// products and dP^T's as two groups and turns S^T into P^T while dP^T is still computed
-// (bwd_wgmma.cuh's SPLIT).
-#ifndef TILEATTN_BWD_V5_SPLIT_SCORES
-#define TILEATTN_BWD_V5_SPLIT_SCORES 0
-#endif
 
 // Shared memory: K_j, V_j (Bc x D), bwd_v4_stages(Br) stages of Q_i and dO_i (Br x D), two dS tiles
 // (Br x Bc, [query row][key]), all 16-bit SwizzledTiles whose sizes are multiples of 1024 bytes
@@ -247,7 +241,6 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
   constexpr bool PIPE = TILEATTN_BWD_V4_PIPE && HEAD_DIM == 64 && Br == 64;
   constexpr bool LATE_PUBLISH = TILEATTN_BWD_V5_LATE_PUBLISH && DQ_BULK && !PIPE;
-  constexpr bool SPLIT = TILEATTN_BWD_V5_SPLIT_SCORES && DQ_BULK && !PIPE;
   auto publish_dq = [&] {  // this thread's stores of the warpgroup's dQ tile, to the dQ warp
     fence_proxy_async_smem();
     mbar_arrive(bar_dq_full(w));
@@ -258,8 +251,8 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   auto issue_scores = [&](int n) {
     const int st = n % STAGES;
     mbar_wait(bar_full(st), (n / STAGES) & 1);
-    bwd_scores<T, HEAD_DIM, Br, Bc, false, SPLIT>(S, dP, kw_desc, vw_desc, wgmma_desc_sw128(s_q(st)),
-                                                  wgmma_desc_sw128(s_do(st)));
+    bwd_scores<T, HEAD_DIM, Br, Bc, false>(S, dP, kw_desc, vw_desc, wgmma_desc_sw128(s_q(st)),
+                                           wgmma_desc_sw128(s_do(st)));
   };
   // PIPE: the products of block n + 1 issued under block n's dQ, unconditionally (a branch around
   // them would merge two versions of S and dP while the products run, and the copies that merge
@@ -291,22 +284,14 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     const unsigned long long do_ndesc = wgmma_desc_sw128(s_do(st), Br * 128);
     const float* lse_i = lse_s(st);
     const float* Di_i = Di_s(st);
-    if constexpr (SPLIT) {  // S^T's group; dP^T's is waited for inside bwd_p_ds
-      wgmma_wait<1>();
-      fence_operands(S);
-    } else {
-      wait_scores();  // (PIPE: nothing in flight here; the wait ends each iteration, so that no
-                      // group is in flight across the loop's back edge, where S and dP merge)
-    }
+    wait_scores();  // (PIPE: nothing in flight here; the wait ends each iteration, so that no
+                    // group is in flight across the loop's back edge, where S and dP merge)
 
     // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
     const int warp_key0 = 64 * w + 16 * warp;
-    bwd_p_ds<T, STile, Br, CAUSAL, SPLIT>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, Bc, warp_key0,
-                                          q_start, Nq, Nk, causal_offset, scale_log2, lane, [&] {
-                                            wgmma_wait<0>();
-                                            fence_operands(dP);
-                                          });
+    bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, Bc, warp_key0, q_start,
+                                   Nq, Nk, causal_offset, scale_log2, lane);
 
     // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);

@@ -14,29 +14,16 @@ namespace tileattn {
 
 // S^T = K Q_i^T and dP^T = V dO_i^T (SS, both K-major; A: 64 key rows of a KV_ROWS-row K / V tile,
 // B: the Q block's Br rows), one commit group, waited for unless WAIT is false (then the caller
-// waits for the group and fences S and dP before reading them).  SPLIT (with WAIT false): S^T's
-// products, then dP^T's, as two commit groups, so that the caller may turn S^T into P^T while
-// the tensor core still computes dP^T.
-template <typename T, int HEAD_DIM, int Br, int KV_ROWS, bool WAIT = true, bool SPLIT = false>
+// waits for the group and fences S and dP before reading them).
+template <typename T, int HEAD_DIM, int Br, int KV_ROWS, bool WAIT = true>
 __device__ __forceinline__ void bwd_scores(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned long long k_desc,
                                            unsigned long long v_desc, unsigned long long q_desc,
                                            unsigned long long do_desc) {
-  static_assert(!(WAIT && SPLIT), "a split pair of groups is waited for by the caller");
   wgmma_fence();
-  if constexpr (SPLIT) {
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-      Wgmma16<T>::ss(S, k_desc + (sw128_k_step(kk, KV_ROWS) >> 4), q_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-      Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, KV_ROWS) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
-  } else {
-#pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-      Wgmma16<T>::ss(S, k_desc + (sw128_k_step(kk, KV_ROWS) >> 4), q_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
-      Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, KV_ROWS) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
-    }
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+    Wgmma16<T>::ss(S, k_desc + (sw128_k_step(kk, KV_ROWS) >> 4), q_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
+    Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, KV_ROWS) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
   }
   wgmma_commit();
   if constexpr (WAIT) {
@@ -81,13 +68,11 @@ __device__ __forceinline__ bool bwd_block_unmasked(int q_start, int Br, int Nq, 
 // MASK false: bwd_p_ds below has checked (bwd_block_unmasked) that every (row, key) pair of the block
 // is visible, so the weights need no test (and the registers of the per-element bounds are free:
 // at D=128 causal the tests alone made bwd_v4 spill).
-// SPLIT (bwd_scores' two groups): every P^T first, then wait_dp() (the caller's wait for dP^T's
-// group and its fence), then dS^T.
-template <typename T, typename STile, int Br, bool CAUSAL, bool MASK, bool SPLIT = false, typename WaitDp>
+template <typename T, typename STile, int Br, bool CAUSAL, bool MASK>
 __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
                                          unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
                                          const float* Di_i, int kv_start, int warp_key0, int q_start, int Nk,
-                                         int causal_offset, float scale_log2, int lane, WaitDp wait_dp) {
+                                         int causal_offset, float scale_log2, int lane) {
   static_assert(STile::REM == 0, "whole 64-key panels: offset_panels, the k16 steps' row offset below");
   constexpr int NS = Br / 2;
   const int key0 = warp_key0 + lane / 4, t = lane % 4;
@@ -98,12 +83,7 @@ __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br
     const bool seen = !MASK || (l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset));
     const float p = seen ? softmax_weight(S[i], scale_log2, l * TILEATTN_LOG2E) : 0.0f;
     S[i] = p;
-    if constexpr (!SPLIT) dP[i] = p * (dP[i] - Di_i[r]);
-  }
-  if constexpr (SPLIT) {
-    wait_dp();
-#pragma unroll
-    for (int i = 0; i < NS; ++i) dP[i] = S[i] * (dP[i] - Di_i[8 * (i / 4) + 2 * t + (i % 2)]);
+    dP[i] = p * (dP[i] - Di_i[r]);
   }
 #pragma unroll
   for (int i = 0; i < NS; i += 2) {
@@ -125,18 +105,17 @@ __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br
 
 // bwd_p_ds_step for the block of Br query rows and kv_rows keys, without the per-element tests
 // where bwd_block_unmasked holds (uniform over the CTA: both builds inline, one runs).
-template <typename T, typename STile, int Br, bool CAUSAL, bool SPLIT = false, typename WaitDp = void (*)()>
+template <typename T, typename STile, int Br, bool CAUSAL>
 __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
                                          unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
                                          const float* Di_i, int kv_start, int kv_rows, int warp_key0, int q_start,
-                                         int Nq, int Nk, int causal_offset, float scale_log2, int lane,
-                                         WaitDp wait_dp = nullptr) {
+                                         int Nq, int Nk, int causal_offset, float scale_log2, int lane) {
   if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, kv_rows, Nk, causal_offset))
-    bwd_p_ds_step<T, STile, Br, CAUSAL, false, SPLIT>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start,
-                                                      warp_key0, q_start, Nk, causal_offset, scale_log2, lane, wait_dp);
+    bwd_p_ds_step<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, warp_key0,
+                                               q_start, Nk, causal_offset, scale_log2, lane);
   else
-    bwd_p_ds_step<T, STile, Br, CAUSAL, true, SPLIT>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start,
-                                                     warp_key0, q_start, Nk, causal_offset, scale_log2, lane, wait_dp);
+    bwd_p_ds_step<T, STile, Br, CAUSAL, true>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, warp_key0,
+                                              q_start, Nk, causal_offset, scale_log2, lane);
 }
 
 }  // namespace tileattn
