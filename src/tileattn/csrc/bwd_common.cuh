@@ -136,8 +136,8 @@ __device__ __forceinline__ void frag_p_ds(float (&S)[NT][4], float (&dP)[NT][4],
 // dkv_*), this thread being the value's one writer.  Otherwise into the float32 accumulators:
 // atomics into the K/V head's slice where a GQA group's query heads share it, or a plain store
 // into the query head's own slice (deterministic), or without GQA the K/V head's, which is the
-// same slice (so the host need not zero them first).
-// store_dkdv's destinations, the kernel's fields by name.
+// same slice (so the host need not zero them first).  The rungs pass the destinations as
+// TILEATTN_DKDV_DEST (their fields by name).
 #define TILEATTN_DKDV_DEST dk_accum, dv_accum, dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn
 template <typename T>
 __device__ __forceinline__ void store_dkdv(float* dk_accum, float* dv_accum, T* dk_out, T* dv_out, long long dkv_sb,
