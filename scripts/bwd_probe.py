@@ -40,7 +40,7 @@ for spec in args.tile:  # the backward reads BWD_VERSIONS, the loader KERNEL_ENT
 print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}, tiles {args.tile}")
 
 B, H, N = 32768 // args.seqlen, 16 if args.dtype != "float32" else 8, args.seqlen
-PEERS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION"} if args.peers else {}
+PEERS = ("sdpa_cudnn", "sdpa_flash") if args.peers else ()
 dt = getattr(torch, args.dtype)
 for D in (64, 128):
     for causal in (False, True):
@@ -50,12 +50,9 @@ for D in (64, 128):
             out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
         flops = 2.5 * bench.Case(B, H, N, D, args.dtype, causal).flops  # 5 products of the forward's 2
         base, times = None, {}
-        for peer, backend in PEERS.items():  # autograd through SDPA's backend, its forward run once
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
+        for peer in PEERS:  # autograd through SDPA's backend (the bwd suite's peers), its forward run once
             qkv = [t.detach().requires_grad_() for t in (q, k, v)]
-            with sdpa_kernel([getattr(SDPBackend, backend)]):
-                o = torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal)
+            o = bench._peer_fn(peer, *qkv, causal)()
             times[peer] = do_bench(
                 lambda o=o, qkv=qkv: torch.autograd.grad(o, qkv, dO, retain_graph=True),
                 warmup=25,

@@ -75,19 +75,19 @@ def attention_backward(
         dk_out, dv_out = (
             (torch.empty if launched else torch.zeros)(shape, dtype=k.dtype, device=q.device) for _ in "kv"
         )
-        dkv_ptrs, dkv_strides = (0, 0, dk_out.data_ptr(), dv_out.data_ptr()), api._bhnd(dk_out, layout)[1][:3]
+        acc_ptrs, out_fields = (0, 0), (dk_out.data_ptr(), dv_out.data_ptr(), *api._bhnd(dk_out, layout)[1][:3])
     else:
         alloc = torch.empty if launched and (H == H_kv or deterministic) else torch.zeros
         dk_acc, dv_acc = (alloc((B, H if deterministic else H_kv, Nk, D), **f32) for _ in "kv")
-        dkv_ptrs, dkv_strides = (dk_acc.data_ptr(), dv_acc.data_ptr(), 0, 0), (0, 0, 0)
+        acc_ptrs, out_fields = (dk_acc.data_ptr(), dv_acc.data_ptr()), (0,) * 5
     semaphore = torch.zeros(B * H * -(-Nq // Br), dtype=torch.int32, device=q.device) if deterministic else None
     if launched:
         Di = torch.empty((B, H, Nq), **f32)
         offset = 0 if causal != "bottom_right" else Nk - Nq
         # fmt: off
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
-                Di.data_ptr(), dq_acc.data_ptr(), *dkv_ptrs[:2], 0 if semaphore is None else semaphore.data_ptr(),
-                Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *dkv_ptrs[2:], *dkv_strides,
+                Di.data_ptr(), dq_acc.data_ptr(), *acc_ptrs, 0 if semaphore is None else semaphore.data_ptr(),
+                Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields,
                 softmax_scale, offset, 0]
         # fmt: on
         stream = api._current_stream(device_index)

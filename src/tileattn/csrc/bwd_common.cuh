@@ -8,6 +8,7 @@
 // chip) and accumulate dQ across K/V blocks in a float32 buffer.
 #pragma once
 
+#include "mma.cuh"
 #include "softmax.cuh"
 
 namespace tileattn {
@@ -171,19 +172,6 @@ __host__ __device__ constexpr int bwd_pre_lanes() {
   int lanes = 4;  // (at least: Br = 8 rows a block then fill whole warps, as the full-mask shuffles need)
   while (lanes < 32 && lanes * 16 < HEAD_DIM * (int)sizeof(T)) lanes *= 2;
   return lanes;
-}
-
-// A register of two 16-bit T as two floats (lo first); the inverse of mma.cuh's pack2.  By value
-// (no address taken: that split the 16-byte loads of bwd_preprocess into 8-byte ones).
-template <typename T>
-__device__ __forceinline__ float2 unpack2(unsigned w);
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(unsigned w) {
-  return make_float2(__half2float(__ushort_as_half(w & 0xffffu)), __half2float(__ushort_as_half(w >> 16)));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned w) {
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));  // bf16 is float's top half
 }
 
 // The products of two 16-byte vectors of T, summed in float32.

@@ -306,31 +306,20 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
 
     // 4. dQ_i = dS K, added into dq_accum, once this block's dS rows it reads are in the tile.
+    // (DQ_OWN_FIRST: the k-steps over this warpgroup's own keys, 4 w.., once its own dS rows are
+    // in the tile, and the other four after the meeting.)
+    constexpr bool OWN_FIRST = SHARED_DQ && TILEATTN_BWD_V5_DQ_OWN_FIRST && DQ_BULK;
+    if constexpr (OWN_FIRST) named_barrier_sync<BWD_V4_WG>(2 + w);
+    else if constexpr (SHARED_DQ) named_barrier_sync<2 * BWD_V4_WG>(1);
+    else named_barrier_sync<BWD_V4_WG>(1 + w);
     float dq[32];
-    if constexpr (SHARED_DQ && TILEATTN_BWD_V5_DQ_OWN_FIRST && DQ_BULK) {
-      const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base + ds_offset);
-      // k-steps 4 w .. 4 w + 3 (keys 64 w..: this warpgroup's dS) first, then the other four.
-      auto dq_steps = [&](int panel, bool first) {
+    const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base + ds_offset);
+    wgmma_fence();
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int ks = 4 * panel + j;
-          Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4),
-                            !(first && j == 0));
-        }
-      };
-      named_barrier_sync<BWD_V4_WG>(2 + w);
-      wgmma_fence();
-      dq_steps(w, true);
-      named_barrier_sync<2 * BWD_V4_WG>(1);
-      dq_steps(1 - w, false);
-    } else {
-      if constexpr (SHARED_DQ) named_barrier_sync<2 * BWD_V4_WG>(1);
-      else named_barrier_sync<BWD_V4_WG>(1 + w);
-      const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base + ds_offset);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < DQ_KEYS / 16; ++ks)
-        Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
+    for (int step = 0; step < DQ_KEYS / 16; ++step) {
+      const int ks = OWN_FIRST ? step ^ (4 * w) : step;  // (own keys 4 w.. first)
+      if (OWN_FIRST && step == 4) named_barrier_sync<2 * BWD_V4_WG>(1);
+      Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), step > 0);
     }
     wgmma_commit();
     if constexpr (PIPE) {

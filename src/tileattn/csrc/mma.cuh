@@ -115,6 +115,19 @@ __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
+// A register of two 16-bit T as two floats (lo first); pack2's inverse.  By value (no
+// address taken: that split bwd_preprocess's 16-byte loads into 8-byte ones).
+template <typename T>
+__device__ __forceinline__ float2 unpack2(unsigned w);
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(unsigned w) {
+  return make_float2(__half2float(__ushort_as_half(w & 0xffffu)), __half2float(__ushort_as_half(w >> 16)));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));  // bf16 is float's top half
+}
+
 // ---- Fragment plumbing shared by the mma.sync kernels (fa2_mma.cuh, bwd_v2, dec_v1) ----
 // Each lane's ldmatrix row and 16-byte chunk for the three operand roles: an A operand (16 rows,
 // k-step chunks), a B operand read as two 8-row n-tiles (K in Q K^T), and a B operand read with
