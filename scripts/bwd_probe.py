@@ -8,7 +8,8 @@ scripts/variants_probe.py (an experiment's switch in the CUDA sources); `--tile 
 a rung at a tile other than the registry's; `--kernels` lists each launch of one call of each rung
 (torch.profiler: the rung, the D_i pass, the memsets and copies around it) with its device time;
 `--peers` times cuDNN's and FA2's backward (SDPA) on the same inputs and prints each rung's ratio
-to them; `--seqlen N` runs B = 32768 / N (the bwd suite's shapes) instead of N=8192.
+to them; `--seqlen N` runs B = 32768 / N (the bwd suite's shapes) instead of N=8192; `--headdim` the head
+dims (64 and 128 by default).
 """
 
 import argparse
@@ -29,6 +30,7 @@ parser.add_argument("--dtype", default="bfloat16", help="float32: the FP32 rungs
 parser.add_argument("--kernels", action="store_true", help="each launch of one call, with its device time")
 parser.add_argument("--peers", action="store_true", help="cuDNN and FA2 (SDPA) on the same inputs, and our ratios")
 parser.add_argument("--seqlen", type=int, default=8192, help="N, with B = 32768 / N")
+parser.add_argument("--headdim", type=int, nargs="+", default=[64, 128])
 args = parser.parse_args()
 _nvrtc.EXPERIMENT_DEFINES[:] = args.define
 for spec in args.tile:  # the backward reads BWD_VERSIONS, the loader KERNEL_ENTRIES: both replaced
@@ -42,7 +44,7 @@ print(f"compiled with {_nvrtc.EXPERIMENT_DEFINES}, tiles {args.tile}")
 B, H, N = 32768 // args.seqlen, 16 if args.dtype != "float32" else 8, args.seqlen
 PEERS = ("sdpa_cudnn", "sdpa_flash") if args.peers else ()
 dt = getattr(torch, args.dtype)
-for D in (64, 128):
+for D in args.headdim:
     for causal in (False, True):
         q, k, v, dO = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(4))
         mode = "top_left" if causal else None

@@ -55,15 +55,6 @@ __host__ __device__ constexpr int bwd_v4_stages(int Br) { return Br == 128 ? 2 :
 #ifndef TILEATTN_BWD_V5_LATE_PUBLISH
 #define TILEATTN_BWD_V5_LATE_PUBLISH 1
 #endif
-// TILEATTN_BWD_V5_DQ_OWN_FIRST (an experiment, default 0; built, not yet run on a GPU): where the
-// warpgroups share dS (D=128, Br=128), each issues dQ's k-steps over its own 64 keys once its own
-// warpgroup's dS rows are in the tile (a 128-thread barrier), and only then waits for the other
-// warpgroup's (the 256-thread meeting) before the other 64 keys' steps, so that the tensor core
-// has this warpgroup's first half of dQ while it waits.  dQ's sum runs in another order (own keys
-// first): still a fixed order, so deterministic mode stays bitwise reproducible.
-#ifndef TILEATTN_BWD_V5_DQ_OWN_FIRST
-#define TILEATTN_BWD_V5_DQ_OWN_FIRST 0
-#endif
 
 // Shared memory: K_j, V_j (Bc x D), bwd_v4_stages(Br) stages of Q_i and dO_i (Br x D), two dS tiles
 // (Br x Bc, [query row][key]), all 16-bit SwizzledTiles whose sizes are multiples of 1024 bytes
@@ -306,21 +297,16 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
 
     // 4. dQ_i = dS K, added into dq_accum, once this block's dS rows it reads are in the tile.
-    // (DQ_OWN_FIRST: the k-steps over this warpgroup's own keys, 4 w.., once its own dS rows are
-    // in the tile, and the other four after the meeting.)
-    constexpr bool OWN_FIRST = SHARED_DQ && TILEATTN_BWD_V5_DQ_OWN_FIRST && DQ_BULK;
-    if constexpr (OWN_FIRST) named_barrier_sync<BWD_V4_WG>(2 + w);
-    else if constexpr (SHARED_DQ) named_barrier_sync<2 * BWD_V4_WG>(1);
+    // (Issuing the k-steps over the warpgroup's own keys before this meeting, the other warpgroup's
+    // after it, measured 2-9% slower on an H200: bench/NOTES.md.)
+    if constexpr (SHARED_DQ) named_barrier_sync<2 * BWD_V4_WG>(1);
     else named_barrier_sync<BWD_V4_WG>(1 + w);
     float dq[32];
     const unsigned long long dsa_desc = wgmma_desc_sw128(ds_base + ds_offset);
     wgmma_fence();
 #pragma unroll
-    for (int step = 0; step < DQ_KEYS / 16; ++step) {
-      const int ks = OWN_FIRST ? step ^ (4 * w) : step;  // (own keys 4 w.. first)
-      if (OWN_FIRST && step == 4) named_barrier_sync<2 * BWD_V4_WG>(1);
-      Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), step > 0);
-    }
+    for (int ks = 0; ks < DQ_KEYS / 16; ++ks)
+      Wgmma16<T>::ss_bt(dq, dsa_desc + (sw128_k_step(ks, Br) >> 4), kn_desc + ((ks * 16 * 128) >> 4), ks > 0);
     wgmma_commit();
     if constexpr (PIPE) {
       issue_next_scores(n);  // S and dP are free: their values live in p_frag and ds_frag now
