@@ -70,6 +70,14 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
             assert "REDG.E.ADD.F32x2" in sass
         else:  # dQ: eight 16-byte shared stores a thread and one bulk reduction, no RED of its own
             assert "REDG.E.ADD.F32x2" not in sass and sass.count("UBLKRED") == 1 and sass.count("STS.128") == 8
+    elif entry.name == "bwd_v6":  # S^T, dP^T (m64n32: a warpgroup's 32 rows) over D / 16 k-steps;
+        # dV, dK (both operands MN-major) and dQ (m64n128: a warpgroup's half of the head dim) over
+        # the block's 64 rows, 64 keys; dQ's adds four floats a RED; P and dS stored by stmatrix
+        Br, Bc = entry.tiles[D]
+        assert sass.count("HGMMA.64x32x16") == 2 * D // 16 and sass.count("HGMMA.64x128x16") == 2 * Br // 16 + Bc // 16
+        assert sass.count("UTMALDG") == 4 * D // 64 and "USETMAXREG" in sass and "HMMA" not in sass
+        assert sass.count("REDG.E.ADD.F32x4") == D // 2 // 8 and sass.count("STSM.16.MT88.4") == 2 * 2 * Br // 2 // 16
+        assert float_atomics  # dK, dV under GQA
     elif not entry.name.startswith("bwd_v2.2"):
         assert "HMMA" not in sass  # CUDA cores only
     if entry.name == "bwd_v1":
@@ -264,7 +272,7 @@ def _needs_hopper():
     import torch
 
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma backward rungs (bwd_v3, bwd_v4, bwd_v5) run on sm_90")
+        pytest.skip("the wgmma backward rungs (bwd_v3 .. bwd_v6) run on sm_90")
 
 
 @pytest.mark.gpu
@@ -279,19 +287,22 @@ def test_backward_wgmma_matches_float64(dtype, D, B, H, H_kv, Nq, Nk, causal, sc
     _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version="bwd_v3")
 
 
-_WS_RUNGS = ("bwd_v4", "bwd_v5")  # the warp-specialised rungs, on mbarrier pipelines
+_WS_RUNGS = ("bwd_v4", "bwd_v5", "bwd_v6")  # the warp-specialised rungs, on mbarrier pipelines
 _WS_SMOKE = """
 import torch
 from tileattn import api
 from tileattn.backward import attention_backward
-for D, mode in ((64, "top_left"), (128, None)):
+from tileattn.versions import BWD_VERSIONS
+for D, mode in ((64, "top_left"), (128, None), (256, "top_left"), (256, None)):
     q, k, v, dO = (torch.randn(1, 2, 300, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
     for version in RUNGS:
-        attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version=version)
+        if D in BWD_VERSIONS[version].tiles:
+            attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version=version)
+            torch.cuda.synchronize()
+    if D in BWD_VERSIONS["bwd_v5"].tiles:
+        attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5", deterministic=True)
         torch.cuda.synchronize()
-    attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5", deterministic=True)
-    torch.cuda.synchronize()
 """.replace("RUNGS", repr(_WS_RUNGS))
 
 
@@ -306,35 +317,36 @@ def ws_rungs_finish():
     try:
         run = subprocess.run([sys.executable, "-c", _WS_SMOKE], timeout=180, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"{_WS_RUNGS} did not finish six small backward calls in 180 s (a hang); their tests did not run")
+        pytest.fail(f"{_WS_RUNGS} did not finish ten small backward calls in 180 s (a hang); their tests did not run")
     assert run.returncode == 0, f"{_WS_RUNGS}' first calls failed:\n{run.stderr[-3000:]}"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", _WS_RUNGS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize(
-    "D,B,H,H_kv,Nq,Nk,causal,scale,layout", [(D, *shape) for D in BWD_VERSIONS["bwd_v4"].head_dims for shape in SHAPES]
+    "version,D,B,H,H_kv,Nq,Nk,causal,scale,layout",
+    [(v, D, *shape) for v in _WS_RUNGS for D in BWD_VERSIONS[v].head_dims for shape in SHAPES],
 )
 def test_backward_ws_matches_float64(ws_rungs_finish, version, dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout):
-    """bwd_v4 and bwd_v5 (warp-specialised, 128 keys a CTA) against float64 autograd, as bwd_v2 and
-    bwd_v3."""
+    """bwd_v4, bwd_v5 (warp-specialised, 128 keys a CTA) and bwd_v6 (D=256: the head dim split
+    between the warpgroups) against float64 autograd, as bwd_v2 and bwd_v3."""
     _check_backward(dtype, D, B, H, H_kv, Nq, Nk, causal, scale, layout, version=version)
 
 
 def _blocked_dq(dq, Br: int):
-    """bwd_v5's dQ accumulator for the (B, H, rows, D) values dq, written as a direct model of its
-    chunks: value 2 hh + e of n8 of warpgroup w's thread 32 warp + 4 g + t is row 16 warp + 8 hh + g,
-    column 8 n8 + 2 t + e of the warpgroup's 64 x 64 tile of its Q block (the wgmma accumulator
-    layout): columns 64 w.. at D=128, rows 64 w.. at Br=128."""
+    """bwd_v5's (and bwd_v6's) dQ accumulator for the (B, H, rows, D) values dq, written as a direct
+    model of its chunks: value 2 hh + e of n8 of thread 32 warp + 4 g + t is row 16 warp + 8 hh + g,
+    column 8 n8 + 2 t + e of a 64 x 64 tile of its Q block (the wgmma accumulator layout), the
+    block's tiles row strip by row strip, column tile by column tile (a warpgroup's: columns 64 w..
+    in bwd_v5 at D=128, rows 64 w.. at Br=128; columns 128 w.. in bwd_v6's two)."""
     import torch
 
     B, H, rows, D = dq.shape
     acc = torch.empty(B, H, rows * D, dtype=torch.float32, device=dq.device)
     i = 0
     for blk in range(rows // Br):
-        for w in range(max(Br, D) // 64):
-            row0, col0 = blk * Br + (64 * w if Br == 128 else 0), 64 * w if D == 128 else 0
+        for strip, c in ((strip, c) for strip in range(Br // 64) for c in range(D // 64)):
+            row0, col0 = blk * Br + 64 * strip, 64 * c
             for n8 in range(8):
                 for tid in range(128):
                     warp, g, t = tid // 32, tid % 32 // 4, tid % 4
@@ -346,7 +358,7 @@ def _blocked_dq(dq, Br: int):
 
 
 @pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
-@pytest.mark.parametrize("D,Br,Nq", [(64, 64, 64), (64, 64, 100), (128, 64, 130), (64, 128, 200)])
+@pytest.mark.parametrize("D,Br,Nq", [(64, 64, 64), (64, 64, 100), (128, 64, 130), (64, 128, 200), (256, 64, 70)])
 def test_dq_from_blocks_undoes_the_accumulator_order(layout, D, Br, Nq):
     """testing.dq_from_blocks (bwd_dq_convert's model) against the direct model of bwd_v5's chunks
     (CPU), at both tiles of Br: the accumulator is 64-row strips whatever the rung's Br."""
@@ -385,6 +397,26 @@ def test_dq_convert_matches_its_model(layout, dtype, D, B, H, Nq):
     want = dq_from_blocks(acc, Nq, layout, dt)
     assert got.shape == want.shape == (B, H, Nq, D) and torch.equal(got, want)
     assert (got.transpose(1, 2) if layout == "bnhd" else got).is_contiguous()  # the caller's layout
+
+
+@pytest.mark.parametrize(
+    "arch,dtype,D,deterministic,rung",
+    [
+        ((9, 0), "bfloat16", 64, False, "bwd_v5"),
+        ((9, 0), "float16", 128, True, "bwd_v5"),
+        ((9, 0), "bfloat16", 256, False, "bwd_v6"),
+        ((9, 0), "bfloat16", 256, True, "bwd_v2"),  # bwd_v6 has no deterministic mode
+        ((9, 0), "float16", 96, False, "bwd_v2"),
+        ((8, 0), "bfloat16", 256, False, "bwd_v2"),
+        ((9, 0), "float32", 128, False, "bwd_v2.2"),
+    ],
+)
+def test_default_rung(monkeypatch, arch, dtype, D, deterministic, rung):
+    """The rung autograd picks, by arch, dtype, head dim and determinism (CPU: the arch is faked)."""
+    from tileattn import backward
+
+    monkeypatch.setattr(_nvrtc, "device_arch", lambda device_index: arch)
+    assert backward.default_rung(dtype, D, deterministic, 0) == rung
 
 
 @pytest.mark.gpu
@@ -485,10 +517,11 @@ def test_deterministic_backward_is_bitwise_reproducible(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_backward_packed_qkv_and_many_heads(dtype):
+@pytest.mark.parametrize("dtype,D", [("float32", 64), ("bfloat16", 64), ("bfloat16", 256)])
+def test_backward_packed_qkv_and_many_heads(dtype, D):
     """q, k, v as views into one packed (B, N, 3, H, D) tensor (strided, not contiguous), and B*H
-    above gridDim.y's 65535 (the launches split over bh_offset)."""
+    above gridDim.y's 65535 (the launches split over bh_offset); the default rung of each (D=256:
+    bwd_v6 on sm_90)."""
     import torch
 
     import tileattn
@@ -496,7 +529,7 @@ def test_backward_packed_qkv_and_many_heads(dtype):
 
     dt = getattr(torch, dtype)
     for B, H, N in ((2, 4, 77), (1, 65536 + 5, 3)):
-        qkv = torch.randn(B, N, 3, H, 64, device="cuda", dtype=dt)
+        qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=dt)
         q, k, v = qkv.unbind(2)
         dO = torch.randn_like(q)
         with torch.no_grad():

@@ -142,15 +142,18 @@ def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype,
 def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, precision: str | None = None) -> str:
     """The rung autograd runs: on sm_90 at D = 64 and 128 bwd_v5 (wgmma, warp-specialised, dQ by
     bulk reduction: 1.1-1.4x bwd_v4 on an H200, and its deterministic mode 3-6x faster than
-    bwd_v3's, bench/results/bwd_n8192.json); bwd_v2 (mma.sync) elsewhere for fp16 / bf16; for FP32
-    bwd_v2.2 (3xTF32 on mma.sync), bwd_v2.2_tf32 when the forward ran with precision="tf32".
-    Each has a deterministic mode, so ``deterministic`` does not change the choice."""
+    bwd_v3's, bench/results/bwd_n8192.json), at D = 256 bwd_v6 (the head dim split between its
+    warpgroups) unless ``deterministic`` (it has no such mode); bwd_v2 (mma.sync) elsewhere for
+    fp16 / bf16; for FP32 bwd_v2.2 (3xTF32 on mma.sync), bwd_v2.2_tf32 when the forward ran with
+    precision="tf32"."""
     if dtype == "float32":
         return "bwd_v2.2_tf32" if precision == "tf32" else "bwd_v2.2"
     cc = _nvrtc.device_arch(device_index)
-    hopper = BWD_VERSIONS["bwd_v5"].runs_on(cc[0] * 10 + cc[1])
-    if hopper and D in BWD_VERSIONS["bwd_v5"].tiles:
-        return "bwd_v5"
+    arch = cc[0] * 10 + cc[1]
+    for name in ("bwd_v5", "bwd_v6"):
+        entry = BWD_VERSIONS[name]
+        if entry.runs_on(arch) and D in entry.tiles and (entry.deterministic or not deterministic):
+            return name
     return "bwd_v2"
 
 

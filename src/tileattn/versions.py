@@ -490,6 +490,21 @@ _BWD_V5 = dataclasses.replace(
     spill_bytes={64: 184, 128: 48},
 )
 
+# D=256 on sm_90 (bwd_v5's registers hold dK, dV rows of D <= 128): the head dim split between the
+# consumer warpgroups, 64 keys a CTA; the default there unless deterministic (backward.default_rung).
+_BWD_V6 = dataclasses.replace(
+    _BWD_V5,
+    name="bwd_v6",
+    file="bwd_v6_dsplit.cu",
+    kernel="bwd_v6",
+    summary="bwd_v5's pipeline with the head dim split between the two consumer warpgroups (each owns "
+    "half of dK, dV, dQ's columns; S^T, dP^T split by query rows, P and dS shared through shared "
+    "memory): D=256, dQ by red.global.add.v4 into bwd_v5's blocked layout",
+    tiles={256: (64, 64)},
+    deterministic=False,
+    spill_bytes={},
+)
+
 # bwd_v5's blocked dQ accumulator -> the gradient (the inputs' dtype, or float32), in the caller's
 # layout: a 64 x 64 tile a block.  Its dtype is the gradient's; Br, Bc are unused (the tile is 64
 # rows for every Br).
@@ -497,7 +512,7 @@ BWD_DQ_CONVERT = KernelEntry(
     name="bwd_dq_convert",
     file="bwd_dq_convert.cu",
     kernel="bwd_dq_convert",
-    tiles={D: (64, 0) for D in _BWD_V5.tiles},
+    tiles={D: (64, 0) for D in (*_BWD_V5.tiles, *_BWD_V6.tiles)},
     dtypes=("float32", "float16", "bfloat16"),
     fields="dqc",
     summary="bwd_v5's dQ tiles (the wgmma accumulator's order) -> row order in shared memory -> "
@@ -569,6 +584,7 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
         _BWD_V3,
         _BWD_V4,
         _BWD_V5,
+        _BWD_V6,
     ]
 }
 

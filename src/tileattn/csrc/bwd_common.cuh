@@ -106,6 +106,14 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {  // p 8-b
   red_add(p + 1, y);
 #endif
 }
+__device__ __forceinline__ void red_add4(float* p, float x, float y, float z, float w) {  // p 16-byte aligned
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(x), "f"(y), "f"(z), "f"(w));
+#else
+  red_add2(p, x, y);
+  red_add2(p + 2, z, w);
+#endif
+}
 
 // The mma.sync rungs' (bwd_v2, bwd_v2.2) step on a warp's 16 query rows in the C fragment layout
 // ([nt] holds keys 8 nt + 2t, +1 of rows g (values 0, 1) and g + 8 (2, 3)):

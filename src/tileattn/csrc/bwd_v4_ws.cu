@@ -29,8 +29,6 @@
 namespace tileattn {
 
 constexpr int BWD_V4_WG = 128;
-constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2 x 64 floats a block
-constexpr int BWD_V4_CONSUMER_REGS = 240;  // 24 + 2 x 240 <= 512 (65536 registers / 128 threads)
 constexpr int BWD_V4_STAGES = 3;  // Q_i / dO_i / lse_i / D_i stages: fits beside K, V and dS at D=128 (194 KB)
 constexpr int BWD_V4_DQ_BYTES = 64 * 64 * 4;  // bwd_v5: a consumer warpgroup's dQ tile (float32)
 // Br = 128 (bwd_v5's tile at D=64) takes two stages: three with the 128-row dS tiles would pass
@@ -174,43 +172,9 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
       return;
     }
     if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    // Maps (TmaMaps, built by backward.py): 0 q and 3 dO (boxes of Br rows), 1 k and 2 v (Bc rows).
-    if (lane == 0) {
-      tma_tile_load<HEAD_DIM>(tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b);
-      tma_tile_load<HEAD_DIM>(tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b);
-    }
-    const float* lse_bh = lse + (long long)bh * Nq;
-    const float* Di_bh = Di + (long long)bh * Nq;
-    // Block n's lse_i and D_i are loaded into registers while the warp waits for block n's stage
-    // to empty (their global-memory latency under that wait, not between the wait and the
-    // arrival).  Rows past Nq: lse -inf (weight 0 everywhere), D 0; their Q, dO rows arrive as zeros.
-    float lse_r[Br / 32], Di_r[Br / 32];
-    auto load_stats = [&](int n) {
-#pragma unroll
-      for (int k = 0; k < Br / 32; ++k) {
-        const int row = q_first + n * Br + lane + 32 * k;
-        const bool ok = n < n_blocks && row < Nq;
-        lse_r[k] = ok ? lse_bh[row] : TILEATTN_NEG_INF;
-        Di_r[k] = ok ? Di_bh[row] : 0.0f;
-      }
-    };
-    load_stats(0);
-    for (int n = 0; n < n_blocks; ++n) {
-      const int st = n % STAGES, q_start = q_first + n * Br;
-      if (n >= STAGES) mbar_wait(bar_empty(st), ((n / STAGES) & 1) ^ 1);
-      if (lane == 0) {
-        tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
-        tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
-      }
-#pragma unroll
-      for (int k = 0; k < Br / 32; ++k) {
-        lse_s(st)[lane + 32 * k] = lse_r[k];
-        Di_s(st)[lane + 32 * k] = Di_r[k];
-      }
-      mbar_arrive(bar_full(st));  // (a release: this lane's stores, before the consumers' wait)
-      load_stats(n + 1);
-    }
+    bwd_produce<HEAD_DIM, Br, Bc, STAGES>(tmaps, s_k, s_v, s_q, s_do, lse_s, Di_s, bar_kv, bar_full, bar_empty,
+                                           lse + (long long)bh * Nq, Di + (long long)bh * Nq, kv_start, q_first,
+                                           n_blocks, Nq, h, hk, b, threadIdx.x);
     return;
   }
 

@@ -1,4 +1,4 @@
-// The step the wgmma backward rungs (bwd_v3_wgmma.cu, bwd_v4_ws.cu) share: from one Q block's
+// The step the wgmma backward rungs (bwd_v3_wgmma.cu, bwd_v4_ws.cu, bwd_v6_dsplit.cu) share: from one Q block's
 // transposed scores to the operands of dV, dK and dQ.
 //
 // Layout (wgmma m64n64, keys as M): a thread of warp w of its warpgroup holds, as value i, key
@@ -12,18 +12,69 @@
 
 namespace tileattn {
 
+// The warp-specialised rungs (bwd_v4_ws.cu, bwd_v6_dsplit.cu): the producer warpgroup keeps 24
+// registers a thread, the two consumer warpgroups 240 (24 + 2 x 240 <= 512: 65536 / 128 threads).
+constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2 x Br floats a block
+constexpr int BWD_V4_CONSUMER_REGS = 240;
+
+// Their producer warp (lane: 0..31).  Lane 0 loads K_j, V_j once (TmaMaps built by backward.py: 1
+// k and 2 v in boxes of Bc rows) and each Q block n's Q_i, dO_i (0 q and 3 dO, Br rows) into
+// stage n % STAGES once the consumers have emptied it (bar_empty); the 32 lanes store its lse_i
+// and D_i there and arrive on bar_full.  Block n's lse_i and D_i are loaded into registers while
+// the warp waits for its stage to empty (their global-memory latency under that wait, not between
+// the wait and the arrival).  Rows past Nq: lse -inf (weight 0 everywhere), D 0; their Q, dO
+// rows arrive as zeros.  s_q, s_do (shared-space addresses) and lse_s, Di_s (pointers) map a
+// stage to its buffers, bar_full and bar_empty to its mbarriers.
+template <int HEAD_DIM, int Br, int Bc, int STAGES, typename SQ, typename SDO, typename SL, typename SD, typename BF,
+          typename BE>
+__device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, unsigned s_v, SQ s_q, SDO s_do,
+                                            SL lse_s, SD Di_s, unsigned bar_kv, BF bar_full, BE bar_empty,
+                                            const float* lse_bh, const float* Di_bh, int kv_start, int q_first,
+                                            int n_blocks, int Nq, int h, int hk, int b, int lane) {
+  if (lane == 0) {
+    tma_tile_load<HEAD_DIM>(tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b);
+    tma_tile_load<HEAD_DIM>(tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b);
+  }
+  float lse_r[Br / 32], Di_r[Br / 32];
+  auto load_stats = [&](int n) {
+#pragma unroll
+    for (int k = 0; k < Br / 32; ++k) {
+      const int row = q_first + n * Br + lane + 32 * k;
+      const bool ok = n < n_blocks && row < Nq;
+      lse_r[k] = ok ? lse_bh[row] : TILEATTN_NEG_INF;
+      Di_r[k] = ok ? Di_bh[row] : 0.0f;
+    }
+  };
+  load_stats(0);
+  for (int n = 0; n < n_blocks; ++n) {
+    const int st = n % STAGES, q_start = q_first + n * Br;
+    if (n >= STAGES) mbar_wait(bar_empty(st), ((n / STAGES) & 1) ^ 1);
+    if (lane == 0) {
+      tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
+      tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
+    }
+#pragma unroll
+    for (int k = 0; k < Br / 32; ++k) {
+      lse_s(st)[lane + 32 * k] = lse_r[k];
+      Di_s(st)[lane + 32 * k] = Di_r[k];
+    }
+    mbar_arrive(bar_full(st));  // (a release: this lane's stores, before the consumers' wait)
+    load_stats(n + 1);
+  }
+}
+
 // S^T = K Q_i^T and dP^T = V dO_i^T (SS, both K-major; A: 64 key rows of a KV_ROWS-row K / V tile,
-// B: the Q block's Br rows), one commit group, waited for unless WAIT is false (then the caller
-// waits for the group and fences S and dP before reading them).
-template <typename T, int HEAD_DIM, int Br, int KV_ROWS, bool WAIT = true>
+// B: Br rows of a Q_ROWS-row Q / dO tile), one commit group, waited for unless WAIT is false (then
+// the caller waits for the group and fences S and dP before reading them).
+template <typename T, int HEAD_DIM, int Br, int KV_ROWS, bool WAIT = true, int Q_ROWS = Br>
 __device__ __forceinline__ void bwd_scores(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned long long k_desc,
                                            unsigned long long v_desc, unsigned long long q_desc,
                                            unsigned long long do_desc) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-    Wgmma16<T>::ss(S, k_desc + (sw128_k_step(kk, KV_ROWS) >> 4), q_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
-    Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, KV_ROWS) >> 4), do_desc + (sw128_k_step(kk, Br) >> 4), kk > 0);
+    Wgmma16<T>::ss(S, k_desc + (sw128_k_step(kk, KV_ROWS) >> 4), q_desc + (sw128_k_step(kk, Q_ROWS) >> 4), kk > 0);
+    Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, KV_ROWS) >> 4), do_desc + (sw128_k_step(kk, Q_ROWS) >> 4), kk > 0);
   }
   wgmma_commit();
   if constexpr (WAIT) {
@@ -63,16 +114,18 @@ __device__ __forceinline__ bool bwd_block_unmasked(int q_start, int Br, int Nq, 
 // -inf) and dS^T = P^T (dP^T - D_i), in place in S and dP; both as 16-bit A fragments of dV +=
 // P^T dO and dK += dS^T Q (k16 step ks = query rows 16 ks..: n8 tiles 2 ks and 2 ks + 1, v3.3's
 // P V mapping); dS stored to shared memory (ds_tile, a shared-space address) as [query row][key in
-// the block] (SwizzledTile STile) for dQ = dS K.  warp_key0: the warp's first key in the block.
+// the block] (SwizzledTile STile) for dQ = dS K, and with STORE_P P as well (p_tile, the same
+// layout: bwd_v6 reads both tiles as dV's and dK's A operands).  warp_key0: the warp's first key
+// in the block.
 //
 // MASK false: bwd_p_ds below has checked (bwd_block_unmasked) that every (row, key) pair of the block
 // is visible, so the weights need no test (and the registers of the per-element bounds are free:
 // at D=128 causal the tests alone made bwd_v4 spill).
-template <typename T, typename STile, int Br, bool CAUSAL, bool MASK>
+template <typename T, typename STile, int Br, bool CAUSAL, bool MASK, bool STORE_P = false>
 __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
                                          unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
                                          const float* Di_i, int kv_start, int warp_key0, int q_start, int Nk,
-                                         int causal_offset, float scale_log2, int lane) {
+                                         int causal_offset, float scale_log2, int lane, unsigned p_tile = 0) {
   static_assert(STile::REM == 0, "whole 64-key panels: offset_panels, the k16 steps' row offset below");
   constexpr int NS = Br / 2;
   const int key0 = warp_key0 + lane / 4, t = lane % 4;
@@ -97,25 +150,29 @@ __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br
   // addresses query row 16 ks + 8 (j / 2) + c, key chunk (warp_key0 + 8 (j % 2)) / 8; the k16
   // steps move 16 rows on, which leaves the swizzle (row % 8) and the panel alone.
   const int j = lane / 8, c = lane % 8;
-  const unsigned row_addr = ds_tile + STile::offset_panels(8 * (j / 2) + c, (warp_key0 + 8 * (j % 2)) / 8);
+  const unsigned row_offset = STile::offset_panels(8 * (j / 2) + c, (warp_key0 + 8 * (j % 2)) / 8);
 #pragma unroll
-  for (int ks = 0; ks < Br / 16; ++ks) stmatrix_x4_trans(row_addr + STile::offset_panels(16 * ks, 0), ds_frag[ks]);
-  fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
+  for (int ks = 0; ks < Br / 16; ++ks) {
+    stmatrix_x4_trans(ds_tile + row_offset + STile::offset_panels(16 * ks, 0), ds_frag[ks]);
+    if constexpr (STORE_P) stmatrix_x4_trans(p_tile + row_offset + STile::offset_panels(16 * ks, 0), p_frag[ks]);
+  }
+  fence_proxy_async_smem();  // this thread's dS (and P) stores, before the tensor core reads them
 }
 
 // bwd_p_ds_step for the block of Br query rows and kv_rows keys, without the per-element tests
 // where bwd_block_unmasked holds (uniform over the CTA: both builds inline, one runs).
-template <typename T, typename STile, int Br, bool CAUSAL>
+template <typename T, typename STile, int Br, bool CAUSAL, bool STORE_P = false>
 __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
                                          unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
                                          const float* Di_i, int kv_start, int kv_rows, int warp_key0, int q_start,
-                                         int Nq, int Nk, int causal_offset, float scale_log2, int lane) {
+                                         int Nq, int Nk, int causal_offset, float scale_log2, int lane,
+                                         unsigned p_tile = 0) {
   if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, kv_rows, Nk, causal_offset))
-    bwd_p_ds_step<T, STile, Br, CAUSAL, false>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, warp_key0,
-                                               q_start, Nk, causal_offset, scale_log2, lane);
+    bwd_p_ds_step<T, STile, Br, CAUSAL, false, STORE_P>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start,
+                                                        warp_key0, q_start, Nk, causal_offset, scale_log2, lane, p_tile);
   else
-    bwd_p_ds_step<T, STile, Br, CAUSAL, true>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start, warp_key0,
-                                              q_start, Nk, causal_offset, scale_log2, lane);
+    bwd_p_ds_step<T, STile, Br, CAUSAL, true, STORE_P>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start,
+                                                       warp_key0, q_start, Nk, causal_offset, scale_log2, lane, p_tile);
 }
 
 }  // namespace tileattn
