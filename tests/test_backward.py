@@ -70,12 +70,11 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
             assert "REDG.E.ADD.F32x2" in sass
         else:  # dQ: eight 16-byte shared stores a thread and one bulk reduction, no RED of its own
             assert "REDG.E.ADD.F32x2" not in sass and sass.count("UBLKRED") == 1 and sass.count("STS.128") == 8
-    elif entry.name == "bwd_v6":  # S^T, dP^T (m64n32: a warpgroup's 32 rows) over D / 16 k-steps at
-        # two sites (the first block; block n + 1's behind block n's dV, dK: the PIPE order); dV, dK
-        # (both operands MN-major) and dQ (m64n128: a warpgroup's half of the head dim) over the
-        # block's 64 rows, 64 keys; dQ's adds four floats a RED; P and dS stored by stmatrix
+    elif entry.name == "bwd_v6":  # S^T, dP^T (m64n32: a warpgroup's 32 rows) over D / 16 k-steps;
+        # dV, dK (both operands MN-major) and dQ (m64n128: a warpgroup's half of the head dim) over
+        # the block's 64 rows, 64 keys; dQ's adds four floats a RED; P and dS stored by stmatrix
         Br, Bc = entry.tiles[D]
-        assert sass.count("HGMMA.64x32x16") == 2 * 2 * D // 16 and sass.count("HGMMA.64x128x16") == 2 * Br // 16 + Bc // 16
+        assert sass.count("HGMMA.64x32x16") == 2 * D // 16 and sass.count("HGMMA.64x128x16") == 2 * Br // 16 + Bc // 16
         assert sass.count("UTMALDG") == 4 * D // 64 and "USETMAXREG" in sass and "HMMA" not in sass
         assert sass.count("REDG.E.ADD.F32x4") == D // 2 // 8 and sass.count("STSM.16.MT88.4") == 2 * 2 * Br // 2 // 16
         assert float_atomics  # dK, dV under GQA

@@ -18,17 +18,16 @@
 //      dS tiles ([query row][key], 64 x 64, double-buffered so that a warpgroup running one block
 //      ahead writes the other pair);
 //   3. the two warpgroups meet (named barrier 1): both halves of each tile are in shared memory;
-//   4. dV_w += P^T dO_i[:, w] and dK_w += dS^T Q_i[:, w] (SS, A the P / dS tile read transposed:
-//      keys as M, rows as k; B N-major, 16 rows a k-step), one commit group; dQ_w = dS K_j[:, w]
-//      (SS, A the dS tile K-major, B K's two column panels N-major), another;
-//   5. once dV and dK have read the stage it is released; dQ_w (64 x 128, 64 registers) is added
-//      into the blocked dq_accum (bwd_v5's layout: 64 x 64 tiles in the accumulator's order, which
-//      backward.py's bwd_dq_convert puts back) by 16 red.global.add.v4 a thread, 512 contiguous
-//      bytes a warp.
+//   4. dQ_w = dS K_j[:, w] (SS, A the dS tile K-major, B K's two column panels N-major), one
+//      commit group; dV_w += P^T dO_i[:, w] and dK_w += dS^T Q_i[:, w] (SS, A the P / dS tile read
+//      transposed: keys as M, rows as k; B N-major, 16 rows a k-step), another;
+//   5. while dV and dK run, dQ_w (64 x 128, 64 registers) is added into the blocked dq_accum
+//      (bwd_v5's layout: 64 x 64 tiles in the accumulator's order, which backward.py's
+//      bwd_dq_convert puts back) by 16 red.global.add.v4 a thread, 512 contiguous bytes a warp;
+//      once dV and dK are done the stage is released.
 // Shared memory: K_j, V_j (32 KB each), two stages of Q_i, dO_i (64 KB a stage), two pairs of P /
 // dS tiles (8 KB each): 224 KB of the 227.  bwd_v5's dQ tiles (64 KB here) do not fit beside
-// them, hence the red adds; the dQ adds of one block overlap nothing of this warpgroup's, but the
-// other warpgroup's products (the warpgroups drift up to one block apart).
+// them, hence the red adds.
 // Not deterministic (the dQ adds land in any order): deterministic=True runs bwd_v2 at D=256.
 #include "bwd_common.cuh"
 #include "bwd_wgmma.cuh"
@@ -38,14 +37,6 @@
 namespace tileattn {
 
 constexpr int BWD_V6_WG = 128;
-
-// TILEATTN_BWD_V6_PIPE (default 1; 0 gives the serial order, for A/B runs): block n + 1's S^T and
-// dP^T are issued right behind block n's dV and dK (dQ goes first, so that its adds run under dV
-// and dK), so that the tensor core goes from one to the other without waiting for this
-// warpgroup's adds and its next issue.
-#ifndef TILEATTN_BWD_V6_PIPE
-#define TILEATTN_BWD_V6_PIPE 1
-#endif
 constexpr int BWD_V6_STAGES = 2;  // Q_i / dO_i / lse_i / D_i stages (two fill 224 KB at D=256)
 
 // K_j, V_j (Bc x D), the stages' Q_i and dO_i (Br x D), two pairs of P / dS tiles (Br x Bc), all
@@ -128,32 +119,17 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
   const long long q_blocks = (Nq + Br - 1) / Br;
   float* const dq_bh = dq_accum + ((long long)bh * q_blocks + q_first / Br) * Br * HEAD_DIM;
-  // 1. S^T, dP^T over this warpgroup's rows of block n (one commit group, not waited for here).
-  float S[RW / 2], dP[RW / 2];
-  auto issue_scores = [&](int n) {
-    const int st = n % STAGES;
-    bwd_scores<T, HEAD_DIM, RW, Bc, false, Br>(S, dP, k_desc, v_desc, wgmma_desc_sw128(s_q(st) + RW * w * 128),
-                                               wgmma_desc_sw128(s_do(st) + RW * w * 128));
-  };
-  auto wait_scores = [&] {
-    wgmma_wait<0>();
-    fence_operands(S);
-    fence_operands(dP);
-  };
-  constexpr bool PIPE = TILEATTN_BWD_V6_PIPE;
   mbar_wait(bar_kv, 0);
-  if (PIPE && n_blocks > 0) {
-    mbar_wait(bar_full(0), 0);
-    issue_scores(0);
-    wait_scores();
-  }
   for (int n = 0; n < n_blocks; ++n) {
     const int st = n % STAGES, q_start = q_first + n * Br, q_w = RW * w;
-    if (!PIPE) {
-      mbar_wait(bar_full(st), (n / STAGES) & 1);
-      issue_scores(n);
-      wait_scores();
-    }  // (PIPE: issued and waited for during block n - 1)
+    mbar_wait(bar_full(st), (n / STAGES) & 1);
+
+    // 1. S^T, dP^T over this warpgroup's rows q_w.. (waited for).  (Issuing block n + 1's behind
+    //    block n's dV and dK instead, bwd_v4's PIPE order, measured 1-3% slower on an H200:
+    //    bench/NOTES.md.)
+    float S[RW / 2], dP[RW / 2];
+    bwd_scores<T, HEAD_DIM, RW, Bc, true, Br>(S, dP, k_desc, v_desc, wgmma_desc_sw128(s_q(st) + q_w * 128),
+                                              wgmma_desc_sw128(s_do(st) + q_w * 128));
 
     // 2. P^T, dS^T into rows q_w.. of this block's P and dS tiles.
     unsigned p_frag[RW / 16][4], ds_frag[RW / 16][4];
@@ -181,7 +157,8 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
       Wgmma16<T>::ss_tt(dK, dst_desc + ks * KSTEP, q_ndesc + ks * KSTEP, 1);
     }
     wgmma_commit();
-    wgmma_wait<1>();  // dQ (dV and dK may still run: the adds below go under them)
+    wgmma_wait<1>();  // dQ; dV and dK still run under the adds below (dQ first: 381 -> 413 TFLOP/s
+                      // at N=8192 on an H200 against dV, dK first and the adds after both)
     fence_operands(dq);
 
     // 5. dQ_w into its two 64 x 64 tiles of the block's chunk (tile DW / 64 w + n8 / 8), each
@@ -193,21 +170,10 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
       red_add4(chunk + (n8 / 8) * 64 * 64 + (n8 % 8) * 4 * BWD_V6_WG, softmax_scale * dq[4 * n8],
                softmax_scale * dq[4 * n8 + 1], softmax_scale * dq[4 * n8 + 2], softmax_scale * dq[4 * n8 + 3]);
 
-    // PIPE: block n + 1's S^T, dP^T queued behind dV and dK (or, after the last block, block n's
-    // again, unused: issued unconditionally, since a branch around products in flight makes ptxas
-    // serialise every wgmma), and waited for with them here, so that no product is in flight
-    // across the loop's back edge.  dq is dead by now: 128 + 32 accumulators in flight, not 224.
-    if constexpr (PIPE) {
-      const bool last = n + 1 >= n_blocks;
-      if (!last) mbar_wait(bar_full((n + 1) % STAGES), ((n + 1) / STAGES) & 1);
-      issue_scores(last ? n : n + 1);
-      wait_scores();
-    } else {
-      wgmma_wait<0>();
-    }
+    wgmma_wait<0>();
     fence_operands(dV);
     fence_operands(dK);
-    mbar_arrive(bar_empty(st));  // dV, dK (and the repeated products) have read the stage
+    mbar_arrive(bar_empty(st));  // dV, dK have read the stage
   }
 
   // dK_w, dV_w (keys kv_start + 16 warp + g (+ 8), columns DW w + 8 (i / 4) + 2t (+ 1)).
