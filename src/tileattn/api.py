@@ -19,7 +19,7 @@ to 256; any Nq, Nk >= 1; any B*H; arbitrary strides with a contiguous
 head dim; causal masks aligned top-left or bottom-right; GQA/MQA; the log-sum-exp of each row.
 Gradients (backward.py, registered as the custom op's autograd formula) for FP32 (bwd_v2.2, 3xTF32;
 bwd_v2.2_tf32 under precision="tf32") at head dims 32, 64, 128, fp16 and bf16 (bwd_v2; on sm_90 at
-64 and 128 bwd_v5) at multiples of 16 up to 128 and of 32 up to 256.
+64 and 128 bwd_v5, at 256 bwd_v6) at multiples of 16 up to 128 and of 32 up to 256.
 flash_attn_func's window_size, softcap and alibi_slopes run v3.3's variants kernel (serving.py);
 its float8_e4m3fn inputs (with descale_q/k/v) run v3.5 on Hopper and return bf16 (fp8.py).
 Variable-length batches and KV caches: serving.py.  Not yet: dropout, arbitrary masks.
