@@ -5,8 +5,9 @@
 // Why: bwd_v4 / bwd_v5 give each consumer warpgroup 64 keys and their whole rows of dK and dV in
 // registers, 2 x 64 x D / 128 = D floats a thread: 256 at D=256, more than a thread holds.  bwd_v2
 // (mma.sync, 64 keys a CTA) ran D=256 at 151 TFLOP/s on an H200, 0.58x FA2 and 0.42x cuDNN
-// (bench/NOTES.md).  FlashAttention-3's backward splits the head dim the same way there (Shah et
-// al. 2024).
+// (bench/NOTES.md).  FlashAttention-3 also runs head dim 256 with its own tile shape there
+// (hopper/flash_bwd_launch_template.h: 64 query rows x 80 keys, one Q / dO stage, dK and dV with
+// the operands swapped so that the head dim is wgmma's M).
 //
 // One CTA per (K/V block j of Bc = 64 keys, batch * head): a producer warp streams Q_i, dO_i (TMA)
 // and lse_i, D_i into two stages, as bwd_v4's; consumer warpgroup w (w = 0, 1) owns columns
