@@ -8,7 +8,10 @@ float64, beside the plain FP32 products that bwd_v1 computes.
 Per product, "fp32" multiplies FP32 operands, "tf32" rounds each operand to TF32 (10 explicit
 mantissa bits, round to nearest as cvt.rna.tf32.f32), "3xtf32" splits each operand into a TF32
 high part and a TF32 low part (x - hi) and adds hi*hi + hi*lo + lo*hi, as v2.2/v2.3 do in the
-forward.  The products are summed in float64 (the hardware's FP32 accumulation adds a little on
+forward.  "3xtf32_trunc" is the split a kernel gets without rounding anything itself: the
+tensor core reads an FP32 register or tile as TF32 by dropping its 13 low mantissa bits, so hi =
+trunc(x) comes free (raw FP32 straight from a TMA copy) and lo = x - trunc(x) (exact in FP32) is
+truncated again when read.  The products are summed in float64 (the hardware's FP32 accumulation adds a little on
 top), so this measures what operand rounding costs.  The softmax, D_i and dS stay FP32.
 """
 
@@ -23,16 +26,22 @@ def tf32(x):
     return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
+def trunc_tf32(x):
+    """FP32 read as TF32 by dropping the 13 low mantissa bits (round toward zero)."""
+    return (np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
 def matmul(a, b, mode: str):
     if mode == "f64":  # the reference
         return np.asarray(a, np.float64) @ np.asarray(b, np.float64)
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     if mode == "fp32":
         return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
-    a_hi, b_hi = tf32(a), tf32(b)
+    rnd = trunc_tf32 if mode == "3xtf32_trunc" else tf32
+    a_hi, b_hi = rnd(a), rnd(b)
     prod = a_hi.astype(np.float64) @ b_hi.astype(np.float64)
-    if mode == "3xtf32":
-        a_lo, b_lo = tf32(a - a_hi), tf32(b - b_hi)
+    if mode in ("3xtf32", "3xtf32_trunc"):
+        a_lo, b_lo = rnd(a - a_hi), rnd(b - b_hi)
         prod += a_hi.astype(np.float64) @ b_lo.astype(np.float64) + a_lo.astype(np.float64) @ b_hi.astype(np.float64)
     return prod.astype(np.float32)
 
@@ -67,6 +76,7 @@ def main() -> None:
         "fp32 (bwd_v1)": dict.fromkeys(names, "fp32"),
         "tf32 everywhere": dict.fromkeys(names, "tf32"),
         "3xtf32 everywhere": dict.fromkeys(names, "3xtf32"),
+        "3xtf32_trunc everywhere": dict.fromkeys(names, "3xtf32_trunc"),
         "3xtf32 for S, dP; tf32 for the rest": dict(S="3xtf32", dP="3xtf32", dV="tf32", dQ="tf32", dK="tf32"),
         "3xtf32 for S; tf32 for the rest": dict(S="3xtf32", dP="tf32", dV="tf32", dQ="tf32", dK="tf32"),
     }
