@@ -168,6 +168,27 @@ __device__ __forceinline__ void store_dkdv(float* dk_accum, float* dv_accum, T* 
   }
 }
 
+// store_dkdv for columns col and col + 1 (col even) of one key: where the rung writes the 16-bit
+// gradients directly, one 4-byte store of each (the gradients are fresh contiguous tensors with an
+// even head dim, so the pair is 4-byte aligned); otherwise two store_dkdv.
+template <typename T>
+__device__ __forceinline__ void store_dkdv2(float* dk_accum, float* dv_accum, T* dk_out, T* dv_out, long long dkv_sb,
+                                            long long dkv_sh, long long dkv_sn, const int* dq_semaphore, int b, int h,
+                                            int H, int h_per_kv, int Nk, int key, int col, int head_dim, float dk0,
+                                            float dk1, float dv0, float dv1) {
+  static_assert(sizeof(T) == 2, "16-bit gradients");
+  if (dk_out) {
+    const long long i = b * dkv_sb + h * dkv_sh + key * dkv_sn + col;
+    *reinterpret_cast<unsigned*>(dk_out + i) = pack2<T>(dk0, dk1);
+    *reinterpret_cast<unsigned*>(dv_out + i) = pack2<T>(dv0, dv1);
+  } else {
+    store_dkdv(dk_accum, dv_accum, dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn, dq_semaphore, b, h, H, h_per_kv, Nk, key,
+               col, head_dim, dk0, dv0);
+    store_dkdv(dk_accum, dv_accum, dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn, dq_semaphore, b, h, H, h_per_kv, Nk, key,
+               col + 1, head_dim, dk1, dv1);
+  }
+}
+
 // Preprocessing: D_i = rowsum(dO * O) in float32, Br query rows per thread block (grid:
 // (ceil(Nq / Br), B*H)), each row by bwd_pre_lanes lanes of 16-byte loads (a row's 16-byte chunks,
 // rounded up to a power of two, 4 to 32): 8 lanes a row at D=64 in 16 bits, so a 64-thread

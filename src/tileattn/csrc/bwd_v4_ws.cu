@@ -315,9 +315,13 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
 
   // dK_w, dV_w into the accumulators (shared by the GQA group: red).
 #pragma unroll
-  for (int i = 0; i < ND; ++i) {
+  for (int i = 0; i < ND; i += TILEATTN_BWD_DKDV_PAIRS ? 2 : 1) {
     const int key = kv_start + 64 * w + 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + (i % 2);
-    if (key < Nk)
+    if (key >= Nk) continue;
+    if constexpr (TILEATTN_BWD_DKDV_PAIRS)  // values i, i + 1: columns col, col + 1 of one key
+      store_dkdv2(TILEATTN_DKDV_DEST, DQ_BULK ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
+                  softmax_scale * dK[i], softmax_scale * dK[i + 1], dV[i], dV[i + 1]);
+    else
       store_dkdv(TILEATTN_DKDV_DEST, DQ_BULK ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
                  softmax_scale * dK[i], dV[i]);
   }

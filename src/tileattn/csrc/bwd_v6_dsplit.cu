@@ -179,9 +179,13 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
 
   // dK_w, dV_w (keys kv_start + 16 warp + g (+ 8), columns DW w + 8 (i / 4) + 2t (+ 1)).
 #pragma unroll
-  for (int i = 0; i < DW / 2; ++i) {
+  for (int i = 0; i < DW / 2; i += TILEATTN_BWD_DKDV_PAIRS ? 2 : 1) {
     const int key = kv_start + 16 * warp + g + 8 * ((i % 4) / 2), col = DW * w + 8 * (i / 4) + 2 * t + (i % 2);
-    if (key < Nk)
+    if (key >= Nk) continue;
+    if constexpr (TILEATTN_BWD_DKDV_PAIRS)  // values i, i + 1: columns col, col + 1 of one key
+      store_dkdv2(TILEATTN_DKDV_DEST, nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i],
+                  softmax_scale * dK[i + 1], dV[i], dV[i + 1]);
+    else
       store_dkdv(TILEATTN_DKDV_DEST, nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i], dV[i]);
   }
 #endif

@@ -12,6 +12,14 @@
 
 namespace tileattn {
 
+// TILEATTN_BWD_DKDV_PAIRS (an experiment, default 0; built, not yet run on a GPU): the
+// warp-specialised rungs' epilogues store dK and dV two columns at a time (store_dkdv2: one 4-byte
+// store per pair instead of two 2-byte ones, 64 + 64 a thread instead of 128 + 128 at D=128 and
+// 256), for the short lengths, where a CTA visits few Q blocks and its epilogue weighs.
+#ifndef TILEATTN_BWD_DKDV_PAIRS
+#define TILEATTN_BWD_DKDV_PAIRS 0
+#endif
+
 // The warp-specialised rungs (bwd_v4_ws.cu, bwd_v6_dsplit.cu): the producer warpgroup keeps 24
 // registers a thread, the two consumer warpgroups 240 (24 + 2 x 240 <= 512: 65536 / 128 threads).
 constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2 x Br floats a block
