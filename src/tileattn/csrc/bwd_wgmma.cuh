@@ -1,5 +1,6 @@
-// The step the wgmma backward rungs (bwd_v3_wgmma.cu, bwd_v4_ws.cu, bwd_v6_dsplit.cu) share: from one Q block's
-// transposed scores to the operands of dV, dK and dQ.
+// The step the wgmma backward rungs (bwd_v3_wgmma.cu, bwd_v4_ws.cu, bwd_v6_dsplit.cu) share: from
+// one Q block's transposed scores to the operands of dV, dK and dQ; and the warp-specialised
+// rungs' producer warp.
 //
 // Layout (wgmma m64n64, keys as M): a thread of warp w of its warpgroup holds, as value i, key
 // kv_start + key0 + 8 ((i % 4) / 2) (key0 = the warpgroup's first key in the K/V block + 16 w + g)
@@ -177,7 +178,8 @@ __device__ __forceinline__ void bwd_p_ds(float (&S)[Br / 2], float (&dP)[Br / 2]
                                          unsigned p_tile = 0) {
   if (bwd_block_unmasked<CAUSAL>(q_start, Br, Nq, kv_start, kv_rows, Nk, causal_offset))
     bwd_p_ds_step<T, STile, Br, CAUSAL, false, STORE_P>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start,
-                                                        warp_key0, q_start, Nk, causal_offset, scale_log2, lane, p_tile);
+                                                        warp_key0, q_start, Nk, causal_offset, scale_log2, lane,
+                                                        p_tile);
   else
     bwd_p_ds_step<T, STile, Br, CAUSAL, true, STORE_P>(S, dP, p_frag, ds_frag, ds_tile, lse_i, Di_i, kv_start,
                                                        warp_key0, q_start, Nk, causal_offset, scale_log2, lane, p_tile);
