@@ -29,7 +29,8 @@
 // Shared memory: K_j, V_j (32 KB each), two stages of Q_i, dO_i (64 KB a stage), two pairs of P /
 // dS tiles (8 KB each): 224 KB of the 227.  bwd_v5's dQ tiles (64 KB here) do not fit beside
 // them, hence the red adds.
-// Not deterministic (the dQ adds land in any order): deterministic=True runs bwd_v2 at D=256.
+// Not deterministic (the dQ adds land in any order): deterministic=True runs bwd_v2 at D=256
+// (TILEATTN_BWD_V6_ORDERED, below, is the mode, not yet run).
 #include "bwd_common.cuh"
 #include "bwd_wgmma.cuh"
 #include "mma.cuh"
@@ -38,6 +39,16 @@
 namespace tileattn {
 
 constexpr int BWD_V6_WG = 128;
+
+// TILEATTN_BWD_V6_ORDERED (an experiment, default 0; built, not yet run on a GPU): deterministic
+// mode's dQ adds (bwd_common.cuh's order: K/V block j adds into a Q block's dQ after blocks 0 ..
+// j - 1).  Each warpgroup adds its own columns, so one thread of each waits for the turn and the
+// count moves on once both have added.  Until it has run, versions.py keeps bwd_v6 out of
+// deterministic mode (deterministic=True runs bwd_v2 at D=256); with it on, the dQ adds of a
+// block no longer overlap the next block's wait.
+#ifndef TILEATTN_BWD_V6_ORDERED
+#define TILEATTN_BWD_V6_ORDERED 0
+#endif
 constexpr int BWD_V6_STAGES = 2;  // Q_i / dO_i / lse_i / D_i stages (two fill 224 KB at D=256)
 
 // K_j, V_j (Bc x D), the stages' Q_i and dO_i (Br x D), two pairs of P / dS tiles (Br x Bc), all
@@ -166,10 +177,24 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
     //    thread's four values of n8 at [n8 % 8][thread], the order bwd_dq_convert reads.  Rows past
     //    Nq add zeros (their dS is 0) into the chunk's padding.
     float* const chunk = dq_bh + (long long)n * Br * HEAD_DIM + (DW / 64) * w * 64 * 64 + 4 * (tid % BWD_V6_WG);
+#if TILEATTN_BWD_V6_ORDERED
+    int* const count = dq_count<Br>(dq_semaphore, bh, Nq, q_start);  // null in the default mode
+    if (count) {
+      if (tid % BWD_V6_WG == 0) wait_for_turn(count, blockIdx.x);
+      named_barrier_sync<BWD_V6_WG>(2 + w);
+    }
+#endif
 #pragma unroll
     for (int n8 = 0; n8 < DW / 8; ++n8)
       red_add4(chunk + (n8 / 8) * 64 * 64 + (n8 % 8) * 4 * BWD_V6_WG, softmax_scale * dq[4 * n8],
                softmax_scale * dq[4 * n8 + 1], softmax_scale * dq[4 * n8 + 2], softmax_scale * dq[4 * n8 + 3]);
+#if TILEATTN_BWD_V6_ORDERED
+    if (count) {
+      __threadfence();  // this thread's adds, device-wide, before the count moves on
+      named_barrier_sync<2 * BWD_V6_WG>(4);
+      if (tid == 0) atomicAdd(count, 1);
+    }
+#endif
 
     wgmma_wait<0>();
     fence_operands(dV);
@@ -177,16 +202,19 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
     mbar_arrive(bar_empty(st));  // dV, dK have read the stage
   }
 
-  // dK_w, dV_w (keys kv_start + 16 warp + g (+ 8), columns DW w + 8 (i / 4) + 2t (+ 1)).
+  // dK_w, dV_w (keys kv_start + 16 warp + g (+ 8), columns DW w + 8 (i / 4) + 2t (+ 1)); in
+  // deterministic mode (ORDERED) per query head under GQA, summed by torch (store_dkdv).
+  int* const dkv_semaphore = TILEATTN_BWD_V6_ORDERED ? dq_semaphore : nullptr;
 #pragma unroll
   for (int i = 0; i < DW / 2; i += TILEATTN_BWD_DKDV_PAIRS ? 2 : 1) {
     const int key = kv_start + 16 * warp + g + 8 * ((i % 4) / 2), col = DW * w + 8 * (i / 4) + 2 * t + (i % 2);
     if (key >= Nk) continue;
     if constexpr (TILEATTN_BWD_DKDV_PAIRS)  // values i, i + 1: columns col, col + 1 of one key
-      store_dkdv2(TILEATTN_DKDV_DEST, nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i],
-                  softmax_scale * dK[i + 1], dV[i], dV[i + 1]);
+      store_dkdv2(TILEATTN_DKDV_DEST, dkv_semaphore, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
+                  softmax_scale * dK[i], softmax_scale * dK[i + 1], dV[i], dV[i + 1]);
     else
-      store_dkdv(TILEATTN_DKDV_DEST, nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i], dV[i]);
+      store_dkdv(TILEATTN_DKDV_DEST, dkv_semaphore, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
+                 softmax_scale * dK[i], dV[i]);
   }
 #endif
 }
