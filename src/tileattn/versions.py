@@ -515,8 +515,8 @@ BWD_DQ_CONVERT = KernelEntry(
     tiles={D: (64, 0) for D in (*_BWD_V5.tiles, *_BWD_V6.tiles)},
     dtypes=("float32", "float16", "bfloat16"),
     fields="dqc",
-    summary="bwd_v5's dQ tiles (the wgmma accumulator's order) -> row order in shared memory -> "
-    "the gradient's dtype and layout",
+    summary="bwd_v5's and bwd_v6's dQ tiles (the wgmma accumulator's order) -> row order in shared "
+    "memory -> the gradient's dtype and layout",
     causal_variants=(False,),
 )
 

@@ -1,5 +1,5 @@
-// bwd_v5's dQ, from its blocked float32 accumulator to the gradient in the caller's layout and
-// dtype: one thread block per 64 x 64 tile (FlashAttention-3's and cuDNN's backwards end with the
+// bwd_v5's (and bwd_v6's) dQ, from its blocked float32 accumulator to the gradient in the
+// caller's layout and dtype: one thread block per 64 x 64 tile (FlashAttention-3's and cuDNN's backwards end with the
 // same kind of pass: cuDNN's convert_dq_to_16bits ran 54 us at D=64, B=4 H=16 N=8192 on an H200).
 //
 // The accumulator (bwd_v5_dq_bulk.cu): per (batch, head), its padded query rows as 64-row strips,
