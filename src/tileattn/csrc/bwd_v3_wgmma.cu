@@ -187,13 +187,8 @@ __global__ void __launch_bounds__(BWD_V3_THREADS, 1) bwd_v3(TILEATTN_BWD_PARAMS(
   cp_async_wait<0>();  // (no Q block: K and V copies still complete before exit)
 
   // dK_j, dV_j into the accumulators (shared by the GQA group: red, or per query head).
-#pragma unroll
-  for (int i = 0; i < ND; ++i) {
-    const int key = kv_start + 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + (i % 2);
-    if (key < Nk)
-      store_dkdv(TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM, softmax_scale * dK[i],
-                 dV[i]);
-  }
+  bwd_store_dkdv(dK, dV, TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, kv_start + 16 * warp + g, 2 * t,
+                 HEAD_DIM, softmax_scale);
 #endif
 }
 

@@ -103,11 +103,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   auto bar_dq_full = [&](int w) { return bar_kv + 8 * (1 + 2 * STAGES + w); };
   auto bar_dq_empty = [&](int w) { return bar_kv + 8 * (3 + 2 * STAGES + w); };
   if (threadIdx.x == 0) {
-    mbar_init(bar_kv, 2);
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(bar_full(st), 2 + 32);
-      mbar_init(bar_empty(st), 2 * BWD_V4_WG);
-    }
+    bwd_init_pipeline<STAGES, 2 * BWD_V4_WG>(bar_kv, bar_full, bar_empty);
     if constexpr (DQ_BULK)
       for (int w = 0; w < 2; ++w) {
         mbar_init(bar_dq_full(w), BWD_V4_WG);
@@ -314,17 +310,8 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   if (LATE_PUBLISH && n_blocks > 0) publish_dq();  // the last block's tile
 
   // dK_w, dV_w into the accumulators (shared by the GQA group: red).
-#pragma unroll
-  for (int i = 0; i < ND; i += TILEATTN_BWD_DKDV_PAIRS ? 2 : 1) {
-    const int key = kv_start + 64 * w + 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * t + (i % 2);
-    if (key >= Nk) continue;
-    if constexpr (TILEATTN_BWD_DKDV_PAIRS)  // values i, i + 1: columns col, col + 1 of one key
-      store_dkdv2(TILEATTN_DKDV_DEST, DQ_BULK ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
-                  softmax_scale * dK[i], softmax_scale * dK[i + 1], dV[i], dV[i + 1]);
-    else
-      store_dkdv(TILEATTN_DKDV_DEST, DQ_BULK ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
-                 softmax_scale * dK[i], dV[i]);
-  }
+  bwd_store_dkdv(dK, dV, TILEATTN_DKDV_DEST, DQ_BULK ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk,
+                 kv_start + 64 * w + 16 * warp + g, 2 * t, HEAD_DIM, softmax_scale);
 #endif
 }
 

@@ -87,11 +87,7 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
   auto bar_full = [&](int st) { return bar_kv + 8 * (1 + st); };
   auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + STAGES + st); };
   if (threadIdx.x == 0) {
-    mbar_init(bar_kv, 2);
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(bar_full(st), 2 + 32);
-      mbar_init(bar_empty(st), 2 * BWD_V6_WG);
-    }
+    bwd_init_pipeline<STAGES, 2 * BWD_V6_WG>(bar_kv, bar_full, bar_empty);
     mbar_fence_init();
   }
   __syncthreads();
@@ -204,18 +200,8 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
 
   // dK_w, dV_w (keys kv_start + 16 warp + g (+ 8), columns DW w + 8 (i / 4) + 2t (+ 1)); in
   // deterministic mode (ORDERED) per query head under GQA, summed by torch (store_dkdv).
-  int* const dkv_semaphore = TILEATTN_BWD_V6_ORDERED ? dq_semaphore : nullptr;
-#pragma unroll
-  for (int i = 0; i < DW / 2; i += TILEATTN_BWD_DKDV_PAIRS ? 2 : 1) {
-    const int key = kv_start + 16 * warp + g + 8 * ((i % 4) / 2), col = DW * w + 8 * (i / 4) + 2 * t + (i % 2);
-    if (key >= Nk) continue;
-    if constexpr (TILEATTN_BWD_DKDV_PAIRS)  // values i, i + 1: columns col, col + 1 of one key
-      store_dkdv2(TILEATTN_DKDV_DEST, dkv_semaphore, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
-                  softmax_scale * dK[i], softmax_scale * dK[i + 1], dV[i], dV[i + 1]);
-    else
-      store_dkdv(TILEATTN_DKDV_DEST, dkv_semaphore, b, h, H, h_per_kv, Nk, key, col, HEAD_DIM,
-                 softmax_scale * dK[i], dV[i]);
-  }
+  bwd_store_dkdv(dK, dV, TILEATTN_DKDV_DEST, TILEATTN_BWD_V6_ORDERED ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk,
+                 kv_start + 16 * warp + g, DW * w + 2 * t, HEAD_DIM, softmax_scale);
 #endif
 }
 

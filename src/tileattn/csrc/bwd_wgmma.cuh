@@ -13,18 +13,54 @@
 
 namespace tileattn {
 
-// TILEATTN_BWD_DKDV_PAIRS (an experiment, default 0; built, not yet run on a GPU): the
-// warp-specialised rungs' epilogues store dK and dV two columns at a time (store_dkdv2: one 4-byte
-// store per pair instead of two 2-byte ones, 64 + 64 a thread instead of 128 + 128 at D=128 and
-// 256), for the short lengths, where a CTA visits few Q blocks and its epilogue weighs.
+// TILEATTN_BWD_DKDV_PAIRS (an experiment, default 0; built, not yet run on a GPU): the wgmma
+// rungs' epilogues (bwd_store_dkdv below) store dK and dV two columns at a time (store_dkdv2: one
+// 4-byte store per pair instead of two 2-byte ones, 64 + 64 a thread instead of 128 + 128 at D=128
+// and 256), for the short lengths, where a CTA visits few Q blocks and its epilogue weighs.
 #ifndef TILEATTN_BWD_DKDV_PAIRS
 #define TILEATTN_BWD_DKDV_PAIRS 0
 #endif
+
+// The end of a K/V block in the wgmma rungs: this thread's dK (scaled here) and dV accumulators,
+// keys as M (value i: key key0 + 8 ((i % 4) / 2), column col0 + 8 (i / 4) + (i % 2), where key0
+// holds the thread's g and col0 its 2t), through store_dkdv; keys past Nk are skipped.  dest: the
+// rung's TILEATTN_DKDV_DEST fields.
+template <typename T, int N>
+__device__ __forceinline__ void bwd_store_dkdv(const float (&dK)[N], const float (&dV)[N], float* dk_accum,
+                                               float* dv_accum, T* dk_out, T* dv_out, long long dkv_sb,
+                                               long long dkv_sh, long long dkv_sn, const int* dq_semaphore, int b,
+                                               int h, int H, int h_per_kv, int Nk, int key0, int col0, int head_dim,
+                                               float softmax_scale) {
+#pragma unroll
+  for (int i = 0; i < N; i += TILEATTN_BWD_DKDV_PAIRS ? 2 : 1) {
+    const int key = key0 + 8 * ((i % 4) / 2), col = col0 + 8 * (i / 4) + (i % 2);
+    if (key >= Nk) continue;
+    if constexpr (TILEATTN_BWD_DKDV_PAIRS)  // values i, i + 1: columns col, col + 1 of one key
+      store_dkdv2(TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, key, col, head_dim,
+                  softmax_scale * dK[i], softmax_scale * dK[i + 1], dV[i], dV[i + 1]);
+    else
+      store_dkdv(TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, key, col, head_dim, softmax_scale * dK[i],
+                 dV[i]);
+  }
+}
 
 // The warp-specialised rungs (bwd_v4_ws.cu, bwd_v6_dsplit.cu): the producer warpgroup keeps 24
 // registers a thread, the two consumer warpgroups 240 (24 + 2 x 240 <= 512: 65536 / 128 threads).
 constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2 x Br floats a block
 constexpr int BWD_V4_CONSUMER_REGS = 240;
+
+// Their pipeline's mbarriers, by thread 0 (the caller's __syncthreads publishes them): bar_kv (K_j
+// and V_j: the copying lane's two arrivals with their bytes), bar_full(st) (Q_i and dO_i: two such
+// arrivals, then one of each producer lane with its lse_i, D_i), bar_empty(st) (every consumer
+// thread, once done with the stage).
+template <int STAGES, int CONSUMERS, typename BF, typename BE>
+__device__ __forceinline__ void bwd_init_pipeline(unsigned bar_kv, BF bar_full, BE bar_empty) {
+  mbar_init(bar_kv, 2);
+  for (int st = 0; st < STAGES; ++st) {
+    mbar_init(bar_full(st), 2 + 32);
+    mbar_init(bar_empty(st), CONSUMERS);
+  }
+}
 
 // Their producer warp (lane: 0..31).  Lane 0 loads K_j, V_j once (TmaMaps built by backward.py: 1
 // k and 2 v in boxes of Bc rows) and each Q block n's Q_i, dO_i (0 q and 3 dO, Br rows) into
