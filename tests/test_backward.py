@@ -189,9 +189,11 @@ FP32_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("version,D,B,H,H_kv,Nq,Nk,causal,scale,layout", FP32_CASES)
-def test_backward_fp32_matches_float64(version, D, B, H, H_kv, Nq, Nk, causal, scale, layout):
-    """The FP32 rungs (bwd_v1, bwd_v2.2) against float64 autograd, within 2x PyTorch's FP32 math
-    backward's error; bwd_v2.2_tf32 within TF32_REL."""
+def test_backward_fp32_matches_float64(request, version, D, B, H, H_kv, Nq, Nk, causal, scale, layout):
+    """The FP32 rungs (bwd_v1, bwd_v2.2, bwd_v2.3) against float64 autograd, within 2x PyTorch's FP32
+    math backward's error; bwd_v2.2_tf32 within TF32_REL."""
+    if BWD_VERSIONS[version].tensor_maps:  # bwd_v2.3: sm_90, after its pipeline's first calls
+        request.getfixturevalue("ws_rungs_finish")
     precision = BWD_VERSIONS[version].precision
     _check_backward("float32", D, B, H, H_kv, Nq, Nk, causal, scale, layout, version=version, precision=precision)
 
@@ -302,6 +304,10 @@ for D, mode in ((64, "top_left"), (128, None), (256, "top_left"), (256, None)):
             torch.cuda.synchronize()
     if D in BWD_VERSIONS["bwd_v5"].tiles:
         attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5", deterministic=True)
+        torch.cuda.synchronize()
+    if D in BWD_VERSIONS["bwd_v2.3"].tiles:  # FP32 on the same pipeline
+        q, k, v, dO, out = (t.float() for t in (q, k, v, dO, out))
+        attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v2.3")
         torch.cuda.synchronize()
 """.replace("RUNGS", repr(_WS_RUNGS))
 

@@ -81,13 +81,16 @@ def attention_backward(
         dk_acc, dv_acc = (alloc((B, H if deterministic else H_kv, Nk, D), **f32) for _ in "kv")
         acc_ptrs, out_fields = (dk_acc.data_ptr(), dv_acc.data_ptr()), (0,) * 5
     semaphore = torch.zeros(B * H * -(-Nq // Br), dtype=torch.int32, device=q.device) if deterministic else None
+    scales = None
+    if launched and entry.split_operands:  # bwd_v2.3: q, k, v, dO as scaled fp16 halves
+        (q_split, k_split, v_split, do_split), scales = _split_operands(q, k, v, dout, layout)
     if launched:
         Di = torch.empty((B, H, Nq), **f32)
         offset = 0 if causal != "bottom_right" else Nk - Nq
         # fmt: off
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
                 Di.data_ptr(), dq_acc.data_ptr(), *acc_ptrs, 0 if semaphore is None else semaphore.data_ptr(),
-                Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields,
+                0 if scales is None else scales.data_ptr(), Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields,
                 softmax_scale, offset, 0]
         # fmt: on
         stream = api._current_stream(device_index)
@@ -98,7 +101,12 @@ def attention_backward(
             (name, causal is not None, -(-Nk // Bc)),
         )
         maps = None
-        if entry.tensor_maps:  # bwd_v4 / bwd_v5 load Q, dO, K, V through the copy engine
+        if entry.split_operands:  # (B, 2 x heads, N, D) fp16: the maps' head h_lo holds head h's lo half
+            split_strides = [api._bhnd(t, "bhnd")[1] for t in (q_split, k_split, v_split, do_split)]
+            maps = _tensor_maps(
+                q_split, k_split, v_split, do_split, (B, 2 * H, Nq, D), (B, 2 * H_kv, Nk, D), *split_strides, Br, Bc
+            )
+        elif entry.tensor_maps:  # bwd_v4 .. bwd_v6 load Q, dO, K, V through the copy engine
             maps = _tensor_maps(q, k, v, dout, (B, H, Nq, D), (B, H_kv, Nk, D), qs, ks, vs, dos, Br, Bc)
         for kernel, is_causal, grid_x in launches:
             kern = api.entry_kernel(kernel, dtype, D, is_causal, device_index)
@@ -123,6 +131,38 @@ def attention_backward(
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
 
 
+# The largest power-of-two exponent a split operand's scale takes either way: scales and their
+# products stay normal float32 numbers (|exponent| <= 120).
+_SPLIT_EXP_MAX = 60
+
+
+def _split_operands(q, k, v, dout, layout: str):
+    """bwd_v2.3's operands (csrc/bwd_v2_3_fp16x3.cu): each of q, k, v, dout as x 2^e = hi + lo in
+    fp16, (B, 2 x heads, N, D) contiguous (head h's hi at h, its lo at heads + h), e putting the
+    tensor's largest |x| just under 2^15; and the rung's float32 scale factors: 2^-(e_q + e_k)
+    (S), 2^-(e_v + e_do) (dP), 2^f (dS: f from |dS| <= 2 D max|dO| max|v|), 2^-(f + e_k) (dQ),
+    2^-(f + e_q) (dK), 2^-(15 + e_do) (dV, P being scaled by 2^15).  Everything stays on the device
+    (no host sync): the exponents come from torch.frexp of each tensor's max |x|."""
+    tensors = [t.transpose(1, 2) if layout == "bnhd" else t for t in (q, k, v, dout)]  # (B, H, N, D) views
+    amax = torch.stack([torch.linalg.vector_norm(t, float("inf")) for t in tensors])
+    E = torch.frexp(amax).exponent  # max |x| < 2^E (0 for an all-zero or non-finite tensor)
+    e = (15 - E).clamp(-_SPLIT_EXP_MAX, _SPLIT_EXP_MAX)
+    D = q.shape[-1]
+    f = (14 - (D - 1).bit_length() - E[2] - E[3]).clamp(-_SPLIT_EXP_MAX, _SPLIT_EXP_MAX)
+    eq, ek, ev, edo = e
+    exps = torch.stack([-(eq + ek), -(ev + edo), f, -(f + ek), -(f + eq), -(15 + edo)])
+    scales = torch.ldexp(torch.ones(6, dtype=torch.float32, device=q.device), exps)
+    splits = []
+    for t, ei in zip(tensors, e):
+        B, H, N, _ = t.shape
+        x = torch.ldexp(t, ei)  # exact: a power of two
+        out = torch.empty((B, 2, H, N, D), dtype=torch.float16, device=t.device)
+        out[:, 0] = x  # hi: x rounded to fp16
+        out[:, 1] = x - out[:, 0]  # lo: the rest (exact in float32), rounded
+        splits.append(out.view(B, 2 * H, N, D))
+    return splits, scales
+
+
 def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype, device_index: int) -> torch.Tensor:
     """A blocked rung's dQ accumulator, (B, H, Q blocks x Br rows, D) float32 holding each Q block's
     64 x 64 tiles in the wgmma accumulator's order (csrc/bwd_dq_convert.cu), as (B, H, Nq, D) of
@@ -144,12 +184,16 @@ def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, pre
     bulk reduction: 1.1-1.4x bwd_v4 on an H200, and its deterministic mode 3-6x faster than
     bwd_v3's, bench/results/bwd_n8192.json), at D = 256 bwd_v6 (the head dim split between its
     warpgroups) unless ``deterministic`` (it has no such mode); bwd_v2 (mma.sync) elsewhere for
-    fp16 / bf16; for FP32 bwd_v2.2 (3xTF32 on mma.sync), bwd_v2.2_tf32 when the forward ran with
-    precision="tf32"."""
-    if dtype == "float32":
-        return "bwd_v2.2_tf32" if precision == "tf32" else "bwd_v2.2"
+    fp16 / bf16; for FP32 bwd_v2.3 (3xFP16 on wgmma) on sm_90 at D = 64 and 128 unless
+    ``deterministic``, else bwd_v2.2 (3xTF32 on mma.sync), and bwd_v2.2_tf32 when the forward ran
+    with precision="tf32"."""
     cc = _nvrtc.device_arch(device_index)
     arch = cc[0] * 10 + cc[1]
+    if dtype == "float32":
+        if precision == "tf32":
+            return "bwd_v2.2_tf32"
+        entry = BWD_VERSIONS["bwd_v2.3"]
+        return "bwd_v2.3" if entry.runs_on(arch) and D in entry.tiles and not deterministic else "bwd_v2.2"
     for name in ("bwd_v5", "bwd_v6"):
         entry = BWD_VERSIONS[name]
         if entry.runs_on(arch) and D in entry.tiles and (entry.deterministic or not deterministic):

@@ -395,6 +395,9 @@ class KernelEntry:
     # Backward: dq_accum in Q-block chunks of Br x D floats in the wgmma accumulator's order
     # (bwd_v5_dq_bulk.cu), which backward._dq_from_blocks permutes back.
     dq_blocked: bool = False
+    # Backward: reads q, k, v, dO as scaled fp16 hi / lo halves (backward._split_operands) through
+    # its tensor maps, with the scales in the `scales` field (bwd_v2_3_fp16x3.cu).
+    split_operands: bool = False
     # Decode kernels and page sizes: "any"; "tile" (runs any, but the default choice skips it for
     # pages shorter than its tile: slower there, serving._decode_entry); "copy_engine" (its tensor
     # copies take whole boxes of one page: a contiguous cache, pages of a multiple of Bc, or of a
@@ -547,6 +550,27 @@ _BWD_V2_2_TF32 = dataclasses.replace(
     summary="bwd_v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
 )
 
+# FP32 on Hopper's wgmma: each operand as two scaled fp16 halves (backward._split_operands), three
+# products per multiply; the default FP32 backward on sm_90 at D = 64 and 128.
+_BWD_V2_3 = KernelEntry(
+    name="bwd_v2.3",
+    file="bwd_v2_3_fp16x3.cu",
+    kernel="bwd_v2_3",
+    tiles={64: (64, 64), 128: (64, 64)},
+    dtypes=("float32",),
+    precision="fp32",
+    min_arch=90,
+    max_arch=90,
+    arch_specific=True,
+    tensor_maps=True,
+    split_operands=True,
+    dq_blocked=True,
+    deterministic=False,
+    summary="FP32 on wgmma as 3xFP16: q, k, v, dO (and P, dS) as fp16 hi + lo halves under power-of-two "
+    "scales, three products per multiply (FP32-level error, fp16's rate, transposed tiles allowed); "
+    "bwd_v6's warp-specialised CTA of 64 keys, dV and dK summed across Q blocks in FP32",
+)
+
 # The autograd formula (backward.py) picks bwd_v2.2 for FP32 (bwd_v2.2_tf32 with precision="tf32"),
 # bwd_v5 on sm_90 at D = 64 and 128 and bwd_v2 elsewhere for fp16/bf16
 # (backward.default_rung); an input that requires grad at a head dim none takes raises
@@ -581,6 +605,7 @@ BWD_VERSIONS: dict[str, KernelEntry] = {
         ),
         _BWD_V2_2,
         _BWD_V2_2_TF32,
+        _BWD_V2_3,
         _BWD_V3,
         _BWD_V4,
         _BWD_V5,

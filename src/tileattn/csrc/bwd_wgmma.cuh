@@ -50,14 +50,14 @@ constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2
 constexpr int BWD_V4_CONSUMER_REGS = 240;
 
 // Their pipeline's mbarriers, by thread 0 (the caller's __syncthreads publishes them): bar_kv (K_j
-// and V_j: the copying lane's two arrivals with their bytes), bar_full(st) (Q_i and dO_i: two such
-// arrivals, then one of each producer lane with its lse_i, D_i), bar_empty(st) (every consumer
-// thread, once done with the stage).
-template <int STAGES, int CONSUMERS, typename BF, typename BE>
+// and V_j: the copying lane's COPIES arrivals with their bytes, two, or four with bwd_v2.3's lo
+// tiles), bar_full(st) (Q_i and dO_i: COPIES such arrivals, then one of each producer lane with its
+// lse_i, D_i), bar_empty(st) (every consumer thread, once done with the stage).
+template <int STAGES, int CONSUMERS, int COPIES = 2, typename BF, typename BE>
 __device__ __forceinline__ void bwd_init_pipeline(unsigned bar_kv, BF bar_full, BE bar_empty) {
-  mbar_init(bar_kv, 2);
+  mbar_init(bar_kv, COPIES);
   for (int st = 0; st < STAGES; ++st) {
-    mbar_init(bar_full(st), 2 + 32);
+    mbar_init(bar_full(st), COPIES + 32);
     mbar_init(bar_empty(st), CONSUMERS);
   }
 }
@@ -69,16 +69,22 @@ __device__ __forceinline__ void bwd_init_pipeline(unsigned bar_kv, BF bar_full, 
 // the warp waits for its stage to empty (their global-memory latency under that wait, not between
 // the wait and the arrival).  Rows past Nq: lse -inf (weight 0 everywhere), D 0; their Q, dO
 // rows arrive as zeros.  s_q, s_do (shared-space addresses) and lse_s, Di_s (pointers) map a
-// stage to its buffers, bar_full and bar_empty to its mbarriers.
-template <int HEAD_DIM, int Br, int Bc, int STAGES, typename SQ, typename SDO, typename SL, typename SD, typename BF,
-          typename BE>
+// stage to its buffers, bar_full and bar_empty to its mbarriers.  SPLIT (bwd_v2.3): every tile is
+// followed by its lo tile, at head h_lo (q, dO) or hk_lo (k, v) of the same maps.
+template <int HEAD_DIM, int Br, int Bc, int STAGES, bool SPLIT = false, typename SQ, typename SDO, typename SL,
+          typename SD, typename BF, typename BE>
 __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, unsigned s_v, SQ s_q, SDO s_do,
                                             SL lse_s, SD Di_s, unsigned bar_kv, BF bar_full, BE bar_empty,
                                             const float* lse_bh, const float* Di_bh, int kv_start, int q_first,
-                                            int n_blocks, int Nq, int h, int hk, int b, int lane) {
+                                            int n_blocks, int Nq, int h, int hk, int b, int lane, int h_lo = 0,
+                                            int hk_lo = 0) {
   if (lane == 0) {
     tma_tile_load<HEAD_DIM>(tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b);
     tma_tile_load<HEAD_DIM>(tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b);
+    if constexpr (SPLIT) {
+      tma_tile_load<HEAD_DIM>(tmaps, 1, s_k + Bc * HEAD_DIM * 2, bar_kv, Bc, kv_start, hk_lo, b);
+      tma_tile_load<HEAD_DIM>(tmaps, 2, s_v + Bc * HEAD_DIM * 2, bar_kv, Bc, kv_start, hk_lo, b);
+    }
   }
   float lse_r[Br / 32], Di_r[Br / 32];
   auto load_stats = [&](int n) {
@@ -97,6 +103,10 @@ __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, 
     if (lane == 0) {
       tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
       tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
+      if constexpr (SPLIT) {
+        tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st) + Br * HEAD_DIM * 2, bar_full(st), Br, q_start, h_lo, b);
+        tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st) + Br * HEAD_DIM * 2, bar_full(st), Br, q_start, h_lo, b);
+      }
     }
 #pragma unroll
     for (int k = 0; k < Br / 32; ++k) {

@@ -1,0 +1,339 @@
+// bwd_v2.3: the FP32-accurate backward on Hopper's wgmma (sm_90a), every FP32 operand as two fp16
+// halves under a power-of-two scale and three fp16 products summed (3xFP16): bwd_v6's
+// warp-specialised CTA at head dims 64 and 128.
+//
+// Why: bwd_v2.2 (3xTF32 on mma.sync) runs 44-58 TFLOP/s on an H200, 1.2-1.66x PyTorch's
+// memory-efficient FP32 backward (bench/results/bwd_fp32.json).  The tensor core's TF32 rate is
+// half its fp16 rate, and TF32 wgmma takes K-major operands only, so Q, dO and K would each need a
+// transposed hi / lo copy in shared memory beside the plain one (more than 227 KB at Bc = 64).
+// fp16 has TF32's 11-bit significand, so x = hi + lo in fp16 carries 22 bits as TF32 pairs do,
+// at twice the rate, and fp16 wgmma reads transposed (MN-major) tiles: the bf16 rungs' layouts
+// apply as they are.  What fp16 lacks is TF32's exponent range; a power-of-two scale per tensor
+// (exact in both directions) puts each operand's largest value near 2^15:
+//   * q, k, v, dO: 2^e with e from the tensor's max |x| (backward.py's _split_operands writes the
+//     scaled halves, (B, 2 x heads, N, D) fp16: head h's hi at h, its lo at heads + h);
+//   * P in [0, 1]: 2^15;
+//   * dS = P (dP - D_i): |dS| <= |dP| + |D_i| <= 2 D max|dO| max|v|, so 2^f from that bound.
+// A value then keeps 22 bits down to 2^-3 of its scale, and below that loses at most 2^-25 of
+// the scale (fp16's subnormal step): ~2^-40 of the tensor's max, far under FP32's own error for
+// any gradient that is not 2^-17 times smaller than its tensor's largest entry.  The products
+// a b ~= a_hi b_hi + a_hi b_lo + a_lo b_hi drop a_lo b_lo (~2^-22 relative), as 3xTF32 does.
+//
+// Numerics of the sums: the tensor core's FP32 accumulation is not round-to-nearest (v2_2_tf32x3.cu:
+// error grew with N when a sum ran inside the MMAs across all blocks).  So each product runs from
+// zero over one block (S^T, dP^T over D; dQ over 64 keys; dV, dK over 64 query rows; small terms
+// first), dV and dK are summed across Q blocks in FP32 FADD, dQ's blocks add in L2 (red).
+//
+// One CTA per (K/V block j of Bc = 64 keys, batch * head), bwd_v6's pipeline: a producer warp
+// streams K_j, V_j once and Q_i, dO_i per block (TMA, hi and lo tiles: four copies) and lse_i,
+// D_i into two stages; two consumer warpgroups split each block's query rows for S^T and dP^T
+// (m64n32, keys as M), store P^T and dS^T as hi / lo [query row][key] tiles, meet, and then:
+//   D=128: warpgroup w owns columns 64 w .. 64 w + 63 of dK_j, dV_j and dQ_i (bwd_v6's split);
+//   D=64:  warpgroup 0 owns dV_j, warpgroup 1 dK_j, and each computes dQ_i over half the keys
+//          (32 w ..) and adds it (a column split would need 32-column MN-major operands, half a
+//          128-byte swizzle panel).
+// Registers (240 a consumer thread): at D=128 dK, dV of a block and their sums (4 x 32), dQ (32),
+// S^T and dP^T (2 x 16); at D=64 one of dK, dV and its sum, dQ, S^T, dP^T.
+// Shared memory: K_j, V_j hi / lo, two stages of Q_i, dO_i hi / lo, the P / dS hi / lo tiles (one
+// set at D=128: 224 KB; two at D=64: 160 KB), lse_i, D_i, mbarriers.
+// Not deterministic (dQ's adds land in any order): deterministic=True runs bwd_v2.2.
+#include "bwd_common.cuh"
+#include "bwd_wgmma.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+namespace tileattn {
+
+constexpr int BWD_V2_3_WG = 128;
+constexpr int BWD_V2_3_STAGES = 2;
+constexpr float BWD_V2_3_P_SCALE = 32768.0f;  // 2^15: P in [0, 1] as fp16 halves
+// P / dS tile sets: two (a warpgroup one block ahead writes the other) where they fit.
+__host__ __device__ constexpr int bwd_v2_3_tile_sets(int D) { return D <= 64 ? 2 : 1; }
+
+// K_j, V_j hi + lo (Bc x D each), the stages' Q_i, dO_i hi + lo (Br x D), the P / dS hi + lo tile
+// sets (Br x Bc), all fp16 SwizzledTiles of whole 1024-byte multiples; lse_i, D_i; the mbarriers.
+__host__ __device__ constexpr int bwd_v2_3_smem(int D, int Br, int Bc) {
+  return (2 * 2 * Bc * D + BWD_V2_3_STAGES * 2 * 2 * Br * D + bwd_v2_3_tile_sets(D) * 4 * Br * Bc) * 2 +
+         BWD_V2_3_STAGES * 2 * Br * 4 + (1 + 2 * BWD_V2_3_STAGES) * 8;
+}
+
+// x ~= hi + lo, both fp16 (x already scaled): hi = x rounded, lo = the rest rounded; two values a
+// register (pack2's order).
+__device__ __forceinline__ void split_half2(float a, float b, unsigned& hi, unsigned& lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+  hi = *reinterpret_cast<const unsigned*>(&h);
+  lo = *reinterpret_cast<const unsigned*>(&l);
+}
+
+// 3xFP16 products from descriptors: D (+)= A B as A_lo B_hi + A_hi B_lo + A_hi B_hi, each pair of
+// tiles (hi at x, lo at x + its LO offset in 16-byte units).
+template <typename F>
+__device__ __forceinline__ void mma3(F mma, unsigned long long a, unsigned a_lo, unsigned long long b, unsigned b_lo,
+                                     bool accumulate) {
+  mma(a + a_lo, b, accumulate);
+  mma(a, b + b_lo, 1);
+  mma(a, b, 1);
+}
+
+// bwd_p_ds_step's P^T and dS^T for 3xFP16 (MASK as there): P = 2^(scale_log2 S - log2(e) lse)
+// (scale_log2 holds q's and k's unscale), dS = P (dP dp_unscale - D_i); P 2^15 and dS ds_scale
+// split into hi / lo halves and written by stmatrix.trans into the four [query row][key] tiles
+// (tiles: P hi, then P lo, dS hi, dS lo, T_BYTES apart).
+template <typename STile, int Br, bool CAUSAL, bool MASK>
+__device__ __forceinline__ void bwd_v2_3_p_ds_step(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned tiles,
+                                                   int T_BYTES, const float* lse_i, const float* Di_i, int kv_start,
+                                                   int warp_key0, int q_start, int Nk, int causal_offset,
+                                                   float scale_log2, float dp_unscale, float ds_scale, int lane) {
+  constexpr int NS = Br / 2;
+  const int key0 = warp_key0 + lane / 4, t = lane % 4;
+  unsigned frag[4][Br / 16][4];  // P hi, P lo, dS hi, dS lo as 8x8 matrices (bwd_p_ds_step's order)
+#pragma unroll
+  for (int i = 0; i < NS; i += 2) {
+    float p[2], ds[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = kv_start + key0 + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + e;
+      const float l = lse_i[r];
+      const bool seen = !MASK || (l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset));
+      p[e] = seen ? softmax_weight(S[i + e], scale_log2, l * TILEATTN_LOG2E) : 0.0f;
+      ds[e] = p[e] * (dP[i + e] * dp_unscale - Di_i[r]);
+    }
+    const int n8 = i / 4, j = (n8 % 2) * 2 + (i % 4) / 2;
+    split_half2(p[0] * BWD_V2_3_P_SCALE, p[1] * BWD_V2_3_P_SCALE, frag[0][n8 / 2][j], frag[1][n8 / 2][j]);
+    split_half2(ds[0] * ds_scale, ds[1] * ds_scale, frag[2][n8 / 2][j], frag[3][n8 / 2][j]);
+  }
+  const int j = lane / 8, c = lane % 8;
+  const unsigned row_offset = STile::offset_panels(8 * (j / 2) + c, (warp_key0 + 8 * (j % 2)) / 8);
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int ks = 0; ks < Br / 16; ++ks)
+      stmatrix_x4_trans(tiles + m * T_BYTES + row_offset + STile::offset_panels(16 * ks, 0), frag[m][ks]);
+  fence_proxy_async_smem();  // this thread's stores, before the tensor core reads them
+}
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
+    bwd_v2_3(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(sizeof(T) == 4, "bwd_v2.3 is an FP32 rung (its tiles are fp16 halves)");
+  static_assert(Br == 64 && Bc == 64, "wgmma's M = the CTA's 64 keys; two warpgroups of 32 query rows");
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column panels; 224 KB at D=128");
+  using H16 = Wgmma16<__half>;
+  constexpr bool COLSPLIT = HEAD_DIM == 128;  // warpgroup w: 64 columns of dK, dV, dQ (else: dV or dK)
+  constexpr int STAGES = BWD_V2_3_STAGES, SETS = bwd_v2_3_tile_sets(HEAD_DIM);
+  constexpr int RW = Br / 2;                         // query rows of S^T, dP^T a warpgroup
+  constexpr int DW = COLSPLIT ? HEAD_DIM / 2 : 64;   // columns of a warpgroup's dQ, dK / dV
+  constexpr int Q_BYTES = Br * HEAD_DIM * 2, KV_BYTES = Bc * HEAD_DIM * 2, T_BYTES = Br * Bc * 2;
+  using STile = SwizzledTile<Br, Bc>;  // P and dS, [query row][key]: one 64-key panel
+
+  // Every tile is a hi tile followed by its lo tile.
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const unsigned s_k = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned s_v = s_k + 2 * KV_BYTES;
+  auto s_q = [&](int st) { return s_k + 4 * KV_BYTES + st * 4 * Q_BYTES; };
+  auto s_do = [&](int st) { return s_q(st) + 2 * Q_BYTES; };
+  auto s_tiles = [&](int set) { return s_q(STAGES) + set * 4 * T_BYTES; };  // P hi, P lo, dS hi, dS lo
+  constexpr int STATS = 4 * KV_BYTES + STAGES * 4 * Q_BYTES + SETS * 4 * T_BYTES;
+  float* const stats = reinterpret_cast<float*>(smem + STATS);
+  auto lse_s = [&](int st) { return stats + st * 2 * Br; };
+  auto Di_s = [&](int st) { return stats + st * 2 * Br + Br; };
+  const unsigned bar_kv = s_k + STATS + STAGES * 2 * Br * 4;
+  auto bar_full = [&](int st) { return bar_kv + 8 * (1 + st); };
+  auto bar_empty = [&](int st) { return bar_kv + 8 * (1 + STAGES + st); };
+  if (threadIdx.x == 0) {
+    bwd_init_pipeline<STAGES, 2 * BWD_V2_3_WG, 4>(bar_kv, bar_full, bar_empty);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  const int bh = blockIdx.y + bh_offset;
+  const int b = bh / H, h = bh % H, hk = h / h_per_kv;
+  const int kv_start = blockIdx.x * Bc;
+  const int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
+  const int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;
+
+  if (threadIdx.x < BWD_V2_3_WG) {
+    // ---------------- producer: warp 0 (lane 0 issues the tensor copies) ----------------
+    setmaxnreg_dec<BWD_V4_PRODUCER_REGS>();
+    if (threadIdx.x >= 32) return;
+    bwd_produce<HEAD_DIM, Br, Bc, STAGES, true>(&tmaps, s_k, s_v, s_q, s_do, lse_s, Di_s, bar_kv, bar_full,
+                                                 bar_empty, lse + (long long)bh * Nq, Di + (long long)bh * Nq,
+                                                 kv_start, q_first, n_blocks, Nq, h, hk, b, threadIdx.x, H + h,
+                                                 H / h_per_kv + hk);
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  setmaxnreg_inc<BWD_V4_CONSUMER_REGS>();
+  const int tid = threadIdx.x - BWD_V2_3_WG, w = tid / BWD_V2_3_WG;
+  const int warp = tid / 32 % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // The operands' scales (backward.py's _split_operands): q k's and v dO's unscale, dS's scale,
+  // dQ's, dK's and dV's unscale.
+  const float s_qk = scales[0], s_vdo = scales[1], ds_scale = scales[2];
+  const float u_dq = scales[3] * softmax_scale;
+
+  // Descriptors (16-byte units for the lo offsets).  K-major: A = K_j, V_j; B = Q_i, dO_i rows
+  // RW w.. (S^T's, dP^T's); A = dS (dQ's).  MN-major: A = the P / dS tiles read as keys x rows
+  // (dV's, dK's); B = dO_i, Q_i, K_j column panels.
+  constexpr unsigned KV_LO = KV_BYTES >> 4, Q_LO = Q_BYTES >> 4, T_LO = T_BYTES >> 4;
+  const unsigned long long k_desc = wgmma_desc_sw128(s_k), v_desc = wgmma_desc_sw128(s_v);
+  // dQ's B: K_j's columns DW w.. (D=128) or all 64 (D=64: the k steps of keys 32 w..).
+  const unsigned long long kn_desc = wgmma_desc_sw128(s_k + (COLSPLIT ? w : 0) * Bc * 128, Bc * 128);
+  constexpr int KSTEP = (16 * 128) >> 4;  // 16 rows of a panel, in the descriptor's 16-byte units
+
+  // Per Q block from zero (the tensor core), summed here in FP32.  D=128: dK, dV of columns DW w..;
+  // D=64: warpgroup 0's dV, warpgroup 1's dK (in G; G2 unused).
+  constexpr int NG = COLSPLIT ? 2 : 1;
+  float G[NG][DW / 2], G_sum[NG][DW / 2];
+#pragma unroll
+  for (int a = 0; a < NG; ++a)
+#pragma unroll
+    for (int i = 0; i < DW / 2; ++i) G_sum[a][i] = 0.0f;
+
+  const float scale_log2 = softmax_scale * s_qk * TILEATTN_LOG2E;  // any sign: no max is folded here
+  const long long q_blocks = (Nq + Br - 1) / Br;
+  float* const dq_bh = dq_accum + ((long long)bh * q_blocks + q_first / Br) * Br * HEAD_DIM;
+  mbar_wait(bar_kv, 0);
+  for (int n = 0; n < n_blocks; ++n) {
+    const int st = n % STAGES, q_start = q_first + n * Br, q_w = RW * w, set = SETS == 2 ? n % 2 : 0;
+    mbar_wait(bar_full(st), (n / STAGES) & 1);
+
+    // 1. S^T, dP^T over this warpgroup's rows q_w.. (k = D): lo products first, then hi hi.
+    float S[RW / 2], dP[RW / 2];
+    {
+      const unsigned long long q_desc = wgmma_desc_sw128(s_q(st) + q_w * 128);
+      const unsigned long long do_desc = wgmma_desc_sw128(s_do(st) + q_w * 128);
+      wgmma_fence();
+#pragma unroll
+      for (int pass = 0; pass < 3; ++pass)
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+          const unsigned ka = sw128_k_step(kk, Bc) >> 4, kb = sw128_k_step(kk, Br) >> 4;
+          const unsigned a_lo = pass == 0 ? KV_LO : 0, b_lo = pass == 1 ? Q_LO : 0;
+          H16::ss(S, k_desc + ka + a_lo, q_desc + kb + b_lo, pass > 0 || kk > 0);
+          H16::ss(dP, v_desc + ka + a_lo, do_desc + kb + b_lo, pass > 0 || kk > 0);
+        }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(S);
+      fence_operands(dP);
+    }
+
+    // 2. P^T, dS^T hi / lo into rows q_w.. of the tile set.  One set (D=128): both warpgroups must
+    //    be done with the last block's dQ, dV, dK, which read it.
+    if constexpr (SETS == 1)
+      if (n > 0) named_barrier_sync<2 * BWD_V2_3_WG>(2);
+    {
+      const unsigned tiles = s_tiles(set) + q_w * 128;  // (a multiple of 8 rows: the swizzle is unchanged)
+      const float* lse_i = lse_s(st) + q_w;
+      const float* Di_i = Di_s(st) + q_w;
+      if (bwd_block_unmasked<CAUSAL>(q_start + q_w, RW, Nq, kv_start, Bc, Nk, causal_offset))
+        bwd_v2_3_p_ds_step<STile, RW, CAUSAL, false>(S, dP, tiles, T_BYTES, lse_i, Di_i, kv_start, 16 * warp,
+                                                     q_start + q_w, Nk, causal_offset, scale_log2, s_vdo, ds_scale,
+                                                     lane);
+      else
+        bwd_v2_3_p_ds_step<STile, RW, CAUSAL, true>(S, dP, tiles, T_BYTES, lse_i, Di_i, kv_start, 16 * warp,
+                                                    q_start + q_w, Nk, causal_offset, scale_log2, s_vdo, ds_scale,
+                                                    lane);
+    }
+
+    // 3. Both warpgroups' rows in the tiles.
+    named_barrier_sync<2 * BWD_V2_3_WG>(1);
+
+    // 4. dQ_w (one commit group), then dV / dK (another), each from zero.
+    const unsigned long long pt_desc = wgmma_desc_sw128(s_tiles(set));
+    const unsigned long long dst_desc = wgmma_desc_sw128(s_tiles(set) + 2 * T_BYTES);
+    const unsigned long long do_ndesc = wgmma_desc_sw128(s_do(st) + (COLSPLIT ? w : 0) * Br * 128, Br * 128);
+    const unsigned long long q_ndesc = wgmma_desc_sw128(s_q(st) + (COLSPLIT ? w : 0) * Br * 128, Br * 128);
+    float dq[DW / 2];
+    constexpr int DQ_STEPS = COLSPLIT ? Bc / 16 : Bc / 32;  // D=64: keys 32 w .. 32 w + 31
+    const int dq_step0 = COLSPLIT ? 0 : DQ_STEPS * w;
+    wgmma_fence();
+#pragma unroll
+    for (int pass = 0; pass < 3; ++pass)
+#pragma unroll
+      for (int s = 0; s < DQ_STEPS; ++s) {
+        const int ks = dq_step0 + s;
+        H16::ss_bt(dq, dst_desc + (sw128_k_step(ks, Br) >> 4) + (pass == 0 ? T_LO : 0),
+                   kn_desc + ks * KSTEP + (pass == 1 ? KV_LO : 0), pass > 0 || s > 0);
+      }
+    wgmma_commit();
+    if constexpr (COLSPLIT) {
+#pragma unroll
+      for (int pass = 0; pass < 3; ++pass)
+#pragma unroll
+        for (int ks = 0; ks < Br / 16; ++ks) {
+          const unsigned a_lo = pass == 0 ? T_LO : 0;
+          H16::ss_tt(G[1], pt_desc + ks * KSTEP + a_lo, do_ndesc + ks * KSTEP + (pass == 1 ? Q_LO : 0),
+                     pass > 0 || ks > 0);
+          H16::ss_tt(G[0], dst_desc + ks * KSTEP + a_lo, q_ndesc + ks * KSTEP + (pass == 1 ? Q_LO : 0),
+                     pass > 0 || ks > 0);
+        }
+    } else {  // warpgroup 0: dV = P^T dO; warpgroup 1: dK = dS^T Q
+      const unsigned long long a_desc = w == 0 ? pt_desc : dst_desc, b_desc = w == 0 ? do_ndesc : q_ndesc;
+#pragma unroll
+      for (int pass = 0; pass < 3; ++pass)
+#pragma unroll
+        for (int ks = 0; ks < Br / 16; ++ks)
+          H16::ss_tt(G[0], a_desc + ks * KSTEP + (pass == 0 ? T_LO : 0), b_desc + ks * KSTEP + (pass == 1 ? Q_LO : 0),
+                     pass > 0 || ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // dQ; dV and dK still run under the adds below
+    fence_operands(dq);
+
+    // 5. dQ_w into the block's chunk of the blocked accumulator (bwd_v5's layout, tile DW / 64 w
+    //    at D=128; at D=64 both warpgroups add into the one tile).  Rows past Nq add zeros.
+    float* const chunk = dq_bh + (long long)n * Br * HEAD_DIM + (COLSPLIT ? w : 0) * 64 * 64 + 4 * (tid % BWD_V2_3_WG);
+#pragma unroll
+    for (int n8 = 0; n8 < DW / 8; ++n8)
+      red_add4(chunk + (n8 % 8) * 4 * BWD_V2_3_WG, u_dq * dq[4 * n8], u_dq * dq[4 * n8 + 1], u_dq * dq[4 * n8 + 2],
+               u_dq * dq[4 * n8 + 3]);
+
+    wgmma_wait<0>();
+#pragma unroll
+    for (int a = 0; a < NG; ++a) {
+      fence_operands(G[a]);
+#pragma unroll
+      for (int i = 0; i < DW / 2; ++i) G_sum[a][i] += G[a][i];
+    }
+    mbar_arrive(bar_empty(st));  // dV, dK have read the stage
+  }
+
+  // dK (scaled by softmax_scale in bwd_store_dkdv), dV: keys kv_start + 16 warp + g (+ 8), columns
+  // col0 + 8 (i / 4) + 2t (+ 1).  D=64: warpgroup 1 hands its dK to warpgroup 0 through the stage
+  // buffers (the pipeline is drained: the producer issues no copy past the last block).
+  const float u_dk = scales[4], u_dv = scales[5];
+  float dK[DW / 2], dV[DW / 2];
+  if constexpr (COLSPLIT) {
+#pragma unroll
+    for (int i = 0; i < DW / 2; ++i) {
+      dK[i] = u_dk * G_sum[0][i];
+      dV[i] = u_dv * G_sum[1][i];
+    }
+  } else {
+    float* const xchg = reinterpret_cast<float*>(smem + 4 * KV_BYTES) + (tid % BWD_V2_3_WG);
+    named_barrier_sync<2 * BWD_V2_3_WG>(2);  // every product has read the stages
+    if (w == 1) {
+#pragma unroll
+      for (int i = 0; i < DW / 2; ++i) xchg[i * BWD_V2_3_WG] = G_sum[0][i];
+    }
+    named_barrier_sync<2 * BWD_V2_3_WG>(1);
+    if (w == 1) return;
+#pragma unroll
+    for (int i = 0; i < DW / 2; ++i) {
+      dK[i] = u_dk * xchg[i * BWD_V2_3_WG];
+      dV[i] = u_dv * G_sum[0][i];
+    }
+  }
+  bwd_store_dkdv(dK, dV, TILEATTN_DKDV_DEST, nullptr, b, h, H, h_per_kv, Nk, kv_start + 16 * warp + g,
+                 (COLSPLIT ? DW * w : 0) + 2 * t, HEAD_DIM, softmax_scale);
+#endif
+}
+
+TILEATTN_SMEM_BYTES(bwd_v2_3, bwd_v2_3_smem(HEAD_DIM, Br, Bc));
+
+}  // namespace tileattn
