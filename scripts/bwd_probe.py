@@ -7,9 +7,9 @@ build that leaves something out on purpose shows it here).
 scripts/variants_probe.py (an experiment's switch in the CUDA sources); `--tile RUNG:D=Br,Bc` runs
 a rung at a tile other than the registry's; `--kernels` lists each launch of one call of each rung
 (torch.profiler: the rung, the D_i pass, the memsets and copies around it) with its device time;
-`--peers` times cuDNN's and FA2's backward (SDPA; FP32: the memory-efficient one) on the same inputs and prints each rung's ratio
-to them; `--seqlen N` runs B = 32768 / N (the bwd suite's shapes) instead of N=8192; `--headdim` the head
-dims (64 and 128 by default).
+`--peers` times cuDNN's and FA2's backward (SDPA; FP32: the memory-efficient one) on the same
+inputs and prints each rung's ratio to them; `--seqlen N` runs B = 32768 / N (the bwd suite's
+shapes) instead of N=8192; `--headdim` the head dims (64 and 128 by default).
 """
 
 import argparse

@@ -78,6 +78,17 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
         assert sass.count("UTMALDG") == 4 * D // 64 and "USETMAXREG" in sass and "HMMA" not in sass
         assert sass.count("REDG.E.ADD.F32x4") == D // 2 // 8 and sass.count("STSM.16.MT88.4") == 2 * 2 * Br // 2 // 16
         assert float_atomics  # dK, dV under GQA
+    elif entry.name == "bwd_v2.3":  # bwd_v6's products on fp16 halves, three per multiply: S^T, dP^T
+        # (m64n32, a warpgroup's 32 rows) over D; D=128: dQ over 64 keys, dV and dK (m64n64: a
+        # warpgroup's half of the head dim); D=64: dQ over 32 keys and one of dV, dK (all 64
+        # columns).  Hi and lo tiles by TMA; dQ's adds four floats a RED; P, dS hi / lo by stmatrix.
+        Br, Bc = entry.tiles[D]
+        dq_keys, products = (Bc, 2) if D == 128 else (Bc // 2, 1)
+        assert sass.count("HGMMA.64x32x16.F32") == 3 * 2 * D // 16 and "HMMA" not in sass
+        assert sass.count("HGMMA.64x64x16.F32") == 3 * (dq_keys // 16 + products * Br // 16)
+        assert sass.count("UTMALDG") == 2 * 4 * D // 64 and "USETMAXREG" in sass
+        assert sass.count("REDG.E.ADD.F32x4") == 8 and sass.count("STSM.16.MT88.4") == 2 * 4 * Br // 2 // 16
+        assert float_atomics  # dK, dV under GQA
     elif not entry.name.startswith("bwd_v2.2"):
         assert "HMMA" not in sass  # CUDA cores only
     if entry.name == "bwd_v1":
@@ -196,6 +207,43 @@ def test_backward_fp32_matches_float64(request, version, D, B, H, H_kv, Nq, Nk, 
         request.getfixturevalue("ws_rungs_finish")
     precision = BWD_VERSIONS[version].precision
     _check_backward("float32", D, B, H, H_kv, Nq, Nk, causal, scale, layout, version=version, precision=precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [n for n, e in BWD_VERSIONS.items() if e.precision == "fp32" and n != "bwd_v1"])
+@pytest.mark.parametrize(
+    "q_mag,k_mag,v_mag,do_mag",
+    [
+        (1e3, 1e-3, 3e-7, 1e-9),  # dO of a float32 loss's size, v small
+        (1e-6, 1e6, 1e5, 7e3),  # large v and dO
+        (1.0, 1.0, 1.0, 0.0),  # dO = 0: every gradient exactly 0
+    ],
+)
+def test_backward_fp32_any_magnitude(request, version, q_mag, k_mag, v_mag, do_mag):
+    """The FP32 rungs hold their error relative to the gradients whatever the inputs' magnitudes
+    (bwd_v2.3 scales its fp16 halves by powers of two from each tensor's max): no absolute floor
+    here, which would hide gradients of 1e-12."""
+    import torch
+
+    import tileattn
+    from tileattn.backward import attention_backward
+
+    entry = BWD_VERSIONS[version]
+    if entry.tensor_maps:
+        request.getfixturevalue("ws_rungs_finish")
+    B, H, N, D = 2, 3, 333, 128
+    q, k, v, dO = (m * torch.randn(B, N, H, D, device="cuda") for m in (q_mag, k_mag, v_mag, do_mag))
+    with torch.no_grad():
+        out, lse = tileattn.api._call(q, k, v, D**-0.5, "bottom_right", "bnhd", None, None, "scale", True)
+        got = attention_backward(q, k, v, out, lse, dO, D**-0.5, "bottom_right", "bnhd", version=version)
+    expected = reference_grads(q, k, v, dO, D**-0.5, "bottom_right", "bnhd")
+    torch_grads = reference_grads(q, k, v, dO, D**-0.5, "bottom_right", "bnhd", torch.float32)
+    for name, g, e, r in zip(("dq", "dk", "dv"), got, expected, torch_grads):
+        if do_mag == 0:
+            assert not g.any(), f"{name} is not 0 for dO = 0"
+            continue
+        err, torch_err = _rms(g.double() - e), _rms(r.double() - e)
+        assert err <= 2 * torch_err + FLOOR["float32"][0] * _rms(e), f"{name}: {err:.2e} vs PyTorch's {torch_err:.2e}"
 
 
 @pytest.mark.gpu
@@ -414,7 +462,10 @@ def test_dq_convert_matches_its_model(layout, dtype, D, B, H, Nq):
         ((9, 0), "bfloat16", 256, True, "bwd_v2"),  # bwd_v6 has no deterministic mode
         ((9, 0), "float16", 96, False, "bwd_v2"),
         ((8, 0), "bfloat16", 256, False, "bwd_v2"),
-        ((9, 0), "float32", 128, False, "bwd_v2.2"),
+        ((9, 0), "float32", 128, False, "bwd_v2.3"),
+        ((9, 0), "float32", 64, True, "bwd_v2.2"),  # bwd_v2.3 has no deterministic mode
+        ((9, 0), "float32", 32, False, "bwd_v2.2"),
+        ((8, 0), "float32", 128, False, "bwd_v2.2"),
     ],
 )
 def test_default_rung(monkeypatch, arch, dtype, D, deterministic, rung):
@@ -423,6 +474,8 @@ def test_default_rung(monkeypatch, arch, dtype, D, deterministic, rung):
 
     monkeypatch.setattr(_nvrtc, "device_arch", lambda device_index: arch)
     assert backward.default_rung(dtype, D, deterministic, 0) == rung
+    if dtype == "float32":  # precision="tf32" picks the TF32 rung everywhere
+        assert backward.default_rung(dtype, D, deterministic, 0, "tf32") == "bwd_v2.2_tf32"
 
 
 @pytest.mark.gpu

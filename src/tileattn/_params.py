@@ -203,7 +203,10 @@ def packer(cubin: bytes, lowered_name: str, tensor_maps: bool, args=None, room=N
 BWD_ARGS: list[tuple[str, str]] = (
     [
         (name, "Q")
-        for name in ("q", "k", "v", "o", "dout", "lse", "Di", "dq_accum", "dk_accum", "dv_accum", "dq_semaphore", "scales")
+        for name in (
+            *("q", "k", "v", "o", "dout", "lse", "Di"),
+            *("dq_accum", "dk_accum", "dv_accum", "dq_semaphore", "scales"),
+        )
     ]
     + [(name, "i") for name in ("Nq", "Nk", "H", "h_per_kv")]
     + [(f"{t}_{s}", "q") for t in ("q", "k", "v", "o", "do") for s in ("sb", "sh", "sn")]

@@ -90,8 +90,8 @@ def attention_backward(
         # fmt: off
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
                 Di.data_ptr(), dq_acc.data_ptr(), *acc_ptrs, 0 if semaphore is None else semaphore.data_ptr(),
-                0 if scales is None else scales.data_ptr(), Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields,
-                softmax_scale, offset, 0]
+                0 if scales is None else scales.data_ptr(), Nq, Nk, H, H // H_kv,
+                *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields, softmax_scale, offset, 0]
         # fmt: on
         stream = api._current_stream(device_index)
         # D_i over query rows (its CAUSAL template argument is unused: one instantiation), then the
