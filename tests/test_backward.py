@@ -8,12 +8,12 @@ import pytest
 
 from tileattn import _nvrtc, _params
 from tileattn.testing import compile_in_parallel, reference_grads
-from tileattn.versions import BWD_DQ_CONVERT, BWD_PREPROCESS, BWD_VERSIONS
+from tileattn.versions import BWD_DQ_CONVERT, BWD_PREPROCESS, BWD_SPLIT, BWD_VERSIONS
 
 ARCHS = ["sm_80", "sm_90"]
 INSTANCES = [
     (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))
-    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT]
+    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, BWD_SPLIT]
     for dtype, D, causal in entry.instantiations()
     for arch in ARCHS
     if entry.runs_on(int(arch[3:]))
@@ -48,6 +48,8 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
         assert "LDG.E.128" in sass and "SHFL.BFLY" in sass
     if entry.name == "bwd_dq_convert":  # 16-byte loads of the tiles, 16-byte stores of the rows
         assert "LDG.E.128" in sass and "STG.E.128" in sass and "STS.64" in sass
+    if entry.name == "bwd_split":  # 8 floats by two 16-byte loads, their hi and lo halves by 16-byte stores
+        assert sass.count("LDG.E.128") == 2 and sass.count("STG.E.128") == 2
     if entry.name == "bwd_v2" and arch == "sm_90":
         assert "REDG.E.ADD.F32x2" in sass
     if entry.name == "bwd_v2":
@@ -244,6 +246,33 @@ def test_backward_fp32_any_magnitude(request, version, q_mag, k_mag, v_mag, do_m
             continue
         err, torch_err = _rms(g.double() - e), _rms(r.double() - e)
         assert err <= 2 * torch_err + FLOOR["float32"][0] * _rms(e), f"{name}: {err:.2e} vs PyTorch's {torch_err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
+@pytest.mark.parametrize("D", BWD_SPLIT.head_dims)
+def test_split_operands(layout, D):
+    """bwd_split: hi is x 2^e rounded to fp16, hi + lo within fp16's rounding of the rest, e putting
+    max |x| in [2^14, 2^15); head h's halves at h and heads + h; strided inputs read in place."""
+    import torch
+
+    from tileattn.backward import _split_operands
+
+    B, H, N = 3, 5, 77
+    shape = (B, N, H, D) if layout == "bnhd" else (B, H, N, D)
+    ts = [m * torch.randn(shape, device="cuda") for m in (1e-7, 3.0, 1e5, 0.0)]
+    ts[2] = torch.randn(shape[:-1] + (2 * D,), device="cuda")[..., :D] * 1e5  # rows 2 D apart
+    splits, amax = _split_operands(*ts, layout, torch.cuda.current_device())
+    for t, s, m in zip(ts, splits, amax):
+        x = (t.transpose(1, 2) if layout == "bnhd" else t).double()
+        assert m.item() == x.abs().max().item() and s.shape == (B, 2 * H, N, D) and s.dtype == torch.float16
+        e = 15 - torch.frexp(m).exponent.item() if m > 0 else 15
+        xs = torch.ldexp(x, torch.tensor(e, device="cuda"))
+        hi, lo = s[:, :H].double(), s[:, H:].double()
+        assert torch.equal(hi, xs.float().half().double())
+        assert (hi + lo - xs).abs().max().item() <= 2**-22 * 2**15 + 2**-25
+        if m > 0:
+            assert 2**14 <= xs.abs().max().item() < 2**15
 
 
 @pytest.mark.gpu

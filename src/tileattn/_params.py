@@ -205,7 +205,7 @@ BWD_ARGS: list[tuple[str, str]] = (
         (name, "Q")
         for name in (
             *("q", "k", "v", "o", "dout", "lse", "Di"),
-            *("dq_accum", "dk_accum", "dv_accum", "dq_semaphore", "scales"),
+            *("dq_accum", "dk_accum", "dv_accum", "dq_semaphore", "split_amax"),
         )
     ]
     + [(name, "i") for name in ("Nq", "Nk", "H", "h_per_kv")]
@@ -251,5 +251,16 @@ DQC_ARGS: list[tuple[str, str]] = [("dq_accum", "Q"), ("dq", "Q"), ("Nq", "i"), 
     (f"dq_{s}", "q") for s in ("sb", "sh", "sn")
 ]
 
+# TILEATTN_SPLIT_FIELDS (csrc/bwd_split.cu), in order.
+SPLIT_ARGS: list[tuple[str, str]] = [
+    ("src", "Q"),
+    ("dst", "Q"),
+    ("amax", "Q"),
+    ("which", "i"),
+    ("H", "i"),
+    ("N", "i"),
+    ("rows", "q"),
+] + [(f"s_{s}", "q") for s in ("sb", "sh", "sn")]
+
 # The parameter lists of the kernels outside the forward ladder (versions.KernelEntry.fields).
-ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS, "fwd": FWD_FIELDS, "vt": VT_ARGS, "dqc": DQC_ARGS}
+ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS, "fwd": FWD_FIELDS, "vt": VT_ARGS, "dqc": DQC_ARGS, "split": SPLIT_ARGS}

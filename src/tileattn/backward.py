@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import _nvrtc, api
-from .versions import BWD_DQ_CONVERT, BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
+from .versions import BWD_DQ_CONVERT, BWD_PRE_ROWS, BWD_PREPROCESS, BWD_SPLIT, BWD_VERSIONS
 
 
 def attention_backward(
@@ -81,16 +81,16 @@ def attention_backward(
         dk_acc, dv_acc = (alloc((B, H if deterministic else H_kv, Nk, D), **f32) for _ in "kv")
         acc_ptrs, out_fields = (dk_acc.data_ptr(), dv_acc.data_ptr()), (0,) * 5
     semaphore = torch.zeros(B * H * -(-Nq // Br), dtype=torch.int32, device=q.device) if deterministic else None
-    scales = None
+    split_amax = None
     if launched and entry.split_operands:  # bwd_v2.3: q, k, v, dO as scaled fp16 halves
-        (q_split, k_split, v_split, do_split), scales = _split_operands(q, k, v, dout, layout)
+        (q_split, k_split, v_split, do_split), split_amax = _split_operands(q, k, v, dout, layout, device_index)
     if launched:
         Di = torch.empty((B, H, Nq), **f32)
         offset = 0 if causal != "bottom_right" else Nk - Nq
         # fmt: off
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
                 Di.data_ptr(), dq_acc.data_ptr(), *acc_ptrs, 0 if semaphore is None else semaphore.data_ptr(),
-                0 if scales is None else scales.data_ptr(), Nq, Nk, H, H // H_kv,
+                0 if split_amax is None else split_amax.data_ptr(), Nq, Nk, H, H // H_kv,
                 *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields, softmax_scale, offset, 0]
         # fmt: on
         stream = api._current_stream(device_index)
@@ -131,36 +131,27 @@ def attention_backward(
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
 
 
-# The largest power-of-two exponent a split operand's scale takes either way: scales and their
-# products stay normal float32 numbers (|exponent| <= 120).
-_SPLIT_EXP_MAX = 60
+_SPLIT_THREADS = 256  # csrc/bwd_split.cu's SPLIT_THREADS: 8 floats a thread
 
 
-def _split_operands(q, k, v, dout, layout: str):
+def _split_operands(q, k, v, dout, layout: str, device_index: int):
     """bwd_v2.3's operands (csrc/bwd_v2_3_fp16x3.cu): each of q, k, v, dout as x 2^e = hi + lo in
-    fp16, (B, 2 x heads, N, D) contiguous (head h's hi at h, its lo at heads + h), e putting the
-    tensor's largest |x| just under 2^15; and the rung's float32 scale factors: 2^-(e_q + e_k)
-    (S), 2^-(e_v + e_do) (dP), 2^f (dS: f from |dS| <= 2 D max|dO| max|v|), 2^-(f + e_k) (dQ),
-    2^-(f + e_q) (dK), 2^-(15 + e_do) (dV, P being scaled by 2^15).  Everything stays on the device
-    (no host sync): the exponents come from torch.frexp of each tensor's max |x|."""
-    tensors = [t.transpose(1, 2) if layout == "bnhd" else t for t in (q, k, v, dout)]  # (B, H, N, D) views
-    amax = torch.stack([torch.linalg.vector_norm(t, float("inf")) for t in tensors])
-    E = torch.frexp(amax).exponent  # max |x| < 2^E (0 for an all-zero or non-finite tensor)
-    e = (15 - E).clamp(-_SPLIT_EXP_MAX, _SPLIT_EXP_MAX)
-    D = q.shape[-1]
-    f = (14 - (D - 1).bit_length() - E[2] - E[3]).clamp(-_SPLIT_EXP_MAX, _SPLIT_EXP_MAX)
-    eq, ek, ev, edo = e
-    exps = torch.stack([-(eq + ek), -(ev + edo), f, -(f + ek), -(f + eq), -(15 + edo)])
-    scales = torch.ldexp(torch.ones(6, dtype=torch.float32, device=q.device), exps)
+    fp16, (B, 2 x heads, N, D) contiguous (head h's hi at h, its lo at heads + h), by bwd_split; e
+    puts the tensor's largest |x| just under 2^15.  Returns the four and their maxima (float32,
+    on the device: the kernels derive every scale from them, so no host sync)."""
+    amax = torch.empty(4, dtype=torch.float32, device=q.device)
+    stream = api._current_stream(device_index)
     splits = []
-    for t, ei in zip(tensors, e):
-        B, H, N, _ = t.shape
-        x = torch.ldexp(t, ei)  # exact: a power of two
-        out = torch.empty((B, 2, H, N, D), dtype=torch.float16, device=t.device)
-        out[:, 0] = x  # hi: x rounded to fp16
-        out[:, 1] = x - out[:, 0]  # lo: the rest (exact in float32), rounded
-        splits.append(out.view(B, 2 * H, N, D))
-    return splits, scales
+    for i, t in enumerate((q, k, v, dout)):
+        torch.linalg.vector_norm(t, float("inf"), out=amax[i])
+        (B, H, N, D), strides = api._bhnd(t, layout)
+        out = torch.empty((B, 2 * H, N, D), dtype=torch.float16, device=t.device)
+        kern = api.entry_kernel(BWD_SPLIT.name, "float32", D, False, device_index)
+        rows = B * H * N
+        args = [t.data_ptr(), out.data_ptr(), amax.data_ptr(), i, H, N, rows, *strides[:3]]
+        kern.launch(stream, -(-rows * D // 8 // _SPLIT_THREADS), 1, args)
+        splits.append(out)
+    return splits, amax
 
 
 def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype, device_index: int) -> torch.Tensor:

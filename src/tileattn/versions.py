@@ -523,6 +523,20 @@ BWD_DQ_CONVERT = KernelEntry(
     causal_variants=(False,),
 )
 
+# bwd_v2.3's operands: one FP32 tensor (q, k, v or dO) as scaled fp16 hi / lo halves, 4 floats a
+# thread; Br, Bc unused.
+BWD_SPLIT = KernelEntry(
+    name="bwd_split",
+    file="bwd_split.cu",
+    kernel="bwd_split",
+    tiles={D: (0, 0) for D in (64, 128)},
+    dtypes=("float32",),
+    fields="split",
+    summary="bwd_v2.3's operands: an FP32 tensor times 2^e (e from its max |x|) as fp16 hi + lo halves, "
+    "(B, 2 x heads, N, D), in one pass",
+    causal_variants=(False,),
+)
+
 # FP32 on tensor cores: the default FP32 backward (backward.default_rung), bwd_v2.2_tf32 with
 # precision="tf32".
 _BWD_V2_2 = KernelEntry(
@@ -813,5 +827,8 @@ PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_1_VARLEN, V3_1_V
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
     e.name: e
-    for e in (BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, *DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT)
+    for e in (
+        *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, BWD_SPLIT),
+        *(*DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT),
+    )
 }

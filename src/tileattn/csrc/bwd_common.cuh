@@ -25,15 +25,15 @@ namespace tileattn {
 // K/V blocks add their dQ of a Q block in the order j = 0, 1, 2, ... (each waits for the count of
 // adds before it), and dk_accum, dv_accum are (B, H, Nk, D), one slice per query head written
 // without atomics, summed over each GQA group by the host: bitwise-reproducible gradients.
-// scales: null, or (bwd_v2.3, whose operands are scaled fp16 halves) its operands' power-of-two
-// scale factors (backward.py's _split_operands).
+// split_amax: null, or (bwd_v2.3, whose operands are scaled fp16 halves: bwd_split.cu) the largest
+// |x| of q, k, v and dO, which set their scales.
 #define TILEATTN_BWD_FIELDS(X, SEP)                                                        \
   X(const T* __restrict__, q) SEP X(const T* __restrict__, k) SEP X(const T* __restrict__, v) SEP \
   X(const T* __restrict__, o) SEP X(const T* __restrict__, dout) SEP                       \
   X(const float* __restrict__, lse) SEP X(float* __restrict__, Di) SEP                     \
   X(float* __restrict__, dq_accum) SEP X(float* __restrict__, dk_accum) SEP                \
   X(float* __restrict__, dv_accum) SEP X(int* __restrict__, dq_semaphore) SEP             \
-  X(const float* __restrict__, scales) SEP                                                 \
+  X(const float* __restrict__, split_amax) SEP                                             \
   X(const int, Nq) SEP X(const int, Nk) SEP X(const int, H) SEP X(const int, h_per_kv) SEP \
   X(const long long, q_sb) SEP X(const long long, q_sh) SEP X(const long long, q_sn) SEP  \
   X(const long long, k_sb) SEP X(const long long, k_sh) SEP X(const long long, k_sn) SEP  \

@@ -10,8 +10,8 @@
 // at twice the rate, and fp16 wgmma reads transposed (MN-major) tiles: the bf16 rungs' layouts
 // apply as they are.  What fp16 lacks is TF32's exponent range; a power-of-two scale per tensor
 // (exact in both directions) puts each operand's largest value near 2^15:
-//   * q, k, v, dO: 2^e with e from the tensor's max |x| (backward.py's _split_operands writes the
-//     scaled halves, (B, 2 x heads, N, D) fp16: head h's hi at h, its lo at heads + h);
+//   * q, k, v, dO: 2^e with e from the tensor's max |x| (bwd_split.cu writes the scaled halves,
+//     (B, 2 x heads, N, D) fp16: head h's hi at h, its lo at heads + h);
 //   * P in [0, 1]: 2^15;
 //   * dS = P (dP - D_i): |dS| <= |dP| + |D_i| <= 2 D max|dO| max|v|, so 2^f from that bound.
 // A value then keeps 22 bits down to 2^-3 of its scale, and below that loses at most 2^-25 of
@@ -38,6 +38,7 @@
 // set at D=128: 224 KB; two at D=64: 160 KB), lse_i, D_i, mbarriers.
 // Not deterministic (dQ's adds land in any order): deterministic=True runs bwd_v2.2.
 #include "bwd_common.cuh"
+#include "bwd_split.cu"
 #include "bwd_wgmma.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -55,16 +56,6 @@ __host__ __device__ constexpr int bwd_v2_3_tile_sets(int D) { return D <= 64 ? 2
 __host__ __device__ constexpr int bwd_v2_3_smem(int D, int Br, int Bc) {
   return (2 * 2 * Bc * D + BWD_V2_3_STAGES * 2 * 2 * Br * D + bwd_v2_3_tile_sets(D) * 4 * Br * Bc) * 2 +
          BWD_V2_3_STAGES * 2 * Br * 4 + (1 + 2 * BWD_V2_3_STAGES) * 8;
-}
-
-// x ~= hi + lo, both fp16 (x already scaled): hi = x rounded, lo = the rest rounded; two values a
-// register (pack2's order).
-__device__ __forceinline__ void split_half2(float a, float b, unsigned& hi, unsigned& lo) {
-  const __half2 h = __floats2half2_rn(a, b);
-  const float2 hf = __half22float2(h);
-  const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
-  hi = *reinterpret_cast<const unsigned*>(&h);
-  lo = *reinterpret_cast<const unsigned*>(&l);
 }
 
 // 3xFP16 products from descriptors: D (+)= A B as A_lo B_hi + A_hi B_lo + A_hi B_hi, each pair of
@@ -170,10 +161,15 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
   setmaxnreg_inc<BWD_V4_CONSUMER_REGS>();
   const int tid = threadIdx.x - BWD_V2_3_WG, w = tid / BWD_V2_3_WG;
   const int warp = tid / 32 % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
-  // The operands' scales (backward.py's _split_operands): q k's and v dO's unscale, dS's scale,
-  // dQ's, dK's and dV's unscale.
-  const float s_qk = scales[0], s_vdo = scales[1], ds_scale = scales[2];
-  const float u_dq = scales[3] * softmax_scale;
+  // The operands' scales, from the maxima bwd_split scaled them by (split_amax: q, k, v, dO):
+  // S's and dP's unscale, dS's scale (from |dS| <= |dP| + |D_i| <= 2 D max|dO| max|v|, below
+  // 2^15), and dQ's, dK's, dV's unscale.  All powers of two.
+  const int eq = split_exponent(split_amax[0]), ek = split_exponent(split_amax[1]);
+  const int ev = split_exponent(split_amax[2]), edo = split_exponent(split_amax[3]);
+  constexpr int LOG2_D = HEAD_DIM == 64 ? 6 : 7;  // 2 D max|dO| max|v| < 2^(1 + LOG2_D + 15 - edo + 15 - ev)
+  const int f = min(max(edo + ev - 16 - LOG2_D, -SPLIT_EXP_MAX), SPLIT_EXP_MAX);
+  const float s_qk = scalbnf(1.0f, -(eq + ek)), s_vdo = scalbnf(1.0f, -(ev + edo)), ds_scale = scalbnf(1.0f, f);
+  const float u_dq = scalbnf(softmax_scale, -(f + ek));
 
   // Descriptors (16-byte units for the lo offsets).  K-major: A = K_j, V_j; B = Q_i, dO_i rows
   // RW w.. (S^T's, dP^T's); A = dS (dQ's).  MN-major: A = the P / dS tiles read as keys x rows
@@ -306,7 +302,7 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
   // dK (scaled by softmax_scale in bwd_store_dkdv), dV: keys kv_start + 16 warp + g (+ 8), columns
   // col0 + 8 (i / 4) + 2t (+ 1).  D=64: warpgroup 1 hands its dK to warpgroup 0 through the stage
   // buffers (the pipeline is drained: the producer issues no copy past the last block).
-  const float u_dk = scales[4], u_dv = scales[5];
+  const float u_dk = scalbnf(1.0f, -(f + eq)), u_dv = scalbnf(1.0f, -(15 + edo));
   float dK[DW / 2], dV[DW / 2];
   if constexpr (COLSPLIT) {
 #pragma unroll
