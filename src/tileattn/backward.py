@@ -143,7 +143,7 @@ def _split_operands(q, k, v, dout, layout: str, device_index: int):
     stream = api._current_stream(device_index)
     splits = []
     for i, t in enumerate((q, k, v, dout)):
-        torch.linalg.vector_norm(t, float("inf"), out=amax[i])
+        torch.linalg.vector_norm(t.detach(), float("inf"), out=amax[i])  # (out= refuses inputs that require grad)
         (B, H, N, D), strides = api._bhnd(t, layout)
         out = torch.empty((B, 2 * H, N, D), dtype=torch.float16, device=t.device)
         kern = api.entry_kernel(BWD_SPLIT.name, "float32", D, False, device_index)
