@@ -237,7 +237,9 @@ def test_backward_fp32_any_magnitude(request, version, q_mag, k_mag, v_mag, do_m
     q, k, v, dO = (m * torch.randn(B, N, H, D, device="cuda") for m in (q_mag, k_mag, v_mag, do_mag))
     with torch.no_grad():
         out, lse = tileattn.api._call(q, k, v, D**-0.5, "bottom_right", "bnhd", None, None, "scale", True)
-        got = attention_backward(q, k, v, out, lse, dO, D**-0.5, "bottom_right", "bnhd", version=version)
+    q.requires_grad_()  # (called directly, as the bench does, on a leaf that requires grad)
+    got = attention_backward(q, k, v, out, lse, dO, D**-0.5, "bottom_right", "bnhd", version=version)
+    q = q.detach()
     expected = reference_grads(q, k, v, dO, D**-0.5, "bottom_right", "bnhd")
     torch_grads = reference_grads(q, k, v, dO, D**-0.5, "bottom_right", "bnhd", torch.float32)
     for name, g, e, r in zip(("dq", "dk", "dv"), got, expected, torch_grads):
