@@ -171,19 +171,23 @@ __device__ __forceinline__ void store_dkdv(float* dk_accum, float* dv_accum, T* 
   }
 }
 
-// store_dkdv for columns col and col + 1 (col even) of one key: where the rung writes the 16-bit
-// gradients directly, one 4-byte store of each (the gradients are fresh contiguous tensors with an
-// even head dim, so the pair is 4-byte aligned); otherwise two store_dkdv.
+// store_dkdv for columns col and col + 1 (col even) of one key: where the rung writes the
+// gradients directly, one 4-byte (16-bit T) or 8-byte (float) store of each (the gradients are
+// fresh contiguous tensors with an even head dim, so the pair is aligned); otherwise two store_dkdv.
 template <typename T>
 __device__ __forceinline__ void store_dkdv2(float* dk_accum, float* dv_accum, T* dk_out, T* dv_out, long long dkv_sb,
                                             long long dkv_sh, long long dkv_sn, const int* dq_semaphore, int b, int h,
                                             int H, int h_per_kv, int Nk, int key, int col, int head_dim, float dk0,
                                             float dk1, float dv0, float dv1) {
-  static_assert(sizeof(T) == 2, "16-bit gradients");
   if (dk_out) {
     const long long i = b * dkv_sb + h * dkv_sh + key * dkv_sn + col;
-    *reinterpret_cast<unsigned*>(dk_out + i) = pack2<T>(dk0, dk1);
-    *reinterpret_cast<unsigned*>(dv_out + i) = pack2<T>(dv0, dv1);
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float2*>(dk_out + i) = make_float2(dk0, dk1);
+      *reinterpret_cast<float2*>(dv_out + i) = make_float2(dv0, dv1);
+    } else {
+      *reinterpret_cast<unsigned*>(dk_out + i) = pack2<T>(dk0, dk1);
+      *reinterpret_cast<unsigned*>(dv_out + i) = pack2<T>(dv0, dv1);
+    }
   } else {
     store_dkdv(dk_accum, dv_accum, dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn, dq_semaphore, b, h, H, h_per_kv, Nk, key,
                col, head_dim, dk0, dv0);

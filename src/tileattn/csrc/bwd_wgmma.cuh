@@ -13,12 +13,15 @@
 
 namespace tileattn {
 
-// TILEATTN_BWD_DKDV_PAIRS (an experiment, default 0; built, not yet run on a GPU): the wgmma
-// rungs' epilogues (bwd_store_dkdv below) store dK and dV two columns at a time (store_dkdv2: one
-// 4-byte store per pair instead of two 2-byte ones, 64 + 64 a thread instead of 128 + 128 at D=128
-// and 256), for the short lengths, where a CTA visits few Q blocks and its epilogue weighs.
+// TILEATTN_BWD_DKDV_PAIRS (default 1; 0 for A/B runs): the wgmma rungs' epilogues (bwd_store_dkdv
+// below) store dK and dV two columns at a time (store_dkdv2: one 4-byte store per pair instead of
+// two 2-byte ones, 64 + 64 a thread instead of 128 + 128 at D=128 and 256), for the short lengths,
+// where a CTA visits few Q blocks and its epilogue weighs.  Measured on an H200 (bf16, B=32 H=16
+// N=1024, scripts/bwd_probe.py --peers, one call): bwd_v5 1.02 / 0.72 / 1.85 / 1.28 ms -> 0.95 /
+// 0.65 / 1.69 / 1.14 (D=64, causal, D=128, causal: 1.54-1.60x -> 1.69-1.74x FA2), bwd_v6 at D=256
+// 4.42 / 2.87 -> 4.11 / 2.55 (1.50x -> 1.62 / 1.69x FA2, 1.09 / 1.05x cuDNN); bench/NOTES.md.
 #ifndef TILEATTN_BWD_DKDV_PAIRS
-#define TILEATTN_BWD_DKDV_PAIRS 0
+#define TILEATTN_BWD_DKDV_PAIRS 1
 #endif
 
 // The end of a K/V block in the wgmma rungs: this thread's dK (scaled here) and dV accumulators,
