@@ -585,8 +585,9 @@ _BWD_V2_3 = KernelEntry(
     "bwd_v6's warp-specialised CTA of 64 keys, dV and dK summed across Q blocks in FP32",
 )
 
-# The autograd formula (backward.py) picks bwd_v2.2 for FP32 (bwd_v2.2_tf32 with precision="tf32"),
-# bwd_v5 on sm_90 at D = 64 and 128 and bwd_v2 elsewhere for fp16/bf16
+# The autograd formula (backward.py) picks, for FP32, bwd_v2.3 on sm_90 at D = 64 and 128 unless
+# deterministic, else bwd_v2.2 (bwd_v2.2_tf32 with precision="tf32"); for fp16/bf16 bwd_v5 on sm_90
+# at D = 64 and 128, bwd_v6 at 256 unless deterministic, bwd_v2 elsewhere
 # (backward.default_rung); an input that requires grad at a head dim none takes raises
 # (api._check_backward_exists).
 BWD_VERSIONS: dict[str, KernelEntry] = {
