@@ -396,7 +396,8 @@ class KernelEntry:
     # (bwd_v5_dq_bulk.cu), which backward._dq_from_blocks permutes back.
     dq_blocked: bool = False
     # Backward: reads q, k, v, dO as scaled fp16 hi / lo halves (backward._split_operands) through
-    # its tensor maps, with the scales in the `scales` field (bwd_v2_3_fp16x3.cu).
+    # its tensor maps, and their maxima, which set the scales, in the `split_amax` field
+    # (bwd_v2_3_fp16x3.cu).
     split_operands: bool = False
     # Decode kernels and page sizes: "any"; "tile" (runs any, but the default choice skips it for
     # pages shorter than its tile: slower there, serving._decode_entry); "copy_engine" (its tensor
@@ -523,7 +524,7 @@ BWD_DQ_CONVERT = KernelEntry(
     causal_variants=(False,),
 )
 
-# bwd_v2.3's operands: one FP32 tensor (q, k, v or dO) as scaled fp16 hi / lo halves, 4 floats a
+# bwd_v2.3's operands: one FP32 tensor (q, k, v or dO) as scaled fp16 hi / lo halves, 8 floats a
 # thread; Br, Bc unused.
 BWD_SPLIT = KernelEntry(
     name="bwd_split",
@@ -537,8 +538,8 @@ BWD_SPLIT = KernelEntry(
     causal_variants=(False,),
 )
 
-# FP32 on tensor cores: the default FP32 backward (backward.default_rung), bwd_v2.2_tf32 with
-# precision="tf32".
+# FP32 on mma.sync tensor cores: the FP32 backward where bwd_v2.3 does not run (sm_80, D=32,
+# deterministic; backward.default_rung), bwd_v2.2_tf32 with precision="tf32".
 _BWD_V2_2 = KernelEntry(
     name="bwd_v2.2",
     file="bwd_v2_2_tf32x3.cu",
