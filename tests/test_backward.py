@@ -253,18 +253,18 @@ def test_backward_fp32_any_magnitude(request, version, q_mag, k_mag, v_mag, do_m
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
 @pytest.mark.parametrize("D", BWD_SPLIT.head_dims)
-def test_split_operands(layout, D):
+def test_split_halves(layout, D):
     """bwd_split: hi is x 2^e rounded to fp16, hi + lo within fp16's rounding of the rest, e putting
     max |x| in [2^14, 2^15); head h's halves at h and heads + h; strided inputs read in place."""
     import torch
 
-    from tileattn.backward import _split_operands
+    from tileattn import api
 
     B, H, N = 3, 5, 77
     shape = (B, N, H, D) if layout == "bnhd" else (B, H, N, D)
     ts = [m * torch.randn(shape, device="cuda") for m in (1e-7, 3.0, 1e5, 0.0)]
     ts[2] = torch.randn(shape[:-1] + (2 * D,), device="cuda")[..., :D] * 1e5  # rows 2 D apart
-    splits, amax = _split_operands(*ts, layout, torch.cuda.current_device())
+    splits, amax = api._split_halves(ts, [api._bhnd(t, layout) for t in ts], torch.cuda.current_device())
     for t, s, m in zip(ts, splits, amax):
         x = (t.transpose(1, 2) if layout == "bnhd" else t).double()
         assert m.item() == x.abs().max().item() and s.shape == (B, 2 * H, N, D) and s.dtype == torch.float16

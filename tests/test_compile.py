@@ -32,6 +32,8 @@ MUST_HAVE = {
     # HGMMA: warpgroup MMA; SYNCS.*: the producer/consumer mbarriers.
     "v2.3": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
     "v2.3_tf32": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
+    # fp16 HGMMA on the split halves (three per multiply: test_v2_4_three_products), TMA copies.
+    "v2.4": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
     "v3.3": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
     # BAR.ARV: the hand-over of the tensor core to the other consumer warpgroup (bar.arrive).
     "v3.4": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR", "BAR.ARV"],
@@ -42,6 +44,7 @@ MUST_NOT_HAVE_BY_RUNG = {
     "v3.2": ["LDGSTS"],
     "v2.3": ["HMMA", "LDSM"],
     "v2.3_tf32": ["HMMA", "LDSM"],
+    "v2.4": ["HMMA", "LDSM", "LDGSTS"],
     "v3.3": ["HMMA", "LDSM", "LDGSTS"],
     "v3.4": ["HMMA", "LDSM", "LDGSTS"],
     "v3.6": ["HMMA", "LDSM", "LDGSTS"],
@@ -198,3 +201,16 @@ def test_compile_error_carries_log(tmp_path, monkeypatch):
     (tmp_path / "bad.cu").write_text("template <typename T> __global__ void k(T x) { undefined_thing; }\n")
     with pytest.raises(_nvrtc.CompileError, match="undefined_thing"):
         _nvrtc.compile_kernel("bad.cu", "k<float>", "sm_90a")
+
+
+@pytest.mark.parametrize("D", VERSIONS["v2.4"].head_dims)
+def test_v2_4_three_products(D):
+    """v2.4 multiplies fp16 halves three times a product: S (m64n64, Bc = 64) over D / 16 k-steps,
+    P V (m64nD) over Bc / 16, each x3; the hi and lo tiles of Q, K and V by TMA (per 64-column panel)."""
+    sass = _nvrtc.sass(compiled("v2.4", D, False, "sm_90a"))
+    Br, Bc = VERSIONS["v2.4"].tiles[D]
+    s_ops = 3 * D // 16 + (3 * Bc // 16 if D == 64 else 0)  # at D=64 P V is m64n64 too
+    assert sass.count("HGMMA.64x64x16.F32") == s_ops and "HGMMA.64x64x16.F32.BF16" not in sass
+    if D == 128:
+        assert sass.count("HGMMA.64x128x16.F32") == 3 * Bc // 16
+    assert sass.count("UTMALDG") == 2 * 3 * D // 64

@@ -66,6 +66,7 @@ FWD_ROOM: list[tuple[str, str, object]] = [
     ("alibi_sb", "q", 0),
     ("descale", "Q", 0),
     ("bh_count", "i", 0),
+    ("split_amax", "Q", 0),
 ]
 FWD_FIELDS = FWD_ARGS + [(name, code) for name, code, _ in FWD_ROOM]
 TMA_MAPS_BYTES = 6 * 128  # TmaMaps: q, k, v with 64-column boxes, then with the narrow last panel's box

@@ -38,7 +38,7 @@ import torch
 
 from . import _nvrtc, _params
 from .reference import CAUSAL_MODES
-from .versions import SHORT_CAUSAL_ROWS, VERSIONS, Version, select
+from .versions import BWD_SPLIT, SHORT_CAUSAL_ROWS, VERSIONS, Version, select
 
 _DTYPES = {
     torch.float32: "float32",
@@ -564,6 +564,8 @@ class Plan:
     persistent_ctas: int = 0
     persistent_unit: int = 1
     bh_count_offset: int = 0
+    # 3xFP16 rungs (v2.4): where split_amax sits in the block; None for the others.
+    split_amax_offset: int | None = None
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -607,6 +609,7 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
         _nvrtc.sm_count(device_index) if entry.grid_style == "persistent" else 0,
         2 if causal else 1,  # v3_3_for_my_tiles's U
         k.layout.offsets[_BH_COUNT],
+        k.layout.offsets[_SPLIT_AMAX] if entry.split_operands else None,
     )
 
 
@@ -761,7 +764,7 @@ def _forward(
         if call is not None:
             q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
             if not (q_ptr | k_ptr | v_ptr) & 15:  # else: the slow path copies the misaligned input
-                return call.run(q, q_ptr, k_ptr, v_ptr)
+                return call.run(q, q_ptr, k_ptr, v_ptr, kv=(k, v))
 
     dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = _validate(q, k, v, version, precision, layout)
     if B * H * Nq == 0 or Nk == 0:
@@ -810,7 +813,7 @@ def _forward(
         if len(_CALLS) >= _CALLS_MAX:  # many shapes (e.g. every decode length): start over
             _CALLS.clear()
         _CALLS[key] = call
-    return call.run(q, q_ptr, k_ptr, v_ptr, out, lse)
+    return call.run(q, q_ptr, k_ptr, v_ptr, out, lse, kv=(k, v))
 
 
 _CALLS: dict[tuple, _Launch] = {}
@@ -834,6 +837,9 @@ class _Launch:
         # fmt: on
         # The TMA rungs' descriptors depend on the pointers too: built once per (q, k, v) seen.
         self.maps_layout = (((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs), dtype)
+        if plan.split_amax_offset is not None:  # v2.4 reads the fp16 halves of q, k, v (_split_halves)
+            halves = lambda heads, N: ((B, 2 * heads, N, D), (2 * heads * N * D, N * D, D, 1))
+            self.split_maps_layout = (halves(H, Nq), halves(H_kv, Nk), halves(H_kv, Nk), "float16")
         self.maps: dict[tuple[int, int, int], bytes] = {}
         # (grid x, grid y, bh_offset) per launch: K/V-outer rungs take B*H in gridDim.x (up to
         # 2^31 - 1), persistent ones a CTA per SM (at most one per tile), the others (Tr, B*H)
@@ -849,7 +855,8 @@ class _Launch:
         else:
             self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]
 
-    def run(self, q, q_ptr: int, k_ptr: int, v_ptr: int, out=None, lse=None):
+    def run(self, q, q_ptr: int, k_ptr: int, v_ptr: int, out=None, lse=None, kv=None):
+        """kv: (k, v), which a 3xFP16 plan splits (the others read the pointers alone)."""
         plan = self.plan
         if out is None:  # O in the caller's layout, contiguous: like q when q is
             shape = self.out_shape
@@ -863,7 +870,17 @@ class _Launch:
         args = self.args.copy()
         args[0:6] = q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace
         buf = plan.params
-        if plan.tma_offset is not None:
+        if plan.split_amax_offset is not None:  # fresh fp16 halves each call; their maps by pointer
+            halves, amax = _split_halves((q, *kv), self.maps_layout[:3], self.device_index)
+            ptrs = tuple(t.data_ptr() for t in halves)
+            maps = self.maps.get(ptrs)
+            if maps is None:
+                if len(self.maps) >= 64:
+                    self.maps.clear()
+                maps = self.maps[ptrs] = _tensor_maps(*ptrs, *self.split_maps_layout, 2, plan.Br, plan.Bc)
+            _TMA_PACK(buf.buf, plan.tma_offset, maps)
+            _PTR_PACK(buf.buf, plan.split_amax_offset, amax.data_ptr())
+        elif plan.tma_offset is not None:
             ptrs = (q_ptr, k_ptr, v_ptr)
             maps = self.maps.get(ptrs)
             if maps is None:
@@ -884,8 +901,32 @@ class _Launch:
 
 _BH_OFFSET = [n for n, _ in _params.FWD_ARGS].index("bh_offset")
 _BH_COUNT = [n for n, _ in _params.FWD_FIELDS].index("bh_count")  # a room field: the persistent plans pack it
+_SPLIT_AMAX = [n for n, _ in _params.FWD_FIELDS].index("split_amax")  # a room field: v2.4's plans pack it
 _TMA_PACK = struct.Struct(f"{_params.TMA_MAPS_BYTES}s").pack_into
 _BH_COUNT_PACK = struct.Struct("<i").pack_into
+_PTR_PACK = struct.Struct("<Q").pack_into
+_SPLIT_THREADS = 256  # csrc/bwd_split.cu's SPLIT_THREADS: 8 floats a thread
+
+
+def _split_halves(tensors, layouts, device_index: int):
+    """The 3xFP16 rungs' operands (v2.4, bwd_v2.3): each FP32 tensor, a (B, H, N, D) view given
+    by its layouts entry (shape, strides), as x 2^e = hi + lo in fp16, (B, 2 H, N, D) contiguous
+    (head h's hi at h, its lo at H + h), by bwd_split (csrc/bwd_split.cu); e puts the tensor's
+    largest |x| just under 2^15.  Returns the halves and the maxima (float32, on the device: the
+    kernels derive every scale from them, so no host sync)."""
+    amax = torch.empty(len(tensors), dtype=torch.float32, device=tensors[0].device)
+    stream = _current_stream(device_index)
+    halves = []
+    for i, (t, ((B, H, N, D), strides)) in enumerate(zip(tensors, layouts)):
+        torch.linalg.vector_norm(t.detach(), float("inf"), out=amax[i])  # (out= refuses inputs that require grad)
+        out = torch.empty((B, 2 * H, N, D), dtype=torch.float16, device=t.device)
+        rows = B * H * N
+        args = [t.data_ptr(), out.data_ptr(), amax.data_ptr(), i, H, N, rows, *strides[:3]]
+        entry_kernel(BWD_SPLIT.name, "float32", D, False, device_index).launch(
+            stream, -(-rows * D // 8 // _SPLIT_THREADS), 1, args
+        )
+        halves.append(out)
+    return halves, amax
 
 
 def persistent_ctas(Tr: int, BH: int, causal: bool, device_index: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import _nvrtc, api
-from .versions import BWD_DQ_CONVERT, BWD_PRE_ROWS, BWD_PREPROCESS, BWD_SPLIT, BWD_VERSIONS
+from .versions import BWD_DQ_CONVERT, BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
 
 
 def attention_backward(
@@ -83,7 +83,9 @@ def attention_backward(
     semaphore = torch.zeros(B * H * -(-Nq // Br), dtype=torch.int32, device=q.device) if deterministic else None
     split_amax = None
     if launched and entry.split_operands:  # bwd_v2.3: q, k, v, dO as scaled fp16 halves
-        (q_split, k_split, v_split, do_split), split_amax = _split_operands(q, k, v, dout, layout, device_index)
+        (q_split, k_split, v_split, do_split), split_amax = api._split_halves(
+            (q, k, v, dout), (api._bhnd(t, layout) for t in (q, k, v, dout)), device_index
+        )
     if launched:
         Di = torch.empty((B, H, Nq), **f32)
         offset = 0 if causal != "bottom_right" else Nk - Nq
@@ -129,29 +131,6 @@ def attention_backward(
     if direct:
         return like(dq_acc, q), dk_out, dv_out
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
-
-
-_SPLIT_THREADS = 256  # csrc/bwd_split.cu's SPLIT_THREADS: 8 floats a thread
-
-
-def _split_operands(q, k, v, dout, layout: str, device_index: int):
-    """bwd_v2.3's operands (csrc/bwd_v2_3_fp16x3.cu): each of q, k, v, dout as x 2^e = hi + lo in
-    fp16, (B, 2 x heads, N, D) contiguous (head h's hi at h, its lo at heads + h), by bwd_split; e
-    puts the tensor's largest |x| just under 2^15.  Returns the four and their maxima (float32,
-    on the device: the kernels derive every scale from them, so no host sync)."""
-    amax = torch.empty(4, dtype=torch.float32, device=q.device)
-    stream = api._current_stream(device_index)
-    splits = []
-    for i, t in enumerate((q, k, v, dout)):
-        torch.linalg.vector_norm(t.detach(), float("inf"), out=amax[i])  # (out= refuses inputs that require grad)
-        (B, H, N, D), strides = api._bhnd(t, layout)
-        out = torch.empty((B, 2 * H, N, D), dtype=torch.float16, device=t.device)
-        kern = api.entry_kernel(BWD_SPLIT.name, "float32", D, False, device_index)
-        rows = B * H * N
-        args = [t.data_ptr(), out.data_ptr(), amax.data_ptr(), i, H, N, rows, *strides[:3]]
-        kern.launch(stream, -(-rows * D // 8 // _SPLIT_THREADS), 1, args)
-        splits.append(out)
-    return splits, amax
 
 
 def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype, device_index: int) -> torch.Tensor:

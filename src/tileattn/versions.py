@@ -62,6 +62,9 @@ class Version:
     # False: the default dispatch passes over this rung for causal calls of fewer than
     # SHORT_CAUSAL_ROWS query rows (v3.7: its 192-row tiles waste more of the diagonal there).
     short_causal: bool = True
+    # Reads q, k, v as scaled fp16 hi / lo halves (api._split_halves, csrc/bwd_split.cu) through
+    # its tensor maps, their maxima in the split_amax field (v2.4).
+    split_operands: bool = False
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -163,6 +166,26 @@ _V2_3_TF32 = dataclasses.replace(
     tiles={32: (128, 128), 64: (128, 64), 128: (128, 32)},
     precision="tf32",
     summary="v2.3 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer wgmma, ~1e-3 error",
+)
+
+# BUILT, NOT YET RUN ON A GPU (2026-12-04): below v2.3 (priority 6) until its GPU tests have passed
+# and it has been measured, so version=None never picks it; version="v2.4" runs it.
+_V2_4 = Version(
+    name="v2.4",
+    file="v2_4_wgmma_fp16x3.cu",
+    kernel="v2_4_fwd",
+    kind="tensor_fp32",
+    tiles={64: (128, 64), 128: (128, 64)},
+    grid_style="q_outer",
+    min_arch=90,
+    max_arch=90,
+    arch_specific=True,
+    priority=4,
+    tensor_maps=True,
+    split_operands=True,
+    summary="3xFP16 on Hopper wgmma (bwd_v2.3's idea in the forward): q, k, v as fp16 hi + lo halves under "
+    "power-of-two scales, three products per multiply, P V from zero per block merged by FFMA; v3.3's "
+    "pipeline (built, not yet run on a GPU)",
 )
 
 
@@ -337,6 +360,7 @@ VERSIONS: dict[str, Version] = {
         _V2_2_TF32,
         _V2_3,
         _V2_3_TF32,
+        _V2_4,
         _V3,
         _V3_1,
         _V3_2,
@@ -395,7 +419,7 @@ class KernelEntry:
     # Backward: dq_accum in Q-block chunks of Br x D floats in the wgmma accumulator's order
     # (bwd_v5_dq_bulk.cu), which backward._dq_from_blocks permutes back.
     dq_blocked: bool = False
-    # Backward: reads q, k, v, dO as scaled fp16 hi / lo halves (backward._split_operands) through
+    # Backward: reads q, k, v, dO as scaled fp16 hi / lo halves (api._split_halves) through
     # its tensor maps, and their maxima, which set the scales, in the `split_amax` field
     # (bwd_v2_3_fp16x3.cu).
     split_operands: bool = False
@@ -565,7 +589,7 @@ _BWD_V2_2_TF32 = dataclasses.replace(
     summary="bwd_v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
 )
 
-# FP32 on Hopper's wgmma: each operand as two scaled fp16 halves (backward._split_operands), three
+# FP32 on Hopper's wgmma: each operand as two scaled fp16 halves (api._split_halves), three
 # products per multiply; the default FP32 backward on sm_90 at D = 64 and 128.
 _BWD_V2_3 = KernelEntry(
     name="bwd_v2.3",

@@ -77,7 +77,8 @@ struct alignas(64) TmaMaps {
   X(const float* __restrict__, alibi_slopes) SEP /* [B][H] at alibi_sb, [H] (alibi_sb 0); null: off */ \
   X(const long long, alibi_sb) SEP                                                         \
   X(const float* __restrict__, descale) SEP      /* [B * H_kv][3] q, k, v factors of FP8 inputs (v3.5) */ \
-  X(const int, bh_count)                         /* B * H: persistent rungs (v3.6), a CTA per SM */
+  X(const int, bh_count) SEP                     /* B * H: persistent rungs (v3.6), a CTA per SM */ \
+  X(const float* __restrict__, split_amax)       /* [3] max |x| of q, k, v, which set v2.4's fp16 halves' scales */
 
 #define TILEATTN_COMMA_ ,
 #define TILEATTN_SEMI_ ;

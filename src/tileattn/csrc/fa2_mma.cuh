@@ -407,7 +407,7 @@ __device__ __forceinline__ void fa2_mma_varlen_body(TILEATTN_FWD_PARAMS(T)) {
       packed ? 0 : q_sb, q_sh, q_sn, packed ? 0 : k_sb, k_sh, k_sn, packed ? 0 : v_sb, v_sh, v_sn,
       packed ? 0 : o_sb, o_sh, o_sn, softmax_scale, packed && bottom_right ? seq_k - seq_q : causal_offset,
       packed ? bh_offset - b * H : bh_offset, nullptr, nullptr, seqused_k, page_table, page_table_stride,
-      page_size, window_left, window_right, softcap, 0, slopes, alibi_sb, descale, bh_count);
+      page_size, window_left, window_right, softcap, 0, slopes, alibi_sb, descale, bh_count, split_amax);
 }
 
 }  // namespace tileattn
