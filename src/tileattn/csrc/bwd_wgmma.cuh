@@ -15,7 +15,8 @@ namespace tileattn {
 
 // TILEATTN_BWD_DKDV_PAIRS (default 1; 0 for A/B runs): the wgmma rungs' epilogues (bwd_store_dkdv
 // below) store dK and dV two columns at a time (store_dkdv2: one 4-byte store per pair instead of
-// two 2-byte ones, 64 + 64 a thread instead of 128 + 128 at D=128 and 256), for the short lengths,
+// two 2-byte ones, 8-byte for bwd_v2.3's float gradients; 64 + 64 a thread instead of 128 + 128 at
+// D=128 and 256), for the short lengths,
 // where a CTA visits few Q blocks and its epilogue weighs.  Measured on an H200 (bf16, B=32 H=16
 // N=1024, scripts/bwd_probe.py --peers, one call): bwd_v5 1.02 / 0.72 / 1.85 / 1.28 ms -> 0.95 /
 // 0.65 / 1.69 / 1.14 (D=64, causal, D=128, causal: 1.54-1.60x -> 1.69-1.74x FA2), bwd_v6 at D=256
