@@ -764,7 +764,7 @@ def _forward(
         if call is not None:
             q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
             if not (q_ptr | k_ptr | v_ptr) & 15:  # else: the slow path copies the misaligned input
-                return call.run(q, q_ptr, k_ptr, v_ptr, kv=(k, v))
+                return call.run(q, k, v, q_ptr, k_ptr, v_ptr)
 
     dtype, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, vs, device_index = _validate(q, k, v, version, precision, layout)
     if B * H * Nq == 0 or Nk == 0:
@@ -813,7 +813,7 @@ def _forward(
         if len(_CALLS) >= _CALLS_MAX:  # many shapes (e.g. every decode length): start over
             _CALLS.clear()
         _CALLS[key] = call
-    return call.run(q, q_ptr, k_ptr, v_ptr, out, lse, kv=(k, v))
+    return call.run(q, k, v, q_ptr, k_ptr, v_ptr, out, lse)
 
 
 _CALLS: dict[tuple, _Launch] = {}
@@ -855,8 +855,8 @@ class _Launch:
         else:
             self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]
 
-    def run(self, q, q_ptr: int, k_ptr: int, v_ptr: int, out=None, lse=None, kv=None):
-        """kv: (k, v), which a 3xFP16 plan splits (the others read the pointers alone)."""
+    def run(self, q, k, v, q_ptr: int, k_ptr: int, v_ptr: int, out=None, lse=None):
+        """(k and v are read through their pointers, except by a 3xFP16 plan, which splits them.)"""
         plan = self.plan
         if out is None:  # O in the caller's layout, contiguous: like q when q is
             shape = self.out_shape
@@ -871,7 +871,7 @@ class _Launch:
         args[0:6] = q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace
         buf = plan.params
         if plan.split_amax_offset is not None:  # fresh fp16 halves each call; their maps by pointer
-            halves, amax = _split_halves((q, *kv), self.maps_layout[:3], self.device_index)
+            halves, amax = _split_halves((q, k, v), self.maps_layout[:3], self.device_index)
             ptrs = tuple(t.data_ptr() for t in halves)
             maps = self.maps.get(ptrs)
             if maps is None:

@@ -1,5 +1,6 @@
-// bwd_v2.3's operands (bwd_v2_3_fp16x3.cu): one FP32 tensor (q, k, v or dO) as x 2^e = hi + lo in
-// fp16, both halves written in one pass, and the exponents the rung derives from the same maxima.
+// The 3xFP16 rungs' operands (bwd_v2_3_fp16x3.cu, v2_4_wgmma_fp16x3.cu): one FP32 tensor (q, k, v
+// or dO) as x 2^e = hi + lo in fp16 (mma.cuh's split_exponent, split_half2), both halves written
+// in one pass; the rungs derive the same exponents from the same maxima.
 //
 // Why a kernel: the same split in torch ops (scale, round, subtract, round) took about eight
 // passes over the tensor and three temporaries of its size; here each thread reads 8 floats (two
@@ -7,40 +8,19 @@
 #pragma once
 
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace tileattn {
 
-// The largest power-of-two exponent a split operand's scale takes either way: the rung's scale
-// products (sums of two exponents and a constant) stay normal float32 numbers.
-constexpr int SPLIT_EXP_MAX = 60;
-
-// The exponent e that puts a tensor's largest |x| (amax) just under 2^15: amax < 2^E (frexp),
-// e = 15 - E; 15 for an all-zero or non-finite tensor (whose gradients are 0 or NaN anyway).
-__device__ __forceinline__ int split_exponent(float amax) {
-  int E = 0;
-  if (isfinite(amax)) frexpf(amax, &E);
-  return min(max(15 - E, -SPLIT_EXP_MAX), SPLIT_EXP_MAX);
-}
-
 // src: (B, H, N, D) float32, any strides with a contiguous head dim and 16-byte aligned rows;
 // dst: (B, 2 H, N, D) fp16 contiguous (head h's hi at h, its lo at H + h); amax[which]: src's
-// largest |x| (backward.py); rows = B H N.  Grid: ceil(rows D / 8 / SPLIT_THREADS) blocks (x only).
+// largest |x| (api._split_halves); rows = B H N.  Grid: ceil(rows D / 8 / SPLIT_THREADS) blocks (x only).
 #define TILEATTN_SPLIT_FIELDS(X, SEP)                                                                \
   X(const float* __restrict__, src) SEP X(__half* __restrict__, dst) SEP                          \
   X(const float* __restrict__, amax) SEP X(const int, which) SEP X(const int, H) SEP X(const int, N) SEP \
   X(const long long, rows) SEP X(const long long, s_sb) SEP X(const long long, s_sh) SEP          \
   X(const long long, s_sn)
 constexpr int SPLIT_THREADS = 256;
-
-// x ~= hi + lo, both fp16 (x already scaled): hi = x rounded, lo = the rest (exact in FP32)
-// rounded; two values a register (pack2's order).
-__device__ __forceinline__ void split_half2(float a, float b, unsigned& hi, unsigned& lo) {
-  const __half2 h = __floats2half2_rn(a, b);
-  const float2 hf = __half22float2(h);
-  const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
-  hi = *reinterpret_cast<const unsigned*>(&h);
-  lo = *reinterpret_cast<const unsigned*>(&l);
-}
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(SPLIT_THREADS) bwd_split(TILEATTN_SPLIT_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)) {

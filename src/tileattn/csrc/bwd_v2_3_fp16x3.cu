@@ -40,7 +40,6 @@
 // Measured on an H200 (bench/results/bwd_fp32.json, B*N = 32768, H = 8): 78-160 TFLOP/s, 2.65-4.28x
 // SDPA efficient and 1.6-3.2x bwd_v2.2 at N = 1024 and 8192, error 0.8-4.0e-6 vs float64.
 #include "bwd_common.cuh"
-#include "bwd_split.cu"
 #include "bwd_wgmma.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -58,16 +57,6 @@ __host__ __device__ constexpr int bwd_v2_3_tile_sets(int D) { return D <= 64 ? 2
 __host__ __device__ constexpr int bwd_v2_3_smem(int D, int Br, int Bc) {
   return (2 * 2 * Bc * D + BWD_V2_3_STAGES * 2 * 2 * Br * D + bwd_v2_3_tile_sets(D) * 4 * Br * Bc) * 2 +
          BWD_V2_3_STAGES * 2 * Br * 4 + (1 + 2 * BWD_V2_3_STAGES) * 8;
-}
-
-// 3xFP16 products from descriptors: D (+)= A B as A_lo B_hi + A_hi B_lo + A_hi B_hi, each pair of
-// tiles (hi at x, lo at x + its LO offset in 16-byte units).
-template <typename F>
-__device__ __forceinline__ void mma3(F mma, unsigned long long a, unsigned a_lo, unsigned long long b, unsigned b_lo,
-                                     bool accumulate) {
-  mma(a + a_lo, b, accumulate);
-  mma(a, b + b_lo, 1);
-  mma(a, b, 1);
 }
 
 // bwd_p_ds_step's P^T and dS^T for 3xFP16 (MASK as there): P = 2^(scale_log2 S - log2(e) lse)
@@ -97,13 +86,10 @@ __device__ __forceinline__ void bwd_v2_3_p_ds_step(float (&S)[Br / 2], float (&d
     split_half2(p[0] * BWD_V2_3_P_SCALE, p[1] * BWD_V2_3_P_SCALE, frag[0][n8 / 2][j], frag[1][n8 / 2][j]);
     split_half2(ds[0] * ds_scale, ds[1] * ds_scale, frag[2][n8 / 2][j], frag[3][n8 / 2][j]);
   }
-  const int j = lane / 8, c = lane % 8;
-  const unsigned row_offset = STile::offset_panels(8 * (j / 2) + c, (warp_key0 + 8 * (j % 2)) / 8);
 #pragma unroll
   for (int m = 0; m < 4; ++m)
-#pragma unroll
-    for (int ks = 0; ks < Br / 16; ++ks)
-      stmatrix_x4_trans(tiles + m * T_BYTES + row_offset + STile::offset_panels(16 * ks, 0), frag[m][ks]);
+    bwd_store_rows_trans<STile, Br, 1>([&](int) { return tiles + m * T_BYTES; },
+                                       [&](int, int ks) -> const unsigned(&)[4] { return frag[m][ks]; }, warp_key0, lane);
   fence_proxy_async_smem();  // this thread's stores, before the tensor core reads them
 }
 
@@ -201,24 +187,8 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
 
     // 1. S^T, dP^T over this warpgroup's rows q_w.. (k = D): lo products first, then hi hi.
     float S[RW / 2], dP[RW / 2];
-    {
-      const unsigned long long q_desc = wgmma_desc_sw128(s_q(st) + q_w * 128);
-      const unsigned long long do_desc = wgmma_desc_sw128(s_do(st) + q_w * 128);
-      wgmma_fence();
-#pragma unroll
-      for (int pass = 0; pass < 3; ++pass)
-#pragma unroll
-        for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-          const unsigned ka = sw128_k_step(kk, Bc) >> 4, kb = sw128_k_step(kk, Br) >> 4;
-          const unsigned a_lo = pass == 0 ? KV_LO : 0, b_lo = pass == 1 ? Q_LO : 0;
-          H16::ss(S, k_desc + ka + a_lo, q_desc + kb + b_lo, pass > 0 || kk > 0);
-          H16::ss(dP, v_desc + ka + a_lo, do_desc + kb + b_lo, pass > 0 || kk > 0);
-        }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(S);
-      fence_operands(dP);
-    }
+    bwd_scores<__half, HEAD_DIM, RW, Bc, true, Br, 3>(S, dP, k_desc, v_desc, wgmma_desc_sw128(s_q(st) + q_w * 128),
+                                                      wgmma_desc_sw128(s_do(st) + q_w * 128), KV_LO, Q_LO);
 
     // 2. P^T, dS^T hi / lo into rows q_w.. of the tile set.  One set (D=128): both warpgroups must
     //    be done with the last block's dQ, dV, dK, which read it.
@@ -255,8 +225,8 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
 #pragma unroll
       for (int s = 0; s < DQ_STEPS; ++s) {
         const int ks = dq_step0 + s;
-        H16::ss_bt(dq, dst_desc + (sw128_k_step(ks, Br) >> 4) + (pass == 0 ? T_LO : 0),
-                   kn_desc + ks * KSTEP + (pass == 1 ? KV_LO : 0), pass > 0 || s > 0);
+        H16::ss_bt(dq, dst_desc + (sw128_k_step(ks, Br) >> 4) + x3_a_lo(pass, T_LO),
+                   kn_desc + ks * KSTEP + x3_b_lo(pass, KV_LO), pass > 0 || s > 0);
       }
     wgmma_commit();
     if constexpr (COLSPLIT) {
@@ -264,11 +234,9 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
       for (int pass = 0; pass < 3; ++pass)
 #pragma unroll
         for (int ks = 0; ks < Br / 16; ++ks) {
-          const unsigned a_lo = pass == 0 ? T_LO : 0;
-          H16::ss_tt(G[1], pt_desc + ks * KSTEP + a_lo, do_ndesc + ks * KSTEP + (pass == 1 ? Q_LO : 0),
-                     pass > 0 || ks > 0);
-          H16::ss_tt(G[0], dst_desc + ks * KSTEP + a_lo, q_ndesc + ks * KSTEP + (pass == 1 ? Q_LO : 0),
-                     pass > 0 || ks > 0);
+          const unsigned a = ks * KSTEP + x3_a_lo(pass, T_LO), b = ks * KSTEP + x3_b_lo(pass, Q_LO);
+          H16::ss_tt(G[1], pt_desc + a, do_ndesc + b, pass > 0 || ks > 0);
+          H16::ss_tt(G[0], dst_desc + a, q_ndesc + b, pass > 0 || ks > 0);
         }
     } else {  // warpgroup 0: dV = P^T dO; warpgroup 1: dK = dS^T Q
       const unsigned long long a_desc = w == 0 ? pt_desc : dst_desc, b_desc = w == 0 ? do_ndesc : q_ndesc;
@@ -276,7 +244,7 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
       for (int pass = 0; pass < 3; ++pass)
 #pragma unroll
         for (int ks = 0; ks < Br / 16; ++ks)
-          H16::ss_tt(G[0], a_desc + ks * KSTEP + (pass == 0 ? T_LO : 0), b_desc + ks * KSTEP + (pass == 1 ? Q_LO : 0),
+          H16::ss_tt(G[0], a_desc + ks * KSTEP + x3_a_lo(pass, T_LO), b_desc + ks * KSTEP + x3_b_lo(pass, Q_LO),
                      pass > 0 || ks > 0);
     }
     wgmma_commit();

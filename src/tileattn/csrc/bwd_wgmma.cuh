@@ -124,17 +124,23 @@ __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, 
 
 // S^T = K Q_i^T and dP^T = V dO_i^T (SS, both K-major; A: 64 key rows of a KV_ROWS-row K / V tile,
 // B: Br rows of a Q_ROWS-row Q / dO tile), one commit group, waited for unless WAIT is false (then
-// the caller waits for the group and fences S and dP before reading them).
-template <typename T, int HEAD_DIM, int Br, int KV_ROWS, bool WAIT = true, int Q_ROWS = Br>
+// the caller waits for the group and fences S and dP before reading them).  PASSES 3 (bwd_v2.3):
+// fp16 hi / lo halves, x3_a_lo / x3_b_lo's three products (the lo tiles kv_lo, q_lo descriptor
+// units after K / V's and Q / dO's hi tiles).
+template <typename T, int HEAD_DIM, int Br, int KV_ROWS, bool WAIT = true, int Q_ROWS = Br, int PASSES = 1>
 __device__ __forceinline__ void bwd_scores(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned long long k_desc,
                                            unsigned long long v_desc, unsigned long long q_desc,
-                                           unsigned long long do_desc) {
+                                           unsigned long long do_desc, unsigned kv_lo = 0, unsigned q_lo = 0) {
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-    Wgmma16<T>::ss(S, k_desc + (sw128_k_step(kk, KV_ROWS) >> 4), q_desc + (sw128_k_step(kk, Q_ROWS) >> 4), kk > 0);
-    Wgmma16<T>::ss(dP, v_desc + (sw128_k_step(kk, KV_ROWS) >> 4), do_desc + (sw128_k_step(kk, Q_ROWS) >> 4), kk > 0);
-  }
+  for (int pass = 3 - PASSES; pass < 3; ++pass)  // PASSES 1: pass 2 alone, hi hi
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+      const unsigned ka = (sw128_k_step(kk, KV_ROWS) >> 4) + x3_a_lo(pass, kv_lo);
+      const unsigned kb = (sw128_k_step(kk, Q_ROWS) >> 4) + x3_b_lo(pass, q_lo);
+      Wgmma16<T>::ss(S, k_desc + ka, q_desc + kb, pass > 3 - PASSES || kk > 0);
+      Wgmma16<T>::ss(dP, v_desc + ka, do_desc + kb, pass > 3 - PASSES || kk > 0);
+    }
   wgmma_commit();
   if constexpr (WAIT) {
     wgmma_wait<0>();
@@ -180,6 +186,24 @@ __device__ __forceinline__ bool bwd_block_unmasked(int q_start, int Br, int Nq, 
 // MASK false: bwd_p_ds below has checked (bwd_block_unmasked) that every (row, key) pair of the block
 // is visible, so the weights need no test (and the registers of the per-element bounds are free:
 // at D=128 causal the tests alone made bwd_v4 spill).
+// A warpgroup's Br query rows of P^T or dS^T as 8x8 matrices (frag[ks][j]: keys warp_key0 + 8 (j %
+// 2) + row, query rows 16 ks + 8 (j / 2) + column) into a [query row][key] tile by stmatrix.trans:
+// each matrix as 8 rows of 16 bytes, four instructions a thread instead of 32 two-byte stores.
+// Lane 8 j + c addresses query row 16 ks + 8 (j / 2) + c, key chunk (warp_key0 + 8 (j % 2)) / 8;
+// the k16 steps move 16 rows on, which leaves the swizzle (row % 8) and the panel alone.
+// N tiles at once, k step by k step: tile(m) (a shared-space address) <- frag(m, ks) (the four
+// registers of k step ks).
+template <typename STile, int Br, int N, typename Tile, typename Frag>
+__device__ __forceinline__ void bwd_store_rows_trans(Tile tile, Frag frag, int warp_key0, int lane) {
+  static_assert(STile::REM == 0, "whole 64-key panels: offset_panels, the k16 steps' row offset");
+  const int j = lane / 8, c = lane % 8;
+  const unsigned row_offset = STile::offset_panels(8 * (j / 2) + c, (warp_key0 + 8 * (j % 2)) / 8);
+#pragma unroll
+  for (int ks = 0; ks < Br / 16; ++ks)
+#pragma unroll
+    for (int m = 0; m < N; ++m) stmatrix_x4_trans(tile(m) + row_offset + STile::offset_panels(16 * ks, 0), frag(m, ks));
+}
+
 template <typename T, typename STile, int Br, bool CAUSAL, bool MASK, bool STORE_P = false>
 __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
                                          unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
@@ -203,18 +227,9 @@ __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br
     p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
     ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
   }
-  // dS^T's fragments are 8x8 matrices (ds_frag[ks][j]: keys warp_key0 + 8 (j % 2) + row, query
-  // rows 16 ks + 8 (j / 2) + column), so stmatrix.trans writes each as 8 rows of 16 bytes of the
-  // [query row][key] tile: four instructions a thread instead of 32 two-byte stores.  Lane 8 j + c
-  // addresses query row 16 ks + 8 (j / 2) + c, key chunk (warp_key0 + 8 (j % 2)) / 8; the k16
-  // steps move 16 rows on, which leaves the swizzle (row % 8) and the panel alone.
-  const int j = lane / 8, c = lane % 8;
-  const unsigned row_offset = STile::offset_panels(8 * (j / 2) + c, (warp_key0 + 8 * (j % 2)) / 8);
-#pragma unroll
-  for (int ks = 0; ks < Br / 16; ++ks) {
-    stmatrix_x4_trans(ds_tile + row_offset + STile::offset_panels(16 * ks, 0), ds_frag[ks]);
-    if constexpr (STORE_P) stmatrix_x4_trans(p_tile + row_offset + STile::offset_panels(16 * ks, 0), p_frag[ks]);
-  }
+  bwd_store_rows_trans<STile, Br, STORE_P ? 2 : 1>(
+      [&](int m) { return m == 0 ? ds_tile : p_tile; },
+      [&](int m, int ks) -> const unsigned(&)[4] { return m == 0 ? ds_frag[ks] : p_frag[ks]; }, warp_key0, lane);
   fence_proxy_async_smem();  // this thread's dS (and P) stores, before the tensor core reads them
 }
 

@@ -128,6 +128,30 @@ __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned w) {
   return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));  // bf16 is float's top half
 }
 
+// ---- 3xFP16 (bwd_v2.3, v2.4): an FP32 value as two fp16 halves under a power-of-two scale ----
+
+// The largest power-of-two exponent a split operand's scale takes either way: the rungs' scale
+// products (sums of two exponents and a constant) stay normal float32 numbers.
+constexpr int SPLIT_EXP_MAX = 60;
+
+// The exponent e that puts a tensor's largest |x| (amax) just under 2^15: amax < 2^E (frexp),
+// e = 15 - E; 15 for an all-zero or non-finite tensor (whose results are 0 or NaN anyway).
+__device__ __forceinline__ int split_exponent(float amax) {
+  int E = 0;
+  if (isfinite(amax)) frexpf(amax, &E);
+  return min(max(15 - E, -SPLIT_EXP_MAX), SPLIT_EXP_MAX);
+}
+
+// x ~= hi + lo, both fp16 (x already scaled): hi = x rounded, lo = the rest (exact in FP32)
+// rounded; two values a register (pack2's order).
+__device__ __forceinline__ void split_half2(float a, float b, unsigned& hi, unsigned& lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+  hi = *reinterpret_cast<const unsigned*>(&h);
+  lo = *reinterpret_cast<const unsigned*>(&l);
+}
+
 // ---- Fragment plumbing shared by the mma.sync kernels (fa2_mma.cuh, bwd_v2, dec_v1) ----
 // Each lane's ldmatrix row and 16-byte chunk for the three operand roles: an A operand (16 rows,
 // k-step chunks), a B operand read as two 8-row n-tiles (K in Q K^T), and a B operand read with

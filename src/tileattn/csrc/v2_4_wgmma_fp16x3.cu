@@ -22,7 +22,6 @@
 //   the MMAs).
 // Registers (240 a consumer thread): O and PV (64 + 64 at D=128), S (32) or P's halves (32).
 // Shared memory: Q hi + lo, two stages of K and V hi + lo: 192 KB at D=128 (Bc = 64), 96 KB at D=64.
-#include "bwd_split.cu"  // split_exponent, split_half2
 #include "common.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -93,7 +92,8 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
   mbar_wait(bars.q, 0);  // even with no K/V block: no copy may outlive the CTA
   for (int n = 0; n < Tc; ++n) {
     const int st = KVBarriers<STAGES>::stage(n);
-    // S = Q K_j^T: the two lo products over all of D, then hi hi.
+    // S = Q K_j^T: the two lo products over all of D (K's lo first, as bwd_v2.3's S^T = K Q^T
+    // takes them), then hi hi.
     float S[NS];
     bars.wait_k_full(n);
     const unsigned long long dk = wgmma_desc_sw128(s_k(st));
@@ -102,8 +102,8 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
     for (int pass = 0; pass < 3; ++pass)
 #pragma unroll
       for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        H16::ss(S, dq + (sw128_k_step(kk, Br) >> 4) + (pass == 1 ? Q_LO : 0),
-                dk + (sw128_k_step(kk, Bc) >> 4) + (pass == 0 ? KV_LO : 0), pass > 0 || kk > 0);
+        H16::ss(S, dq + (sw128_k_step(kk, Br) >> 4) + x3_b_lo(pass, Q_LO),
+                dk + (sw128_k_step(kk, Bc) >> 4) + x3_a_lo(pass, KV_LO), pass > 0 || kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(S);
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
     for (int pass = 0; pass < 3; ++pass)
 #pragma unroll
       for (int ks = 0; ks < Bc / 16; ++ks)
-        H16::rs_bt(pv, pass == 0 ? p_lo[ks] : p_hi[ks], dv + ((ks * 16 * 128) >> 4) + (pass == 1 ? KV_LO : 0),
+        H16::rs_bt(pv, pass == 0 ? p_lo[ks] : p_hi[ks], dv + ((ks * 16 * 128) >> 4) + x3_b_lo(pass, KV_LO),
                    pass > 0 || ks > 0);
     wgmma_commit();
     wgmma_wait<0>();

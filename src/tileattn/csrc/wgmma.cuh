@@ -51,6 +51,13 @@ __device__ __forceinline__ unsigned long long wgmma_desc_sw64(unsigned smem_addr
 // then 32 bytes per step inside the row.
 __host__ __device__ constexpr int sw128_k_step(int kk, int rows) { return (kk / 4) * rows * 128 + (kk % 4) * 32; }
 
+// 3xFP16's three products as passes over a product's k steps (bwd_v2.3, v2.4): pass 0 A_lo B_hi,
+// pass 1 A_hi B_lo, pass 2 A_hi B_hi (small terms first, into one accumulator from zero).  Each
+// lo tile sits right after its hi tile; these are the descriptor offsets (16-byte units) a pass
+// adds to A's and B's hi descriptors, given the lo tiles' offsets.
+__host__ __device__ constexpr unsigned x3_a_lo(int pass, unsigned lo) { return pass == 0 ? lo : 0; }
+__host__ __device__ constexpr unsigned x3_b_lo(int pass, unsigned lo) { return pass == 1 ? lo : 0; }
+
 // The mbarriers of a producer/consumer pipeline over K/V blocks in STAGES stages, 8 bytes each at
 // `q`: Q's, then K full, V full, K empty, V empty per stage.  Block j sits in stage j % STAGES;
 // the full barriers of its stage complete their (j / STAGES)-th phase when it has landed, the
