@@ -8,12 +8,12 @@ import pytest
 
 from tileattn import _nvrtc, _params
 from tileattn.testing import compile_in_parallel, reference_grads
-from tileattn.versions import BWD_DQ_CONVERT, BWD_PREPROCESS, BWD_SPLIT, BWD_VERSIONS
+from tileattn.versions import BWD_DQ_CONVERT, BWD_PREPROCESS, BWD_SPLIT, BWD_VERSIONS, SPLIT_BLOCKS
 
 ARCHS = ["sm_80", "sm_90"]
 INSTANCES = [
     (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))
-    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, BWD_SPLIT]
+    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, BWD_SPLIT, SPLIT_BLOCKS]
     for dtype, D, causal in entry.instantiations()
     for arch in ARCHS
     if entry.runs_on(int(arch[3:]))
@@ -50,6 +50,9 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
         assert "LDG.E.128" in sass and "STG.E.128" in sass and "STS.64" in sass
     if entry.name == "bwd_split":  # 8 floats by two 16-byte loads, their hi and lo halves by 16-byte stores
         assert sass.count("LDG.E.128") == 2 and sass.count("STG.E.128") == 2
+    if entry.name == "split_blocks":  # the same per chunk (D / 32 a thread), the block's max through shared memory
+        assert sass.count("LDG.E.128") == 2 * D // 32 and sass.count("STG.E.128") == 2 * D // 32
+        assert "SHFL.BFLY" in sass and "BAR.SYNC" in sass
     if entry.name == "bwd_v2" and arch == "sm_90":
         assert "REDG.E.ADD.F32x2" in sass
     if entry.name == "bwd_v2":
@@ -275,6 +278,44 @@ def test_split_halves(layout, D):
         assert (hi + lo - xs).abs().max().item() <= 2**-22 * 2**15 + 2**-25
         if m > 0:
             assert 2**14 <= xs.abs().max().item() < 2**15
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
+@pytest.mark.parametrize("D", SPLIT_BLOCKS.head_dims)
+def test_split_blocks(layout, D):
+    """split_blocks: each 64-row block of each (b, h) under its own exponent from its own max |x|
+    (written where v2.4 reads it: per batch, each tensor's (heads, blocks) in turn); the halves as
+    bwd_split's; rows past N left alone (the last block is partial); strided inputs read in place."""
+    import torch
+
+    from tileattn import api
+
+    B, N = 3, 77
+    heads = (5, 1)  # a query tensor and an MQA key tensor: the maxima of both in one buffer
+    ts = []
+    for H in heads:
+        shape = (B, N, H, D) if layout == "bnhd" else (B, H, N, D)
+        t = torch.randn(shape[:-1] + (2 * D,), device="cuda")[..., :D]  # rows 2 D apart
+        n_axis = 1 if layout == "bnhd" else 2
+        rows = torch.logspace(-9, 6, N, device="cuda").reshape([N if i == n_axis else 1 for i in range(4)])
+        ts.append(t * rows)  # blocks of very different magnitudes
+        ts[-1][(slice(None),) * n_axis + (slice(64, None),)] = 0.0  # an all-zero (partial) block
+    splits, amax = api._split_blocks(ts, [api._bhnd(t, layout) for t in ts], torch.cuda.current_device())
+    TB = -(-N // 64)
+    per_b = [H * TB for H in heads]
+    amax = amax.view(B, sum(per_b))
+    for i, (t, s, H) in enumerate(zip(ts, splits, heads)):
+        x = (t.transpose(1, 2) if layout == "bnhd" else t).double()  # (B, H, N, D)
+        m = amax[:, sum(per_b[:i]) : sum(per_b[: i + 1])].reshape(B, H, TB)
+        blocks = torch.nn.functional.pad(x.abs().amax(-1), (0, 64 * TB - N)).view(B, H, TB, 64).amax(-1)
+        assert torch.equal(m.double(), blocks) and s.shape == (B, 2 * H, N, D) and s.dtype == torch.float16
+        e = torch.where(m > 0, 15 - torch.frexp(m).exponent, 15).repeat_interleave(64, -1)[..., :N, None]
+        xs = torch.ldexp(x, e)
+        hi, lo = s[:, :H].double(), s[:, H:].double()
+        assert torch.equal(hi, xs.float().half().double())
+        assert ((hi + lo - xs).abs() <= 2**-22 * 2**15 + 2**-25).all()
+        assert (xs.abs().amax(-1) < 2**15).all() and (xs[:, :, :64].abs().amax((-1, -2)) >= 2**14).all()
 
 
 @pytest.mark.gpu

@@ -206,11 +206,12 @@ def test_compile_error_carries_log(tmp_path, monkeypatch):
 @pytest.mark.parametrize("D", VERSIONS["v2.4"].head_dims)
 def test_v2_4_three_products(D):
     """v2.4 multiplies fp16 halves three times a product: S (m64n64, Bc = 64) over D / 16 k-steps,
-    P V (m64nD) over Bc / 16, each x3; the hi and lo tiles of Q, K and V by TMA (per 64-column panel)."""
+    P V (m64nD) over Bc / 16, each x3, each issued at two sites (the pipeline's first S and last
+    P V outside its loop); the hi and lo tiles of Q, K and V by TMA (per 64-column panel)."""
     sass = _nvrtc.sass(compiled("v2.4", D, False, "sm_90a"))
     Br, Bc = VERSIONS["v2.4"].tiles[D]
-    s_ops = 3 * D // 16 + (3 * Bc // 16 if D == 64 else 0)  # at D=64 P V is m64n64 too
+    s_ops = 2 * (3 * D // 16 + (3 * Bc // 16 if D == 64 else 0))  # at D=64 P V is m64n64 too
     assert sass.count("HGMMA.64x64x16.F32") == s_ops and "HGMMA.64x64x16.F32.BF16" not in sass
     if D == 128:
-        assert sass.count("HGMMA.64x128x16.F32") == 3 * Bc // 16
+        assert sass.count("HGMMA.64x128x16.F32") == 2 * 3 * Bc // 16
     assert sass.count("UTMALDG") == 2 * 3 * D // 64

@@ -68,6 +68,33 @@ def test_gqa(version):
     _check(Case(version, B=2, H=8, H_kv=2, Nq=150, D=64, causal="bottom_right"))
 
 
+FP32_ACCURATE = [n for n in RUNGS if VERSIONS[n].kind == "tensor_fp32" and VERSIONS[n].precision == "fp32"]
+
+
+@pytest.mark.parametrize("version", FP32_ACCURATE)
+def test_fp32_rungs_heads_and_rows_of_any_magnitude(version):
+    """The FP32-accurate tensor-core rungs hold FP32-level error in every head, whatever the
+    magnitudes of the others: heads of v 1e8 apart and rows of k 1e3 apart.  (An exponent per
+    tensor, v2.4's first form, left the small heads' fp16 halves ~2^-12 precision: split_blocks
+    gives each 64-row block its own.)"""
+    import torch
+
+    from tileattn import api
+    from tileattn.testing import TOLERANCE, reference
+
+    B, H, N = 1, 4, 300
+    D = 64
+    mags = torch.tensor([1e-4, 1e-1, 1e2, 1e4], device="cuda").view(1, H, 1, 1)
+    q = torch.randn(B, H, N, D, device="cuda") * torch.tensor([1e-3, 1.0, 0.3, 1e-1], device="cuda").view(1, H, 1, 1)
+    k = torch.randn(B, H, N, D, device="cuda") * torch.logspace(-2, 1, N, device="cuda").view(1, 1, N, 1)
+    v = torch.randn(B, H, N, D, device="cuda") * mags
+    o = torch.full_like(q, float("nan"))
+    api._attention(q, k, v, None, "top_left", version, out_layout="bhnd", out=o)
+    ref, _ = reference(q, k, v, D**-0.5, "top_left")
+    err = ((o.double() - ref).square().sum((0, 2, 3)) / ref.square().sum((0, 2, 3))).sqrt()
+    assert (err <= TOLERANCE["fp32"]).all(), f"per-head relative error {err.tolist()}"
+
+
 @pytest.mark.parametrize("version", RUNGS + MMA)
 @pytest.mark.parametrize("scale", [-0.3, 0.0, 0.5])
 def test_softmax_scale_sign_and_zero(version, scale):
@@ -78,8 +105,8 @@ def test_softmax_scale_sign_and_zero(version, scale):
 
 @pytest.mark.parametrize("version", RUNGS)
 def test_many_heads_beyond_grid_limit(version):
-    # B*H = 70000 > 65535, the gridDim.y limit.
-    _check(Case(version, B=7, H=10000, Nq=17, D=32, causal="top_left"))
+    # B*H = 70000 > 65535, the gridDim.y limit; the rung's smallest head dim (v2.4 starts at 64).
+    _check(Case(version, B=7, H=10000, Nq=17, D=min(VERSIONS[version].head_dims), causal="top_left"))
 
 
 # ---- fp16/bf16 tensor-core rungs ----------------------------------------------------------------

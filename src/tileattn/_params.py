@@ -263,5 +263,23 @@ SPLIT_ARGS: list[tuple[str, str]] = [
     ("rows", "q"),
 ] + [(f"s_{s}", "q") for s in ("sb", "sh", "sn")]
 
+# TILEATTN_SPLIT_BLOCKS_FIELDS (csrc/bwd_split.cu), in order.
+SPLIT_BLOCKS_ARGS: list[tuple[str, str]] = [
+    ("src", "Q"),
+    ("dst", "Q"),
+    ("amax", "Q"),
+    ("amax_sb", "q"),
+    ("H", "i"),
+    ("N", "i"),
+] + [(f"s_{s}", "q") for s in ("sb", "sh", "sn")]
+
 # The parameter lists of the kernels outside the forward ladder (versions.KernelEntry.fields).
-ENTRY_ARGS = {"bwd": BWD_ARGS, "dec": DEC_ARGS, "fwd": FWD_FIELDS, "vt": VT_ARGS, "dqc": DQC_ARGS, "split": SPLIT_ARGS}
+ENTRY_ARGS = {
+    "bwd": BWD_ARGS,
+    "dec": DEC_ARGS,
+    "fwd": FWD_FIELDS,
+    "vt": VT_ARGS,
+    "dqc": DQC_ARGS,
+    "split": SPLIT_ARGS,
+    "split_blocks": SPLIT_BLOCKS_ARGS,
+}

@@ -9,9 +9,10 @@ one core that works on (B, H, N, D) strided views, so neither layout is ever cop
 The core is the ``torch.library`` custom op ``tileattn::fwd`` (with a fake implementation for
 torch.compile); eager calls skip the dispatcher and run the same function directly.
 
-Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core rungs at FP32 accuracy by 3xTF32: v2.3 on
-sm_90's wgmma, the default there, and v2.2 on mma.sync, the default elsewhere; v2.3_tf32 / v2.2_tf32
-with precision="tf32") at head dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1; on sm_90 v3.2 with
+Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core rungs at FP32 accuracy: on sm_90's wgmma
+v2.4 (3xFP16), the default there at D = 64 and 128, and v2.3 (3xTF32), the default at D = 32; v2.2
+(3xTF32) on mma.sync, the default elsewhere; v2.3_tf32 / v2.2_tf32 with precision="tf32") at head
+dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1; on sm_90 v3.2 with
 TMA loads, v3.3 on wgmma, v3.4: v3.3 with ping-pong consumers at D=64, v3.6: v3.3 / v3.4 as a
 persistent kernel, the default at D=128 and 256 and for causal calls under 2048 rows at D=64, and v3.7: v3.6
 with three consumer warpgroups, the default at D=64 otherwise) at every head dim that is a multiple of 8 from 16
@@ -871,7 +872,7 @@ class _Launch:
         args[0:6] = q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace
         buf = plan.params
         if plan.split_amax_offset is not None:  # fresh fp16 halves each call; their maps by pointer
-            halves, amax = _split_halves((q, k, v), self.maps_layout[:3], self.device_index)
+            halves, amax = _split_blocks((q, k, v), self.maps_layout[:3], self.device_index)
             ptrs = tuple(t.data_ptr() for t in halves)
             maps = self.maps.get(ptrs)
             if maps is None:
@@ -925,6 +926,27 @@ def _split_halves(tensors, layouts, device_index: int):
         entry_kernel(BWD_SPLIT.name, "float32", D, False, device_index).launch(
             stream, -(-rows * D // 8 // _SPLIT_THREADS), 1, args
         )
+        halves.append(out)
+    return halves, amax
+
+
+SPLIT_BLOCK_ROWS = 64  # csrc/bwd_split.cu's SPLIT_BLOCK_ROWS
+
+
+def _split_blocks(tensors, layouts, device_index: int):
+    """v2.4's operands: as _split_halves, with an exponent per block of SPLIT_BLOCK_ROWS rows
+    (csrc/bwd_split.cu split_blocks), each from its block's max |x|, written in the same pass.
+    The maxima, float32: per batch b, each tensor's (heads, ceil(N / 64)) blocks in turn (q's, then
+    k's, then v's), so a kernel finds them from its own fields without B."""
+    per_b = [H * -(-N // SPLIT_BLOCK_ROWS) for (_, H, N, _), _ in layouts]
+    B = layouts[0][0][0]
+    amax = torch.empty(B * sum(per_b), dtype=torch.float32, device=tensors[0].device)
+    stream = _current_stream(device_index)
+    halves = []
+    for i, (t, ((B, H, N, D), strides)) in enumerate(zip(tensors, layouts)):
+        out = torch.empty((B, 2 * H, N, D), dtype=torch.float16, device=t.device)
+        args = [t.data_ptr(), out.data_ptr(), amax.data_ptr() + 4 * sum(per_b[:i]), sum(per_b), H, N, *strides[:3]]
+        entry_kernel("split_blocks", "float32", D, False, device_index).launch(stream, B * per_b[i], 1, args)
         halves.append(out)
     return halves, amax
 

@@ -168,8 +168,8 @@ _V2_3_TF32 = dataclasses.replace(
     summary="v2.3 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer wgmma, ~1e-3 error",
 )
 
-# BUILT, NOT YET RUN ON A GPU (2026-12-04): below v2.3 (priority 6) until its GPU tests have passed
-# and it has been measured, so version=None never picks it; version="v2.4" runs it.
+# The default FP32 rung on sm_90 at D = 64 and 128 (priority above v2.3's): 4.1-5.5x SDPA efficient at
+# N >= 8192 where v2.3 is 1.8-2.8x, with a lower error (2-8e-7 against 1-2e-6; bench/results/fp32.json).
 _V2_4 = Version(
     name="v2.4",
     file="v2_4_wgmma_fp16x3.cu",
@@ -180,12 +180,12 @@ _V2_4 = Version(
     min_arch=90,
     max_arch=90,
     arch_specific=True,
-    priority=4,
+    priority=7,
     tensor_maps=True,
     split_operands=True,
     summary="3xFP16 on Hopper wgmma (bwd_v2.3's idea in the forward): q, k, v as fp16 hi + lo halves under "
     "power-of-two scales, three products per multiply, P V from zero per block merged by FFMA; v3.3's "
-    "pipeline (built, not yet run on a GPU)",
+    "pipeline",
 )
 
 
@@ -561,6 +561,19 @@ BWD_SPLIT = KernelEntry(
     "(B, 2 x heads, N, D), in one pass",
     causal_variants=(False,),
 )
+# v2.4's operands: the same split with an exponent per block of 64 rows, each block's max |x|
+# found and written by the CTA that splits it (one pass); Br, Bc unused.
+SPLIT_BLOCKS = KernelEntry(
+    name="split_blocks",
+    file="bwd_split.cu",
+    kernel="split_blocks",
+    tiles={D: (0, 0) for D in (64, 128)},
+    dtypes=("float32",),
+    fields="split_blocks",
+    summary="v2.4's operands: an FP32 tensor as fp16 hi + lo halves under an exponent per block of 64 rows "
+    "(from the block's max |x|, written beside them), in one pass",
+    causal_variants=(False,),
+)
 
 # FP32 on mma.sync tensor cores: the FP32 backward where bwd_v2.3 does not run (sm_80, D=32,
 # deterministic; backward.default_rung), bwd_v2.2_tf32 with precision="tf32".
@@ -854,7 +867,7 @@ PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_1_VARLEN, V3_1_V
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
     e.name: e
     for e in (
-        *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, BWD_SPLIT),
+        *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, BWD_SPLIT, SPLIT_BLOCKS),
         *(*DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT),
     )
 }

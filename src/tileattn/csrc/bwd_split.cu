@@ -22,6 +22,19 @@ namespace tileattn {
   X(const long long, s_sn)
 constexpr int SPLIT_THREADS = 256;
 
+// 8 floats times scale as hi + lo fp16: hi at out, lo at out + lo_offset, one 16-byte store each.
+__device__ __forceinline__ void split_store8(float4 x0, float4 x1, float scale, __half* out, long long lo_offset) {
+  uint4 hi, lo;
+  split_half2(x0.x * scale, x0.y * scale, hi.x, lo.x);
+  split_half2(x0.z * scale, x0.w * scale, hi.y, lo.y);
+  split_half2(x1.x * scale, x1.y * scale, hi.z, lo.z);
+  split_half2(x1.z * scale, x1.w * scale, hi.w, lo.w);
+  // (st.global.v4: written as uint4 assignments, nvcc split the hi store into four 4-byte ones.)
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(hi.x), "r"(hi.y), "r"(hi.z), "r"(hi.w));
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + lo_offset), "r"(lo.x), "r"(lo.y), "r"(lo.z),
+               "r"(lo.w));
+}
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(SPLIT_THREADS) bwd_split(TILEATTN_SPLIT_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)) {
   static_assert(HEAD_DIM % 8 == 0, "whole 32-byte chunks a row");
@@ -33,18 +46,62 @@ __global__ void __launch_bounds__(SPLIT_THREADS) bwd_split(TILEATTN_SPLIT_FIELDS
   const long long b = row / N / H;
   const float scale = scalbnf(1.0f, split_exponent(amax[which]));  // exact: a power of two
   const float4* x = reinterpret_cast<const float4*>(src + b * s_sb + h * s_sh + n * s_sn + c);
-  const float4 x0 = x[0], x1 = x[1];
-  uint4 hi, lo;
-  split_half2(x0.x * scale, x0.y * scale, hi.x, lo.x);
-  split_half2(x0.z * scale, x0.w * scale, hi.y, lo.y);
-  split_half2(x1.x * scale, x1.y * scale, hi.z, lo.z);
-  split_half2(x1.z * scale, x1.w * scale, hi.w, lo.w);
-  __half* const out = dst + ((b * 2 * H + h) * N + n) * HEAD_DIM + c;
-  // (st.global.v4: written as uint4 assignments, nvcc split the hi store into four 4-byte ones.)
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(hi.x), "r"(hi.y), "r"(hi.z), "r"(hi.w));
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + (long long)H * N * HEAD_DIM), "r"(lo.x),
-               "r"(lo.y), "r"(lo.z), "r"(lo.w));
+  split_store8(x[0], x[1], scale, dst + ((b * 2 * H + h) * N + n) * HEAD_DIM + c, (long long)H * N * HEAD_DIM);
 }
 TILEATTN_SMEM_BYTES(bwd_split, 0);
+
+// The same split with an exponent per block of SPLIT_BLOCK_ROWS rows (v2.4): a CTA takes one block
+// of one (b, h), finds its max |x| (written to amax[b amax_sb + h ceil(N / 64) + block], where the
+// rung reads it) and splits the block under its own exponent.  One pass, where a tensor-wide
+// exponent needs its maximum first (a second read of the tensor);
+// and a block of small values keeps its bits when another block of the tensor holds a large one.
+// Rows past N are neither read nor written (the rung's TMA copies fill them with zeros).
+// Grid: B H ceil(N / 64) blocks (x only).
+#define TILEATTN_SPLIT_BLOCKS_FIELDS(X, SEP)                                                      \
+  X(const float* __restrict__, src) SEP X(__half* __restrict__, dst) SEP X(float* __restrict__, amax) SEP \
+  X(const long long, amax_sb) SEP X(const int, H) SEP X(const int, N) SEP X(const long long, s_sb) SEP      \
+  X(const long long, s_sh) SEP X(const long long, s_sn)
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(SPLIT_THREADS)
+    split_blocks(TILEATTN_SPLIT_BLOCKS_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)) {
+  constexpr int CHUNKS = HEAD_DIM / 8;                                 // 8 floats: two 16-byte loads
+  constexpr int PER = SPLIT_BLOCK_ROWS * CHUNKS / SPLIT_THREADS;       // chunks a thread (D / 32)
+  static_assert(PER * SPLIT_THREADS == SPLIT_BLOCK_ROWS * CHUNKS, "whole chunks a thread");
+  const int TB = (N + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS;
+  const int blk = (int)(blockIdx.x % TB);
+  const long long bh = blockIdx.x / TB;
+  const int h = (int)(bh % H);
+  const long long b = bh / H;
+  float4 x[PER][2];
+  float m = 0.0f;  // fmaxf drops NaN: a NaN stays in the halves (and the result) whatever the scale
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int i = p * SPLIT_THREADS + threadIdx.x, n = blk * SPLIT_BLOCK_ROWS + i / CHUNKS, c = 8 * (i % CHUNKS);
+    x[p][0] = x[p][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (n < N) {
+      const float4* src4 = reinterpret_cast<const float4*>(src + b * s_sb + h * s_sh + n * s_sn + c);
+      x[p][0] = src4[0];
+      x[p][1] = src4[1];
+    }
+    for (int j = 0; j < 2; ++j)
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(x[p][j].x), fabsf(x[p][j].y)), fmaxf(fabsf(x[p][j].z), fabsf(x[p][j].w))));
+  }
+  __shared__ float warp_max[SPLIT_THREADS / 32];
+  m = lanes_max<32>(m);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < SPLIT_THREADS / 32; ++w) m = fmaxf(m, warp_max[w]);
+  if (threadIdx.x == 0) amax[b * amax_sb + h * TB + blk] = m;
+  const float scale = scalbnf(1.0f, split_exponent(m));
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int i = p * SPLIT_THREADS + threadIdx.x, n = blk * SPLIT_BLOCK_ROWS + i / CHUNKS, c = 8 * (i % CHUNKS);
+    if (n < N)
+      split_store8(x[p][0], x[p][1], scale, dst + ((b * 2 * H + h) * N + n) * HEAD_DIM + c, (long long)H * N * HEAD_DIM);
+  }
+}
+TILEATTN_SMEM_BYTES(split_blocks, 0);
 
 }  // namespace tileattn

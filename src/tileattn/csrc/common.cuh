@@ -78,7 +78,7 @@ struct alignas(64) TmaMaps {
   X(const long long, alibi_sb) SEP                                                         \
   X(const float* __restrict__, descale) SEP      /* [B * H_kv][3] q, k, v factors of FP8 inputs (v3.5) */ \
   X(const int, bh_count) SEP                     /* B * H: persistent rungs (v3.6), a CTA per SM */ \
-  X(const float* __restrict__, split_amax)       /* [3] max |x| of q, k, v, which set v2.4's fp16 halves' scales */
+  X(const float* __restrict__, split_amax)       /* v2.4: max |x| per 64-row block of q, k, v (api._split_blocks) */
 
 #define TILEATTN_COMMA_ ,
 #define TILEATTN_SEMI_ ;

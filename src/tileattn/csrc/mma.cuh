@@ -133,6 +133,7 @@ __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned w) {
 // The largest power-of-two exponent a split operand's scale takes either way: the rungs' scale
 // products (sums of two exponents and a constant) stay normal float32 numbers.
 constexpr int SPLIT_EXP_MAX = 60;
+constexpr int SPLIT_BLOCK_ROWS = 64;  // split_blocks (v2.4): rows under one exponent
 
 // The exponent e that puts a tensor's largest |x| (amax) just under 2^15: amax < 2^E (frexp),
 // e = 15 - E; 15 for an all-zero or non-finite tensor (whose results are 0 or NaN anyway).

@@ -1,15 +1,18 @@
 // v2.4: FP32-accurate attention on Hopper's wgmma as 3xFP16 (sm_90a): q, k, v as fp16 hi + lo
 // halves under power-of-two scales (bwd_split.cu), three fp16 products per multiply, on v3.3's
-// warp-specialised pipeline.  BUILT, NOT YET RUN ON A GPU (2026-12-04): opt-in by name
-// (version="v2.4"), below v2.3 in the default dispatch until it has been tested and measured.
+// warp-specialised pipeline.  The default FP32 rung on sm_90 at D = 64 and 128.
 //
 // Why: v2.3 (3xTF32 on wgmma) reaches 1.8-2.0x SDPA efficient at D=128 (issue 13 asks for 3x).
 // Its TF32 operands must be K-major, so its producer warpgroup splits and transposes V into hi /
 // lo tiles per block, and TF32 runs at half fp16's tensor-core rate.  The backward's bwd_v2.3
 // (bwd_v2_3_fp16x3.cu) showed the fp16 form: fp16 has TF32's 11-bit significand, so x = hi + lo
 // carries 22 bits at twice the rate, fp16 wgmma reads V N-major as v3.3 does, and power-of-two
-// scales (exact) give fp16 the range (each tensor's max |x| just under 2^15; P in [0, 1] by 2^15).
-// The split happens once per call (bwd_split, one pass per tensor), not once per CTA.
+// scales (exact) give fp16 the range: P in [0, 1] by 2^15, and q, k, v by an exponent per block of
+// 64 rows that puts the block's max |x| just under 2^15 (bwd_split.cu split_blocks: one pass per
+// tensor, once per call, not once per CTA).  A block's exponent is a per-block factor of S (Q's
+// rows: its 64-row block is a consumer warpgroup's; K's: the K/V block's) and of P V_j, both
+// computed from zero per block, so it is undone where the block's result is used: in the
+// softmax's scale for S, and in O's rescale for P V_j.
 //
 // The CTA is v3.3's (one Q block of Br = 128 rows, a producer warp issuing TMA copies of Q once
 // and of K_j, V_j per block into two stages, two consumer warpgroups of 64 rows), with each copy
@@ -17,10 +20,12 @@
 //   S = Q_lo K_hi + Q_hi K_lo + Q_hi K_hi (small terms first), from zero, over D;
 //   the online softmax in FP32 without the lazy rebase (P <= 1, so P 2^15 fits fp16);
 //   PV = P_lo V_hi + P_hi V_lo + P_hi V_hi from zero (P's halves as register A fragments), merged
-//   into O by FFMA, O = O scale_old + PV: the tensor core's accumulation across blocks is not
-//   round-to-nearest (v2_2_tf32x3.cu measured the error growing with N when O accumulated inside
-//   the MMAs).
-// Registers (240 a consumer thread): O and PV (64 + 64 at D=128), S (32) or P's halves (32).
+//   into O by FFMA, O = O scale_old 2^(ev_j - ev_{j-1}) + PV: the tensor core's accumulation across
+//   blocks is not round-to-nearest (v2_2_tf32x3.cu measured the error growing with N when O
+//   accumulated inside the MMAs).  O is kept in V_j's units (2^(15 + ev_j)), so the change of
+//   units rides the per-row FFMA factor; it overflows only if V's block maxima differ by ~2^98.
+// S_{j+1} is issued with P_j V_j, and its softmax runs under P_j V_j (v3.3's overlap).
+// Registers (240 a consumer thread): O, PV (64 + 64 at D=128), S (32) and P's halves (32) all live.
 // Shared memory: Q hi + lo, two stages of K and V hi + lo: 192 KB at D=128 (Bc = 64), 96 KB at D=64.
 #include "common.cuh"
 #include "mma.cuh"
@@ -36,6 +41,7 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 4, "v2.4 is an FP32 rung (its tiles are fp16 halves)");
   static_assert(Br == 128 && Bc == 64 && (HEAD_DIM == 64 || HEAD_DIM == 128), "v3.3's CTA; O and PV in registers");
+  static_assert(Bc == SPLIT_BLOCK_ROWS && Br == 2 * SPLIT_BLOCK_ROWS, "a K/V block, a warpgroup's rows: one exponent");
   using H16 = Wgmma16<__half>;
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * 2, KV_BYTES = Bc * HEAD_DIM * 2;  // one half of a tile
@@ -78,25 +84,30 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
   const int cwg = threadIdx.x / V2_4_WG - 1;
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   constexpr int NS = Bc / 2, NO = HEAD_DIM / 2;  // accumulator values per thread: S (64 x Bc), O (64 x D)
-  // The scales bwd_split gave q, k, v (split_amax: their max |x|): S's unscale folds into the
-  // exponent's scale (softmax_scale >= 0: the host negates q otherwise), O's is applied at the end.
-  const int eq = split_exponent(split_amax[0]), ek = split_exponent(split_amax[1]);
-  const int ev = split_exponent(split_amax[2]);
-  const float scale_log2 = scalbnf(folded_scale_log2(softmax_scale), -(eq + ek));
+  // The blocks' maxima split_blocks wrote (api._split_blocks: per batch, q's (H, TQ), k's and v's
+  // (H_kv, TK) in turn), from which their exponents: S's unscale folds into the softmax's scale
+  // (softmax_scale >= 0: the host negates q otherwise), V's into O's rescale.
+  const int TQ = (Nq + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS, TK = (Nk + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS;
+  const float* const amax_q = split_amax + (long long)b * (H * TQ + 2 * H_kv * TK) + h * TQ;
+  const float* const amax_k = split_amax + (long long)b * (H * TQ + 2 * H_kv * TK) + H * TQ + hk * TK;
+  const float* const amax_v = amax_k + H_kv * TK;
+  const int eq = split_exponent(amax_q[min(q_start / SPLIT_BLOCK_ROWS + cwg, TQ - 1)]);  // (rows past Nq: unused)
+  const float folded_log2 = folded_scale_log2(softmax_scale);
+  int ev = 0;  // V's exponent of the block whose P V was last merged into O (or is in flight)
+  // Block n's maxima are loaded one block ahead, so their latency hides under block n - 1's work.
+  float amax_kn = amax_k[0], amax_vn = amax_v[0];
   const unsigned long long dq = wgmma_desc_sw128(s_q + cwg * 64 * 128);
   const int row_a = q_start + cwg * 64 + warp * 16 + g;  // this thread's rows: row_a, row_a + 8
 
   float acc[NO], m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF}, l_i[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
-  mbar_wait(bars.q, 0);  // even with no K/V block: no copy may outlive the CTA
-  for (int n = 0; n < Tc; ++n) {
-    const int st = KVBarriers<STAGES>::stage(n);
-    // S = Q K_j^T: the two lo products over all of D (K's lo first, as bwd_v2.3's S^T = K Q^T
-    // takes them), then hi hi.
-    float S[NS];
-    bars.wait_k_full(n);
-    const unsigned long long dk = wgmma_desc_sw128(s_k(st));
+  unsigned p_hi[Bc / 16][4], p_lo[Bc / 16][4];  // P 2^15 as A fragments of P V
+
+  // S = Q K_n^T from zero (asynchronous: issued and committed): the two lo products over all of D
+  // (K's lo first, as bwd_v2.3's S^T = K Q^T takes them), then hi hi.
+  auto issue_s = [&](float (&S)[NS], int n) {
+    const unsigned long long dk = wgmma_desc_sw128(s_k(KVBarriers<STAGES>::stage(n)));
     wgmma_fence();
 #pragma unroll
     for (int pass = 0; pass < 3; ++pass)
@@ -105,26 +116,11 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
         H16::ss(S, dq + (sw128_k_step(kk, Br) >> 4) + x3_b_lo(pass, Q_LO),
                 dk + (sw128_k_step(kk, Bc) >> 4) + x3_a_lo(pass, KV_LO), pass > 0 || kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(S);
-    mbar_arrive(bars.k_empty(n));
-
-    // Online softmax (no lazy rebase: P stays <= 1), then P 2^15 as hi / lo A fragments (k16 step
-    // ks = S's n8 tiles 2 ks, 2 ks + 1, v3.3's mapping).
-    float scale_old[2];
-    fragment_online_softmax<CAUSAL, NS, false, false>(S, m_i, l_i, scale_old, scale_log2, n * Bc, Bc, q_start, row_a,
-                                                      t, Nk, causal_offset);
-    unsigned p_hi[Bc / 16][4], p_lo[Bc / 16][4];
-#pragma unroll
-    for (int i = 0; i < NS; i += 2) {
-      const int n8 = i / 4, r = (n8 % 2) * 2 + (i % 4) / 2;
-      split_half2(S[i] * V2_4_P_SCALE, S[i + 1] * V2_4_P_SCALE, p_hi[n8 / 2][r], p_lo[n8 / 2][r]);
-    }
-
-    // PV = P V_j from zero (V N-major: k16 step ks 16 key rows on, D's next 64 columns the next panel).
-    float pv[NO];
-    bars.wait_v_full(n);
-    const unsigned long long dv = wgmma_desc_sw128(s_v(st), Bc * 128);
+  };
+  // pv = P V_n from zero (asynchronous), V N-major: k16 step ks 16 key rows on, D's next 64 columns
+  // the next panel.
+  auto issue_pv = [&](float (&pv)[NO], int n) {
+    const unsigned long long dv = wgmma_desc_sw128(s_v(KVBarriers<STAGES>::stage(n)), Bc * 128);
     fence_operands(p_hi);
     fence_operands(p_lo);
     wgmma_fence();
@@ -135,14 +131,78 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
         H16::rs_bt(pv, pass == 0 ? p_lo[ks] : p_hi[ks], dv + ((ks * 16 * 128) >> 4) + x3_b_lo(pass, KV_LO),
                    pass > 0 || ks > 0);
     wgmma_commit();
+  };
+  // Block n's online softmax (no lazy rebase: P stays <= 1) in place, under its own exponents;
+  // rescale: the factor that takes O into V_n's units and to the new row max (0 on the first block,
+  // whose scale_old is 0 and O 0).
+  auto softmax = [&](float (&S)[NS], int n, float (&rescale)[2]) {
+    const int ek = split_exponent(amax_kn), ev_n = split_exponent(amax_vn);
+    if (n + 1 < Tc) amax_kn = amax_k[n + 1], amax_vn = amax_v[n + 1];
+    float scale_old[2];
+    fragment_online_softmax<CAUSAL, NS, false, false>(S, m_i, l_i, scale_old, scalbnf(folded_log2, -(eq + ek)), n * Bc,
+                                                      Bc, q_start, row_a, t, Nk, causal_offset);
+    rescale[0] = scalbnf(scale_old[0], ev_n - ev);
+    rescale[1] = scalbnf(scale_old[1], ev_n - ev);
+    ev = ev_n;
+  };
+  // P 2^15 as hi / lo A fragments (k16 step ks = S's n8 tiles 2 ks, 2 ks + 1, v3.3's mapping).
+  auto split_p = [&](const float (&S)[NS]) {
+#pragma unroll
+    for (int i = 0; i < NS; i += 2) {
+      const int n8 = i / 4, r = (n8 % 2) * 2 + (i % 4) / 2;
+      split_half2(S[i] * V2_4_P_SCALE, S[i + 1] * V2_4_P_SCALE, p_hi[n8 / 2][r], p_lo[n8 / 2][r]);
+    }
+  };
+  // O = O rescale + P V_n: the merge by FFMA, once P V_n is done.
+  auto merge = [&](const float (&pv)[NO], const float (&rescale)[2]) {
+#pragma unroll
+    for (int i = 0; i < NO; ++i) acc[i] = fmaf(acc[i], rescale[(i % 4) / 2], pv[i]);
+  };
+
+  mbar_wait(bars.q, 0);  // even with no K/V block: no copy may outlive the CTA
+  // Intra-warpgroup pipelining (v3.3's): S_{n+1} and P_n V_n are issued together, and block n+1's
+  // softmax runs on the CUDA cores while the tensor core does P_n V_n; P's halves and pv belong to
+  // the in-flight P V until its wait, so block n+1's P is split only after it.
+  if (Tc > 0) {
+    float rescale[2];
+    {
+      float S[NS];
+      bars.wait_k_full(0);
+      issue_s(S, 0);
+      wgmma_wait<0>();
+      fence_operands(S);
+      mbar_arrive(bars.k_empty(0));
+      softmax(S, 0, rescale);
+      split_p(S);
+    }
+    for (int n = 0; n + 1 < Tc; ++n) {  // straight-line body: ptxas tracks the two groups
+      float S[NS], pv[NO], rescale_next[2];
+      bars.wait_k_full(n + 1);
+      issue_s(S, n + 1);
+      bars.wait_v_full(n);
+      issue_pv(pv, n);
+      wgmma_wait<1>();  // S_{n+1} done (groups complete in order), P_n V_n may still run
+      fence_operands(S);
+      mbar_arrive(bars.k_empty(n + 1));
+      softmax(S, n + 1, rescale_next);
+      wgmma_wait<0>();
+      fence_operands(pv);
+      mbar_arrive(bars.v_empty(n));
+      merge(pv, rescale);
+      rescale[0] = rescale_next[0];
+      rescale[1] = rescale_next[1];
+      split_p(S);
+    }
+    float pv[NO];
+    bars.wait_v_full(Tc - 1);
+    issue_pv(pv, Tc - 1);
     wgmma_wait<0>();
     fence_operands(pv);
-    mbar_arrive(bars.v_empty(n));
-#pragma unroll
-    for (int i = 0; i < NO; ++i) acc[i] = fmaf(acc[i], scale_old[(i % 4) / 2], pv[i]);
+    mbar_arrive(bars.v_empty(Tc - 1));
+    merge(pv, rescale);
   }
 
-  const float o_unscale = scalbnf(1.0f, -(15 + ev));  // P's 2^15 and v's 2^ev
+  const float o_unscale = scalbnf(1.0f, -(15 + ev));  // P's 2^15 and the last V block's 2^ev
 #pragma unroll
   for (int i = 0; i < NO; ++i) acc[i] *= o_unscale;
   const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
