@@ -109,6 +109,18 @@ def test_room_fields_start_off():
     assert buf[offsets["cu_seqlens_q"] :] == layout.init[offsets["cu_seqlens_q"] :]
 
 
+def test_room_values_in_order():
+    """_params.room: every room field, the named ones set and the rest off (the FP8 and packed
+    launches build their forward fields with it; a hand-written list broke all of them once, when
+    split_amax was added)."""
+    values = _params.room(softcap=0.5, bh_count=7)
+    assert len(_params.FWD_ARGS) + len(values) == len(_params.FWD_FIELDS)
+    expected = {name: off for name, _, off in _params.FWD_ROOM} | {"softcap": 0.5, "bh_count": 7}
+    assert values == [expected[name] for name, _, _ in _params.FWD_ROOM]
+    with pytest.raises(AssertionError, match="not room fields"):
+        _params.room(softcapp=0.5)
+
+
 def test_a_mismatch_is_caught(monkeypatch):
     v = VERSIONS["v2"]
     cubin = _nvrtc.compile_kernel(v.file, v.name_expression("float32", 64, False), "sm_80")

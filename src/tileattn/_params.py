@@ -69,6 +69,17 @@ FWD_ROOM: list[tuple[str, str, object]] = [
     ("split_amax", "Q", 0),
 ]
 FWD_FIELDS = FWD_ARGS + [(name, code) for name, code, _ in FWD_ROOM]
+
+
+def room(**values) -> list:
+    """The room fields' values in order: those named, the rest "off".  The kernels launched outside
+    the plans (FP8, the packed and variants kernels) build their forward fields with it, so a
+    field added to the room leaves their argument lists whole."""
+    unknown = values.keys() - {name for name, _, _ in FWD_ROOM}
+    assert not unknown, f"not room fields: {sorted(unknown)}"
+    return [values.get(name, off) for name, _, off in FWD_ROOM]
+
+
 TMA_MAPS_BYTES = 6 * 128  # TmaMaps: q, k, v with 64-column boxes, then with the narrow last panel's box
 
 

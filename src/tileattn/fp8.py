@@ -26,7 +26,7 @@ import math
 import numpy as np
 import torch
 
-from . import api
+from . import _params, api
 from .versions import V3_5_FP8, V3_5_VT
 
 E4M3_MAX = 448.0  # the largest finite e4m3 magnitude
@@ -211,7 +211,7 @@ def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, de
     args = [
         q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0,
         Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vt.stride()[:3], *os_[:3], softmax_scale, offset, 0,
-        0, 0, 0, 0, 0, 0, -1, -1, 0.0, 0, 0, 0, table.data_ptr(), BH,
+        *_params.room(descale=table.data_ptr(), bh_count=BH),
     ]  # fmt: skip
     kern.launch(stream, api.persistent_ctas(Tr, BH, causal is not None, device_index), 1, args, maps)
     return out, lse

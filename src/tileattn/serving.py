@@ -502,8 +502,11 @@ def _launch_packed(
     args = lambda off: [
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0,
         Nq, Nk, H, H // H_kv, *(x for s in strides for x in s), scale, causal_offset, off,
-        ptr(cu_seqlens[0]), ptr(cu_seqlens[1]), 0, 0, 0, 0, *window, softcap, int(bottom_right),
-        ptr(alibi_slopes), _alibi_stride(alibi_slopes), 0, BH if entry.persistent else 0,
+        *_params.room(
+            cu_seqlens_q=ptr(cu_seqlens[0]), cu_seqlens_k=ptr(cu_seqlens[1]), window_left=window[0],
+            window_right=window[1], softcap=softcap, bottom_right=int(bottom_right), alibi_slopes=ptr(alibi_slopes),
+            alibi_sb=_alibi_stride(alibi_slopes), bh_count=BH if entry.persistent else 0,
+        ),
     ]  # fmt: skip
     if entry.persistent:
         assert cu_seqlens[0] is None, "persistent kernels take dense calls only"
