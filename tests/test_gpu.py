@@ -74,9 +74,10 @@ FP32_ACCURATE = [n for n in RUNGS if VERSIONS[n].kind == "tensor_fp32" and VERSI
 @pytest.mark.parametrize("version", FP32_ACCURATE)
 def test_fp32_rungs_heads_and_rows_of_any_magnitude(version):
     """The FP32-accurate tensor-core rungs hold FP32-level error in every head, whatever the
-    magnitudes of the others: heads of v 1e8 apart and rows of k 1e3 apart.  (An exponent per
-    tensor, v2.4's first form, left the small heads' fp16 halves ~2^-12 precision: split_blocks
-    gives each 64-row block its own.)"""
+    magnitudes of the others: heads of v 1e8 apart and rows of k 1e3 apart.  (With an exponent per
+    tensor, v2.4's first form, the smallest head's halves would sit 2^27 below the scale, in fp16's
+    subnormals: ~2^-12 relative precision by count of bits.  split_blocks gives each 64-row block
+    its own.)"""
     import torch
 
     from tileattn import api
