@@ -38,7 +38,8 @@ def trunc_tf32(x):
 
 
 def split_fp16(x):
-    """bwd_split's halves of x (float32) and the scale 2^e they carry: max |x 2^e| in [2^14, 2^15)."""
+    """The 3xFP16 halves of x (float32) under one exponent for all of x (split_blocks takes one a
+    block of 64 rows), and the scale 2^e they carry: max |x 2^e| in [2^14, 2^15)."""
     amax = float(np.abs(x).max())
     e = 15 - (np.frexp(amax)[1] if amax > 0 else 0)
     xs = np.ldexp(np.asarray(x, np.float32), e).astype(np.float32)

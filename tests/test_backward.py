@@ -8,12 +8,12 @@ import pytest
 
 from tileattn import _nvrtc, _params
 from tileattn.testing import compile_in_parallel, reference_grads
-from tileattn.versions import BWD_DQ_CONVERT, BWD_PREPROCESS, BWD_SPLIT, BWD_VERSIONS, SPLIT_BLOCKS
+from tileattn.versions import BWD_DQ_CONVERT, BWD_PREPROCESS, BWD_VERSIONS, SPLIT_BLOCKS
 
 ARCHS = ["sm_80", "sm_90"]
 INSTANCES = [
     (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))
-    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, BWD_SPLIT, SPLIT_BLOCKS]
+    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, SPLIT_BLOCKS]
     for dtype, D, causal in entry.instantiations()
     for arch in ARCHS
     if entry.runs_on(int(arch[3:]))
@@ -48,9 +48,8 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
         assert "LDG.E.128" in sass and "SHFL.BFLY" in sass
     if entry.name == "bwd_dq_convert":  # 16-byte loads of the tiles, 16-byte stores of the rows
         assert "LDG.E.128" in sass and "STG.E.128" in sass and "STS.64" in sass
-    if entry.name == "bwd_split":  # 8 floats by two 16-byte loads, their hi and lo halves by 16-byte stores
-        assert sass.count("LDG.E.128") == 2 and sass.count("STG.E.128") == 2
-    if entry.name == "split_blocks":  # the same per chunk (D / 32 a thread), the block's max through shared memory
+    if entry.name == "split_blocks":  # per 8 floats (D / 32 a thread) two 16-byte loads, a 16-byte store a
+        # half; the block's max through shuffles and shared memory
         assert sass.count("LDG.E.128") == 2 * D // 32 and sass.count("STG.E.128") == 2 * D // 32
         assert "SHFL.BFLY" in sass and "BAR.SYNC" in sass
     if entry.name == "bwd_v2" and arch == "sm_90":
@@ -222,12 +221,14 @@ def test_backward_fp32_matches_float64(request, version, D, B, H, H_kv, Nq, Nk, 
         (1e3, 1e-3, 3e-7, 1e-9),  # dO of a float32 loss's size, v small
         (1e-6, 1e6, 1e5, 7e3),  # large v and dO
         (1.0, 1.0, 1.0, 0.0),  # dO = 0: every gradient exactly 0
+        ((1e-3, 1.0, 0.1), (0.1, 1.0, 1e-2), (1e-4, 1.0, 1e4), (1e4, 1e-4, 1.0)),  # per head, 1e8 apart
     ],
 )
 def test_backward_fp32_any_magnitude(request, version, q_mag, k_mag, v_mag, do_mag):
-    """The FP32 rungs hold their error relative to the gradients whatever the inputs' magnitudes
-    (bwd_v2.3 scales its fp16 halves by powers of two from each tensor's max): no absolute floor
-    here, which would hide gradients of 1e-12."""
+    """The FP32 rungs hold their error relative to the gradients whatever the inputs' magnitudes,
+    whole tensors' or (tuples) each head's, checked head by head (bwd_v2.3 scales its fp16 halves
+    by powers of two from each 64-row block's max): no absolute floor here, which would hide
+    gradients of 1e-12."""
     import torch
 
     import tileattn
@@ -237,7 +238,8 @@ def test_backward_fp32_any_magnitude(request, version, q_mag, k_mag, v_mag, do_m
     if entry.tensor_maps:
         request.getfixturevalue("ws_rungs_finish")
     B, H, N, D = 2, 3, 333, 128
-    q, k, v, dO = (m * torch.randn(B, N, H, D, device="cuda") for m in (q_mag, k_mag, v_mag, do_mag))
+    mag = lambda m: torch.tensor(m, device="cuda").view(1, 1, -1, 1)  # a number or one per head (B, N, H, D)
+    q, k, v, dO = (mag(m) * torch.randn(B, N, H, D, device="cuda") for m in (q_mag, k_mag, v_mag, do_mag))
     with torch.no_grad():
         out, lse = tileattn.api._call(q, k, v, D**-0.5, "bottom_right", "bnhd", None, None, "scale", True)
     q.requires_grad_()  # (called directly, as the bench does, on a leaf that requires grad)
@@ -249,35 +251,12 @@ def test_backward_fp32_any_magnitude(request, version, q_mag, k_mag, v_mag, do_m
         if do_mag == 0:
             assert not g.any(), f"{name} is not 0 for dO = 0"
             continue
-        err, torch_err = _rms(g.double() - e), _rms(r.double() - e)
-        assert err <= 2 * torch_err + FLOOR["float32"][0] * _rms(e), f"{name}: {err:.2e} vs PyTorch's {torch_err:.2e}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["bnhd", "bhnd"])
-@pytest.mark.parametrize("D", BWD_SPLIT.head_dims)
-def test_split_halves(layout, D):
-    """bwd_split: hi is x 2^e rounded to fp16, hi + lo within fp16's rounding of the rest, e putting
-    max |x| in [2^14, 2^15); head h's halves at h and heads + h; strided inputs read in place."""
-    import torch
-
-    from tileattn import api
-
-    B, H, N = 3, 5, 77
-    shape = (B, N, H, D) if layout == "bnhd" else (B, H, N, D)
-    ts = [m * torch.randn(shape, device="cuda") for m in (1e-7, 3.0, 1e5, 0.0)]
-    ts[2] = torch.randn(shape[:-1] + (2 * D,), device="cuda")[..., :D] * 1e5  # rows 2 D apart
-    splits, amax = api._split_halves(ts, [api._bhnd(t, layout) for t in ts], torch.cuda.current_device())
-    for t, s, m in zip(ts, splits, amax):
-        x = (t.transpose(1, 2) if layout == "bnhd" else t).double()
-        assert m.item() == x.abs().max().item() and s.shape == (B, 2 * H, N, D) and s.dtype == torch.float16
-        e = 15 - torch.frexp(m).exponent.item() if m > 0 else 15
-        xs = torch.ldexp(x, torch.tensor(e, device="cuda"))
-        hi, lo = s[:, :H].double(), s[:, H:].double()
-        assert torch.equal(hi, xs.float().half().double())
-        assert (hi + lo - xs).abs().max().item() <= 2**-22 * 2**15 + 2**-25
-        if m > 0:
-            assert 2**14 <= xs.abs().max().item() < 2**15
+        for head in range(H):
+            ge, ee, re_ = (x[:, :, head] for x in (g.double(), e, r.double()))
+            err, torch_err = _rms(ge - ee), _rms(re_ - ee)
+            assert err <= 2 * torch_err + FLOOR["float32"][0] * _rms(ee), (
+                f"{name} head {head}: {err:.2e} vs PyTorch's {torch_err:.2e}"
+            )
 
 
 @pytest.mark.gpu
@@ -285,8 +264,10 @@ def test_split_halves(layout, D):
 @pytest.mark.parametrize("D", SPLIT_BLOCKS.head_dims)
 def test_split_blocks(layout, D):
     """split_blocks: each 64-row block of each (b, h) under its own exponent from its own max |x|
-    (written where v2.4 reads it: per batch, each tensor's (heads, blocks) in turn); the halves as
-    bwd_split's; rows past N left alone (the last block is partial); strided inputs read in place."""
+    (written where the rungs read it: per batch, each tensor's (heads, blocks) in turn); hi is x 2^e
+    rounded to fp16, hi + lo within fp16's rounding of the rest, e putting the block's max |x| in
+    [2^14, 2^15); head h's halves at h and heads + h; rows past N left alone (the last block is
+    partial); strided inputs read in place."""
     import torch
 
     from tileattn import api

@@ -263,18 +263,7 @@ DQC_ARGS: list[tuple[str, str]] = [("dq_accum", "Q"), ("dq", "Q"), ("Nq", "i"), 
     (f"dq_{s}", "q") for s in ("sb", "sh", "sn")
 ]
 
-# TILEATTN_SPLIT_FIELDS (csrc/bwd_split.cu), in order.
-SPLIT_ARGS: list[tuple[str, str]] = [
-    ("src", "Q"),
-    ("dst", "Q"),
-    ("amax", "Q"),
-    ("which", "i"),
-    ("H", "i"),
-    ("N", "i"),
-    ("rows", "q"),
-] + [(f"s_{s}", "q") for s in ("sb", "sh", "sn")]
-
-# TILEATTN_SPLIT_BLOCKS_FIELDS (csrc/bwd_split.cu), in order.
+# TILEATTN_SPLIT_BLOCKS_FIELDS (csrc/split_halves.cu), in order.
 SPLIT_BLOCKS_ARGS: list[tuple[str, str]] = [
     ("src", "Q"),
     ("dst", "Q"),
@@ -291,6 +280,5 @@ ENTRY_ARGS = {
     "fwd": FWD_FIELDS,
     "vt": VT_ARGS,
     "dqc": DQC_ARGS,
-    "split": SPLIT_ARGS,
     "split_blocks": SPLIT_BLOCKS_ARGS,
 }

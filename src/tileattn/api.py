@@ -39,7 +39,7 @@ import torch
 
 from . import _nvrtc, _params
 from .reference import CAUSAL_MODES
-from .versions import BWD_SPLIT, SHORT_CAUSAL_ROWS, VERSIONS, Version, select
+from .versions import SHORT_CAUSAL_ROWS, SPLIT_BLOCKS, VERSIONS, Version, select
 
 _DTYPES = {
     torch.float32: "float32",
@@ -838,7 +838,7 @@ class _Launch:
         # fmt: on
         # The TMA rungs' descriptors depend on the pointers too: built once per (q, k, v) seen.
         self.maps_layout = (((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs), dtype)
-        if plan.split_amax_offset is not None:  # v2.4 reads the fp16 halves of q, k, v (_split_halves)
+        if plan.split_amax_offset is not None:  # v2.4 reads the fp16 halves of q, k, v (_split_blocks)
             halves = lambda heads, N: ((B, 2 * heads, N, D), (2 * heads * N * D, N * D, D, 1))
             self.split_maps_layout = (halves(H, Nq), halves(H_kv, Nk), halves(H_kv, Nk), "float16")
         self.maps: dict[tuple[int, int, int], bytes] = {}
@@ -906,38 +906,20 @@ _SPLIT_AMAX = [n for n, _ in _params.FWD_FIELDS].index("split_amax")  # a room f
 _TMA_PACK = struct.Struct(f"{_params.TMA_MAPS_BYTES}s").pack_into
 _BH_COUNT_PACK = struct.Struct("<i").pack_into
 _PTR_PACK = struct.Struct("<Q").pack_into
-_SPLIT_THREADS = 256  # csrc/bwd_split.cu's SPLIT_THREADS: 8 floats a thread
 
 
-def _split_halves(tensors, layouts, device_index: int):
-    """The 3xFP16 rungs' operands (v2.4, bwd_v2.3): each FP32 tensor, a (B, H, N, D) view given
-    by its layouts entry (shape, strides), as x 2^e = hi + lo in fp16, (B, 2 H, N, D) contiguous
-    (head h's hi at h, its lo at H + h), by bwd_split (csrc/bwd_split.cu); e puts the tensor's
-    largest |x| just under 2^15.  Returns the halves and the maxima (float32, on the device: the
-    kernels derive every scale from them, so no host sync)."""
-    amax = torch.empty(len(tensors), dtype=torch.float32, device=tensors[0].device)
-    stream = _current_stream(device_index)
-    halves = []
-    for i, (t, ((B, H, N, D), strides)) in enumerate(zip(tensors, layouts)):
-        torch.linalg.vector_norm(t.detach(), float("inf"), out=amax[i])  # (out= refuses inputs that require grad)
-        out = torch.empty((B, 2 * H, N, D), dtype=torch.float16, device=t.device)
-        rows = B * H * N
-        args = [t.data_ptr(), out.data_ptr(), amax.data_ptr(), i, H, N, rows, *strides[:3]]
-        entry_kernel(BWD_SPLIT.name, "float32", D, False, device_index).launch(
-            stream, -(-rows * D // 8 // _SPLIT_THREADS), 1, args
-        )
-        halves.append(out)
-    return halves, amax
-
-
-SPLIT_BLOCK_ROWS = 64  # csrc/bwd_split.cu's SPLIT_BLOCK_ROWS
+SPLIT_BLOCK_ROWS = 64  # csrc/mma.cuh's SPLIT_BLOCK_ROWS
 
 
 def _split_blocks(tensors, layouts, device_index: int):
-    """v2.4's operands: as _split_halves, with an exponent per block of SPLIT_BLOCK_ROWS rows
-    (csrc/bwd_split.cu split_blocks), each from its block's max |x|, written in the same pass.
-    The maxima, float32: per batch b, each tensor's (heads, ceil(N / 64)) blocks in turn (q's, then
-    k's, then v's), so a kernel finds them from its own fields without B."""
+    """The 3xFP16 rungs' operands (v2.4: q, k, v; bwd_v2.3: q, k, v, dO): each FP32 tensor, a
+    (B, H, N, D) view given by its layouts entry (shape, strides), as x 2^e = hi + lo in fp16,
+    (B, 2 H, N, D) contiguous (head h's hi at h, its lo at H + h), with an exponent e per block of
+    SPLIT_BLOCK_ROWS rows that puts the block's largest |x| just under 2^15 (csrc/split_halves.cu).
+    Returns the halves and the blocks' maxima, float32 on the device (the kernels derive every
+    scale from them: no host sync): per batch b, each tensor's (heads, ceil(N / 64)) blocks in
+    turn, so a kernel finds them from its own fields without B."""
+    layouts = list(layouts)
     per_b = [H * -(-N // SPLIT_BLOCK_ROWS) for (_, H, N, _), _ in layouts]
     B = layouts[0][0][0]
     amax = torch.empty(B * sum(per_b), dtype=torch.float32, device=tensors[0].device)
@@ -946,7 +928,7 @@ def _split_blocks(tensors, layouts, device_index: int):
     for i, (t, ((B, H, N, D), strides)) in enumerate(zip(tensors, layouts)):
         out = torch.empty((B, 2 * H, N, D), dtype=torch.float16, device=t.device)
         args = [t.data_ptr(), out.data_ptr(), amax.data_ptr() + 4 * sum(per_b[:i]), sum(per_b), H, N, *strides[:3]]
-        entry_kernel("split_blocks", "float32", D, False, device_index).launch(stream, B * per_b[i], 1, args)
+        entry_kernel(SPLIT_BLOCKS.name, "float32", D, False, device_index).launch(stream, B * per_b[i], 1, args)
         halves.append(out)
     return halves, amax
 

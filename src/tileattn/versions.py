@@ -62,8 +62,8 @@ class Version:
     # False: the default dispatch passes over this rung for causal calls of fewer than
     # SHORT_CAUSAL_ROWS query rows (v3.7: its 192-row tiles waste more of the diagonal there).
     short_causal: bool = True
-    # Reads q, k, v as scaled fp16 hi / lo halves (api._split_halves, csrc/bwd_split.cu) through
-    # its tensor maps, their maxima in the split_amax field (v2.4).
+    # Reads q, k, v as scaled fp16 hi / lo halves (api._split_blocks, csrc/split_halves.cu) through
+    # its tensor maps, their block maxima in the split_amax field (v2.4).
     split_operands: bool = False
 
     @property
@@ -419,7 +419,7 @@ class KernelEntry:
     # Backward: dq_accum in Q-block chunks of Br x D floats in the wgmma accumulator's order
     # (bwd_v5_dq_bulk.cu), which backward._dq_from_blocks permutes back.
     dq_blocked: bool = False
-    # Backward: reads q, k, v, dO as scaled fp16 hi / lo halves (api._split_halves) through
+    # Backward: reads q, k, v, dO as scaled fp16 hi / lo halves (api._split_blocks) through
     # its tensor maps, and their maxima, which set the scales, in the `split_amax` field
     # (bwd_v2_3_fp16x3.cu).
     split_operands: bool = False
@@ -548,29 +548,17 @@ BWD_DQ_CONVERT = KernelEntry(
     causal_variants=(False,),
 )
 
-# bwd_v2.3's operands: one FP32 tensor (q, k, v or dO) as scaled fp16 hi / lo halves, 8 floats a
-# thread; Br, Bc unused.
-BWD_SPLIT = KernelEntry(
-    name="bwd_split",
-    file="bwd_split.cu",
-    kernel="bwd_split",
-    tiles={D: (0, 0) for D in (64, 128)},
-    dtypes=("float32",),
-    fields="split",
-    summary="bwd_v2.3's operands: an FP32 tensor times 2^e (e from its max |x|) as fp16 hi + lo halves, "
-    "(B, 2 x heads, N, D), in one pass",
-    causal_variants=(False,),
-)
-# v2.4's operands: the same split with an exponent per block of 64 rows, each block's max |x|
-# found and written by the CTA that splits it (one pass); Br, Bc unused.
+# The 3xFP16 rungs' operands (v2.4, bwd_v2.3): an FP32 tensor as scaled fp16 hi / lo halves, an
+# exponent per block of 64 rows, each block's max |x| found and written by the CTA that splits it
+# (one pass); Br, Bc unused.
 SPLIT_BLOCKS = KernelEntry(
     name="split_blocks",
-    file="bwd_split.cu",
+    file="split_halves.cu",
     kernel="split_blocks",
     tiles={D: (0, 0) for D in (64, 128)},
     dtypes=("float32",),
     fields="split_blocks",
-    summary="v2.4's operands: an FP32 tensor as fp16 hi + lo halves under an exponent per block of 64 rows "
+    summary="the 3xFP16 rungs' operands: an FP32 tensor as fp16 hi + lo halves under an exponent per block of 64 rows "
     "(from the block's max |x|, written beside them), in one pass",
     causal_variants=(False,),
 )
@@ -602,7 +590,7 @@ _BWD_V2_2_TF32 = dataclasses.replace(
     summary="bwd_v2.2 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer mma, ~1e-3 error",
 )
 
-# FP32 on Hopper's wgmma: each operand as two scaled fp16 halves (api._split_halves), three
+# FP32 on Hopper's wgmma: each operand as two scaled fp16 halves (api._split_blocks), three
 # products per multiply; the default FP32 backward on sm_90 at D = 64 and 128.
 _BWD_V2_3 = KernelEntry(
     name="bwd_v2.3",
@@ -867,7 +855,7 @@ PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_1_VARLEN, V3_1_V
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
     e.name: e
     for e in (
-        *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, BWD_SPLIT, SPLIT_BLOCKS),
+        *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, SPLIT_BLOCKS),
         *(*DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT),
     )
 }

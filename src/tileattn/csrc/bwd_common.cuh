@@ -25,8 +25,8 @@ namespace tileattn {
 // K/V blocks add their dQ of a Q block in the order j = 0, 1, 2, ... (each waits for the count of
 // adds before it), and dk_accum, dv_accum are (B, H, Nk, D), one slice per query head written
 // without atomics, summed over each GQA group by the host: bitwise-reproducible gradients.
-// split_amax: null, or (bwd_v2.3, whose operands are scaled fp16 halves: bwd_split.cu) the largest
-// |x| of q, k, v and dO, which set their scales.
+// split_amax: null, or (bwd_v2.3, whose operands are scaled fp16 halves: split_halves.cu) the
+// largest |x| of each 64-row block of q, k, v and dO (api._split_blocks), which set their scales.
 #define TILEATTN_BWD_FIELDS(X, SEP)                                                        \
   X(const T* __restrict__, q) SEP X(const T* __restrict__, k) SEP X(const T* __restrict__, v) SEP \
   X(const T* __restrict__, o) SEP X(const T* __restrict__, dout) SEP                       \

@@ -8,15 +8,21 @@
 // transposed hi / lo copy in shared memory beside the plain one (more than 227 KB at Bc = 64).
 // fp16 has TF32's 11-bit significand, so x = hi + lo in fp16 carries 22 bits as TF32 pairs do,
 // at twice the rate, and fp16 wgmma reads transposed (MN-major) tiles: the bf16 rungs' layouts
-// apply as they are.  What fp16 lacks is TF32's exponent range; a power-of-two scale per tensor
-// (exact in both directions) puts each operand's largest value near 2^15:
-//   * q, k, v, dO: 2^e with e from the tensor's max |x| (bwd_split.cu writes the scaled halves,
-//     (B, 2 x heads, N, D) fp16: head h's hi at h, its lo at heads + h);
+// apply as they are.  What fp16 lacks is TF32's exponent range; power-of-two scales (exact in
+// both directions) put each operand's values near 2^15:
+//   * q, k, v, dO: 2^e per block of 64 rows, e from the block's max |x| (split_halves.cu's
+//     split_blocks writes the scaled halves, (B, 2 x heads, N, D) fp16: head h's hi at h, its lo
+//     at heads + h; and the maxima).  A 64-row block is a CTA's K/V block and one Q block here,
+//     so every product below is of one q (dO) block and one k (v) block, and its unscale a
+//     per-block factor: folded into the softmax's scale (S), dP's unscale, dQ's add, and the
+//     FFMA that sums dK's and dV's blocks;
 //   * P in [0, 1]: 2^15;
-//   * dS = P (dP - D_i): |dS| <= |dP| + |D_i| <= 2 D max|dO| max|v|, so 2^f from that bound.
-// A value then keeps 22 bits down to 2^-3 of its scale, and below that loses at most 2^-25 of
-// the scale (fp16's subnormal step): ~2^-40 of the tensor's max, far under FP32's own error for
-// any gradient that is not 2^-17 times smaller than its tensor's largest entry.  The products
+//   * dS = P (dP - D_i) of a block: |dS| <= |dP| + |D_i| < 2^E1 + 2^E2, E1 from D and dO's and
+//     v's block maxima, E2 from the block's max |D_i| (D_i = dO_i . O_i: O mixes every V block,
+//     so the block's v bounds dP only); 2^f from that bound.
+// A value then keeps 22 bits down to 2^-3 of its block's scale, and below that loses at most
+// 2^-25 of the scale (fp16's subnormal step): ~2^-40 of the block's max, far under FP32's own
+// error for any value that is not 2^-17 times smaller than its block's largest entry.  The products
 // a b ~= a_hi b_hi + a_hi b_lo + a_lo b_hi drop a_lo b_lo (~2^-22 relative), as 3xTF32 does.
 //
 // Numerics of the sums: the tensor core's FP32 accumulation is not round-to-nearest (v2_2_tf32x3.cu:
@@ -99,6 +105,7 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 4, "bwd_v2.3 is an FP32 rung (its tiles are fp16 halves)");
   static_assert(Br == 64 && Bc == 64, "wgmma's M = the CTA's 64 keys; two warpgroups of 32 query rows");
+  static_assert(Br == SPLIT_BLOCK_ROWS && Bc == SPLIT_BLOCK_ROWS, "a Q block, a K/V block: one exponent each");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "whole 64-column panels; 224 KB at D=128");
   using H16 = Wgmma16<__half>;
   constexpr bool COLSPLIT = HEAD_DIM == 128;  // warpgroup w: 64 columns of dK, dV, dQ (else: dV or dK)
@@ -149,15 +156,18 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
   setmaxnreg_inc<BWD_V4_CONSUMER_REGS>();
   const int tid = threadIdx.x - BWD_V2_3_WG, w = tid / BWD_V2_3_WG;
   const int warp = tid / 32 % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
-  // The operands' scales, from the maxima bwd_split scaled them by (split_amax: q, k, v, dO):
-  // S's and dP's unscale, dS's scale (from |dS| <= |dP| + |D_i| <= 2 D max|dO| max|v|, below
-  // 2^15), and dQ's, dK's, dV's unscale.  All powers of two.
-  const int eq = split_exponent(split_amax[0]), ek = split_exponent(split_amax[1]);
-  const int ev = split_exponent(split_amax[2]), edo = split_exponent(split_amax[3]);
-  constexpr int LOG2_D = HEAD_DIM == 64 ? 6 : 7;  // 2 D max|dO| max|v| < 2^(1 + LOG2_D + 15 - edo + 15 - ev)
-  const int f = min(max(edo + ev - 16 - LOG2_D, -SPLIT_EXP_MAX), SPLIT_EXP_MAX);
-  const float s_qk = scalbnf(1.0f, -(eq + ek)), s_vdo = scalbnf(1.0f, -(ev + edo)), ds_scale = scalbnf(1.0f, f);
-  const float u_dq = scalbnf(softmax_scale, -(f + ek));
+  // The block maxima split_blocks wrote (api._split_blocks: per batch, q's (H, TQ), k's and v's
+  // (H_kv, TK), dO's (H, TQ) in turn): the CTA's k and v exponents here, q's and dO's per Q block
+  // (loaded one block ahead).
+  const int TQ = (Nq + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS, TK = (Nk + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS;
+  const int H_kv = H / h_per_kv;
+  const float* const amax_b = split_amax + (long long)b * (2 * H * TQ + 2 * H_kv * TK);
+  const float* const amax_q = amax_b + h * TQ;
+  const float* const amax_do = amax_b + H * TQ + 2 * H_kv * TK + h * TQ;
+  const int ek = split_exponent(amax_b[H * TQ + hk * TK + blockIdx.x]);
+  const int ev = split_exponent(amax_b[H * TQ + H_kv * TK + hk * TK + blockIdx.x]);
+  float amax_qn = n_blocks > 0 ? amax_q[q_first / Br] : 0.0f, amax_don = n_blocks > 0 ? amax_do[q_first / Br] : 0.0f;
+  constexpr int LOG2_D = HEAD_DIM == 64 ? 6 : 7;  // |dP| <= D max|dO| max|v| < 2^(LOG2_D + 15 - edo + 15 - ev)
 
   // Descriptors (16-byte units for the lo offsets).  K-major: A = K_j, V_j; B = Q_i, dO_i rows
   // RW w.. (S^T's, dP^T's); A = dS (dQ's).  MN-major: A = the P / dS tiles read as keys x rows
@@ -177,13 +187,27 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
 #pragma unroll
     for (int i = 0; i < DW / 2; ++i) G_sum[a][i] = 0.0f;
 
-  const float scale_log2 = softmax_scale * s_qk * TILEATTN_LOG2E;  // any sign: no max is folded here
   const long long q_blocks = (Nq + Br - 1) / Br;
   float* const dq_bh = dq_accum + ((long long)bh * q_blocks + q_first / Br) * Br * HEAD_DIM;
   mbar_wait(bar_kv, 0);
   for (int n = 0; n < n_blocks; ++n) {
     const int st = n % STAGES, q_start = q_first + n * Br, q_w = RW * w, set = SETS == 2 ? n % 2 : 0;
     mbar_wait(bar_full(st), (n / STAGES) & 1);
+
+    // This block's scales: S's and dP's unscale, dS's scale 2^f (|dS| < 2^E1 + 2^E2 <= 2^(14 - f)),
+    // the unscales of its dQ, dK, dV products.  All powers of two.
+    const int eq = split_exponent(amax_qn), edo = split_exponent(amax_don);
+    if (n + 1 < n_blocks) amax_qn = amax_q[q_start / Br + 1], amax_don = amax_do[q_start / Br + 1];
+    int E2 = -4 * SPLIT_EXP_MAX;  // no |D_i| > 0 in the block: the dP bound alone
+    {
+      const float d_max = lanes_max<32>(fmaxf(fabsf(Di_s(st)[lane]), fabsf(Di_s(st)[lane + 32])));
+      if (d_max > 0.0f && isfinite(d_max)) frexpf(d_max, &E2);
+    }
+    const int f = min(max(14 - max(LOG2_D + 30 - edo - ev, E2), -SPLIT_EXP_MAX), SPLIT_EXP_MAX);
+    const float scale_log2 = scalbnf(softmax_scale, -(eq + ek)) * TILEATTN_LOG2E;  // any sign: no max folded here
+    const float s_vdo = scalbnf(1.0f, -(ev + edo)), ds_scale = scalbnf(1.0f, f);
+    const float u_dq = scalbnf(softmax_scale, -(f + ek)), u_dk = scalbnf(1.0f, -(f + eq));
+    const float u_dv = scalbnf(1.0f, -(15 + edo));
 
     // 1. S^T, dP^T over this warpgroup's rows q_w.. (k = D): lo products first, then hi hi.
     float S[RW / 2], dP[RW / 2];
@@ -263,8 +287,10 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
 #pragma unroll
     for (int a = 0; a < NG; ++a) {
       fence_operands(G[a]);
+      // G[a] is dK (its unscale u_dk) for a = 0 at D=128 and warpgroup 1 at D=64, else dV.
+      const float u = (COLSPLIT ? a == 0 : w == 1) ? u_dk : u_dv;
 #pragma unroll
-      for (int i = 0; i < DW / 2; ++i) G_sum[a][i] += G[a][i];
+      for (int i = 0; i < DW / 2; ++i) G_sum[a][i] = fmaf(G[a][i], u, G_sum[a][i]);
     }
     mbar_arrive(bar_empty(st));  // dV, dK have read the stage
   }
@@ -272,13 +298,12 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
   // dK (scaled by softmax_scale in bwd_store_dkdv), dV: keys kv_start + 16 warp + g (+ 8), columns
   // col0 + 8 (i / 4) + 2t (+ 1).  D=64: warpgroup 1 hands its dK to warpgroup 0 through the stage
   // buffers (the pipeline is drained: the producer issues no copy past the last block).
-  const float u_dk = scalbnf(1.0f, -(f + eq)), u_dv = scalbnf(1.0f, -(15 + edo));
   float dK[DW / 2], dV[DW / 2];
   if constexpr (COLSPLIT) {
 #pragma unroll
     for (int i = 0; i < DW / 2; ++i) {
-      dK[i] = u_dk * G_sum[0][i];
-      dV[i] = u_dv * G_sum[1][i];
+      dK[i] = G_sum[0][i];
+      dV[i] = G_sum[1][i];
     }
   } else {
     float* const xchg = reinterpret_cast<float*>(smem + 4 * KV_BYTES) + (tid % BWD_V2_3_WG);
@@ -291,8 +316,8 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
     if (w == 1) return;
 #pragma unroll
     for (int i = 0; i < DW / 2; ++i) {
-      dK[i] = u_dk * xchg[i * BWD_V2_3_WG];
-      dV[i] = u_dv * G_sum[0][i];
+      dK[i] = xchg[i * BWD_V2_3_WG];
+      dV[i] = G_sum[0][i];
     }
   }
   bwd_store_dkdv(dK, dV, TILEATTN_DKDV_DEST, nullptr, b, h, H, h_per_kv, Nk, kv_start + 16 * warp + g,

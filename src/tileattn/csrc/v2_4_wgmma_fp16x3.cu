@@ -1,5 +1,5 @@
 // v2.4: FP32-accurate attention on Hopper's wgmma as 3xFP16 (sm_90a): q, k, v as fp16 hi + lo
-// halves under power-of-two scales (bwd_split.cu), three fp16 products per multiply, on v3.3's
+// halves under power-of-two scales (split_halves.cu), three fp16 products per multiply, on v3.3's
 // warp-specialised pipeline.  The default FP32 rung on sm_90 at D = 64 and 128.
 //
 // Why: v2.3 (3xTF32 on wgmma) reaches 1.8-2.0x SDPA efficient at D=128 (issue 13 asks for 3x).
@@ -8,7 +8,7 @@
 // (bwd_v2_3_fp16x3.cu) showed the fp16 form: fp16 has TF32's 11-bit significand, so x = hi + lo
 // carries 22 bits at twice the rate, fp16 wgmma reads V N-major as v3.3 does, and power-of-two
 // scales (exact) give fp16 the range: P in [0, 1] by 2^15, and q, k, v by an exponent per block of
-// 64 rows that puts the block's max |x| just under 2^15 (bwd_split.cu split_blocks: one pass per
+// 64 rows that puts the block's max |x| just under 2^15 (split_halves.cu split_blocks: one pass per
 // tensor, once per call, not once per CTA).  A block's exponent is a per-block factor of S (Q's
 // rows: its 64-row block is a consumer warpgroup's; K's: the K/V block's) and of P V_j, both
 // computed from zero per block, so it is undone where the block's result is used: in the
