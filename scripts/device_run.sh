@@ -4,7 +4,7 @@
 # run, benchmark.
 # Installs nothing: runs the working tree with the machine's own python3 (torch, triton,
 # cuda.core, nvrtc wheels).  Stages: any of  compile tests check sanitize fuzz bench  (default:
-# all; `ncu`, the serving kernels' profile, only when named).  SANITIZERS picks the compute-sanitizer tools (default: all four).  Set TILEATTN_COMMIT to the commit under test when the copy has no .git.
+# all; `ncu`, the serving kernels' profile, only when named).  SANITIZERS picks the compute-sanitizer tools (default: all four).  Set TILEATTN_COMMIT to the commit under test, spelled out on this side: the device's copy may carry a stale .git (a `$(git rev-parse HEAD)` evaluated there named an earlier commit).
 # Writes at most 8 files under $OUT (default ./out): summary.json, logs.tar.gz, fuzz.json and the
 # benchmark JSON/PNG; prints a short table last.
 set -uo pipefail
