@@ -34,6 +34,8 @@ MUST_HAVE = {
     "v2.3_tf32": ["HGMMA.64", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "WARPGROUP.DEPBAR"],
     # fp16 HGMMA on the split halves (three per multiply: test_v2_4_three_products), TMA copies.
     "v2.4": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
+    # v2.4's, with Q's rows loaded (16-byte loads) and split into shared memory by the consumers.
+    "v2.5": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR", "LDG.E.128", "STS.128"],
     "v3.3": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR"],
     # BAR.ARV: the hand-over of the tensor core to the other consumer warpgroup (bar.arrive).
     "v3.4": ["HGMMA.64", "UTMALDG", "SYNCS.PHASECHK", "USETMAXREG", "WARPGROUP.DEPBAR", "BAR.ARV"],
@@ -45,6 +47,7 @@ MUST_NOT_HAVE_BY_RUNG = {
     "v2.3": ["HMMA", "LDSM"],
     "v2.3_tf32": ["HMMA", "LDSM"],
     "v2.4": ["HMMA", "LDSM", "LDGSTS"],
+    "v2.5": ["HMMA", "LDSM", "LDGSTS"],
     "v3.3": ["HMMA", "LDSM", "LDGSTS"],
     "v3.4": ["HMMA", "LDSM", "LDGSTS"],
     "v3.6": ["HMMA", "LDSM", "LDGSTS"],
@@ -203,15 +206,22 @@ def test_compile_error_carries_log(tmp_path, monkeypatch):
         _nvrtc.compile_kernel("bad.cu", "k<float>", "sm_90a")
 
 
+@pytest.mark.parametrize("name", ["v2.4", "v2.5"])
 @pytest.mark.parametrize("D", VERSIONS["v2.4"].head_dims)
-def test_v2_4_three_products(D):
+def test_v2_4_three_products(name, D):
     """v2.4 multiplies fp16 halves three times a product: S (m64n64, Bc = 64) over D / 16 k-steps,
     P V (m64nD) over Bc / 16, each x3, each issued at two sites (the pipeline's first S and last
-    P V outside its loop); the hi and lo tiles of Q, K and V by TMA (per 64-column panel)."""
-    sass = _nvrtc.sass(compiled("v2.4", D, False, "sm_90a"))
-    Br, Bc = VERSIONS["v2.4"].tiles[D]
+    P V outside its loop); the hi and lo tiles of Q, K and V by TMA (per 64-column panel).  v2.5
+    copies K and V only (its consumers split Q: D / 16 pairs of 16-byte loads a thread, the hi and
+    lo 16-byte shared stores of each)."""
+    sass = _nvrtc.sass(compiled(name, D, False, "sm_90a"))
+    Br, Bc = VERSIONS[name].tiles[D]
     s_ops = 2 * (3 * D // 16 + (3 * Bc // 16 if D == 64 else 0))  # at D=64 P V is m64n64 too
     assert sass.count("HGMMA.64x64x16.F32") == s_ops and "HGMMA.64x64x16.F32.BF16" not in sass
     if D == 128:
         assert sass.count("HGMMA.64x128x16.F32") == 2 * 3 * Bc // 16
-    assert sass.count("UTMALDG") == 2 * 3 * D // 64
+    if name == "v2.4":
+        assert sass.count("UTMALDG") == 2 * 3 * D // 64
+    else:
+        assert sass.count("UTMALDG") == 2 * 2 * D // 64
+        assert sass.count("LDG.E.128") == 2 * D // 16 and sass.count("STS.128") == 2 * D // 16

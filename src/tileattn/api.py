@@ -565,8 +565,10 @@ class Plan:
     persistent_ctas: int = 0
     persistent_unit: int = 1
     bh_count_offset: int = 0
-    # 3xFP16 rungs (v2.4): where split_amax sits in the block; None for the others.
+    # 3xFP16 rungs (v2.4, v2.5): where split_amax sits in the block (None for the others), and
+    # which of q, k, v the host splits (Version.split_operands).
     split_amax_offset: int | None = None
+    split_operands: tuple[str, ...] = ()
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -611,6 +613,7 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
         2 if causal else 1,  # v3_3_for_my_tiles's U
         k.layout.offsets[_BH_COUNT],
         k.layout.offsets[_SPLIT_AMAX] if entry.split_operands else None,
+        entry.split_operands,
     )
 
 
@@ -840,7 +843,8 @@ class _Launch:
         self.maps_layout = (((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs), dtype)
         if plan.split_amax_offset is not None:  # v2.4 reads the fp16 halves of q, k, v (_split_blocks)
             halves = lambda heads, N: ((B, 2 * heads, N, D), (2 * heads * N * D, N * D, D, 1))
-            self.split_maps_layout = (halves(H, Nq), halves(H_kv, Nk), halves(H_kv, Nk), "float16")
+            q_halves = halves(H, Nq) if "q" in plan.split_operands else halves(H_kv, Nk)
+            self.split_maps_layout = (q_halves, halves(H_kv, Nk), halves(H_kv, Nk), "float16")
         self.maps: dict[tuple[int, int, int], bytes] = {}
         # (grid x, grid y, bh_offset) per launch: K/V-outer rungs take B*H in gridDim.x (up to
         # 2^31 - 1), persistent ones a CTA per SM (at most one per tile), the others (Tr, B*H)
@@ -872,7 +876,13 @@ class _Launch:
         args[0:6] = q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace
         buf = plan.params
         if plan.split_amax_offset is not None:  # fresh fp16 halves each call; their maps by pointer
-            halves, amax = _split_blocks((q, k, v), self.maps_layout[:3], self.device_index)
+            # (v2.5 splits q in the CTA: k's halves stand in for its unused map.)
+            which = [i for i, name in enumerate("qkv") if name in plan.split_operands]
+            halves, amax = _split_blocks(
+                [(q, k, v)[i] for i in which], [self.maps_layout[i] for i in which], self.device_index
+            )
+            if len(halves) == 2:
+                halves = [halves[0], *halves]
             ptrs = tuple(t.data_ptr() for t in halves)
             maps = self.maps.get(ptrs)
             if maps is None:

@@ -62,9 +62,10 @@ class Version:
     # False: the default dispatch passes over this rung for causal calls of fewer than
     # SHORT_CAUSAL_ROWS query rows (v3.7: its 192-row tiles waste more of the diagonal there).
     short_causal: bool = True
-    # Reads q, k, v as scaled fp16 hi / lo halves (api._split_blocks, csrc/split_halves.cu) through
-    # its tensor maps, their block maxima in the split_amax field (v2.4).
-    split_operands: bool = False
+    # The operands the host splits into scaled fp16 hi / lo halves (api._split_blocks,
+    # csrc/split_halves.cu) for the rung to read through its tensor maps, their block maxima in
+    # the split_amax field: v2.4 ("q", "k", "v"); v2.5 splits q itself ("k", "v").
+    split_operands: tuple[str, ...] = ()
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -168,8 +169,8 @@ _V2_3_TF32 = dataclasses.replace(
     summary="v2.3 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer wgmma, ~1e-3 error",
 )
 
-# The default FP32 rung on sm_90 at D = 64 and 128 (priority above v2.3's): 4.1-5.5x SDPA efficient at
-# N >= 8192 where v2.3 is 1.8-2.8x, with a lower error (2-8e-7 against 1-2e-6; bench/results/fp32.json).
+# The default FP32 rung on sm_90 at D = 64 and 128 (priority above v2.3's): 3.2-5.5x SDPA efficient
+# where v2.3 is 1.8-2.8x, with a lower error (2-8e-7 against 1-2e-6; bench/results/fp32.json).
 _V2_4 = Version(
     name="v2.4",
     file="v2_4_wgmma_fp16x3.cu",
@@ -182,10 +183,24 @@ _V2_4 = Version(
     arch_specific=True,
     priority=7,
     tensor_maps=True,
-    split_operands=True,
+    split_operands=("q", "k", "v"),
     summary="3xFP16 on Hopper wgmma (bwd_v2.3's idea in the forward): q, k, v as fp16 hi + lo halves under "
     "power-of-two scales, three products per multiply, P V from zero per block merged by FFMA; v3.3's "
     "pipeline",
+)
+
+# BUILT, NOT YET RUN ON A GPU (2026-12-04): below v2.3 and v2.4 (priority 4), so version=None never
+# picks it; version="v2.5" runs it.  What it is for: the host's split pass over q is ~1/3 of the
+# split's traffic, and the split ~30% of v2.4's call at N=1024 (B=32, H=8, D=64).
+_V2_5 = dataclasses.replace(
+    _V2_4,
+    name="v2.5",
+    kernel="v2_5_fwd",
+    priority=4,
+    split_operands=("k", "v"),
+    summary="v2.4 with Q split by its own CTA: each consumer warpgroup loads its 64 rows of FP32 Q, finds "
+    "their max and writes the fp16 halves into the swizzled tiles itself (no pass over q before the "
+    "kernel; built, not yet run on a GPU)",
 )
 
 
@@ -361,6 +376,7 @@ VERSIONS: dict[str, Version] = {
         _V2_3,
         _V2_3_TF32,
         _V2_4,
+        _V2_5,
         _V3,
         _V3_1,
         _V3_2,

@@ -153,6 +153,14 @@ __device__ __forceinline__ void split_half2(float a, float b, unsigned& hi, unsi
   lo = *reinterpret_cast<const unsigned*>(&l);
 }
 
+// 8 floats (x0, x1) times scale as hi + lo fp16 halves, two values a register (split_half2).
+__device__ __forceinline__ void split_half8(float4 x0, float4 x1, float scale, uint4& hi, uint4& lo) {
+  split_half2(x0.x * scale, x0.y * scale, hi.x, lo.x);
+  split_half2(x0.z * scale, x0.w * scale, hi.y, lo.y);
+  split_half2(x1.x * scale, x1.y * scale, hi.z, lo.z);
+  split_half2(x1.z * scale, x1.w * scale, hi.w, lo.w);
+}
+
 // ---- Fragment plumbing shared by the mma.sync kernels (fa2_mma.cuh, bwd_v2, dec_v1) ----
 // Each lane's ldmatrix row and 16-byte chunk for the three operand roles: an A operand (16 rows,
 // k-step chunks), a B operand read as two 8-row n-tiles (K in Q K^T), and a B operand read with

@@ -18,10 +18,7 @@ constexpr int SPLIT_THREADS = 256;
 // 8 floats times scale as hi + lo fp16: hi at out, lo at out + lo_offset, one 16-byte store each.
 __device__ __forceinline__ void split_store8(float4 x0, float4 x1, float scale, __half* out, long long lo_offset) {
   uint4 hi, lo;
-  split_half2(x0.x * scale, x0.y * scale, hi.x, lo.x);
-  split_half2(x0.z * scale, x0.w * scale, hi.y, lo.y);
-  split_half2(x1.x * scale, x1.y * scale, hi.z, lo.z);
-  split_half2(x1.z * scale, x1.w * scale, hi.w, lo.w);
+  split_half8(x0, x1, scale, hi, lo);
   // (st.global.v4: written as uint4 assignments, nvcc split the hi store into four 4-byte ones.)
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(hi.x), "r"(hi.y), "r"(hi.z), "r"(hi.w));
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + lo_offset), "r"(lo.x), "r"(lo.y), "r"(lo.z),

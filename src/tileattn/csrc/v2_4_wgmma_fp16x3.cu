@@ -36,9 +36,59 @@ namespace tileattn {
 constexpr int V2_4_WG = 128;
 constexpr float V2_4_P_SCALE = 32768.0f;  // 2^15: P in [0, 1] as fp16 halves
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// v2.5's Q: one consumer warpgroup's 64 rows of FP32 Q (q_rows: its first row, rows q_sn
+// elements apart, 16-byte aligned; `rows` of them exist, the rest are zeros) split into fp16
+// hi / lo halves under the exponent of their max |x|, written into the 128-byte-swizzled K-major
+// tiles the TMA copy would have written (hi at tile, lo Q_BYTES on; a 64-column panel every Br
+// rows; 16-byte chunk c of row r at chunk c ^ (r % 8)).  Each thread holds D / 16 chunks of 8
+// floats until the max is known.  warp_max: the warpgroup's 4 slots in shared memory; named
+// barrier 1 + cwg.  Returns the exponent.
+template <int HEAD_DIM, int Br>
+__device__ __forceinline__ int v2_4_split_q(const float* q_rows, long long q_sn, int rows, unsigned tile, int Q_BYTES,
+                                            float* warp_max, int cwg) {
+  constexpr int CHUNKS = HEAD_DIM / 8, PER = 64 * CHUNKS / V2_4_WG;  // 8 floats a chunk; D / 16 chunks a thread
+  const int tid = threadIdx.x % V2_4_WG;
+  float4 x[PER][2];
+  float m = 0.0f;  // (fmaxf drops NaN: a NaN stays in the halves, and the result)
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int i = p * V2_4_WG + tid, r = i / CHUNKS, c = i % CHUNKS;
+    x[p][0] = x[p][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < rows) {
+      const float4* src = reinterpret_cast<const float4*>(q_rows + r * q_sn + 8 * c);
+      x[p][0] = src[0];
+      x[p][1] = src[1];
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(x[p][j].x), fabsf(x[p][j].y)), fmaxf(fabsf(x[p][j].z), fabsf(x[p][j].w))));
+  }
+  m = lanes_max<32>(m);
+  if (tid % 32 == 0) warp_max[tid / 32] = m;
+  named_barrier_sync<V2_4_WG>(1 + cwg);
+  m = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+  const int e = split_exponent(m);
+  const float scale = scalbnf(1.0f, e);
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int i = p * V2_4_WG + tid, r = i / CHUNKS, c = i % CHUNKS;
+    uint4 hi, lo;
+    split_half8(x[p][0], x[p][1], scale, hi, lo);
+    const unsigned at = tile + (c / 8) * Br * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16);
+    st_shared_v4(at, __uint_as_float(hi.x), __uint_as_float(hi.y), __uint_as_float(hi.z), __uint_as_float(hi.w));
+    st_shared_v4(at + Q_BYTES, __uint_as_float(lo.x), __uint_as_float(lo.y), __uint_as_float(lo.z),
+                 __uint_as_float(lo.w));
+  }
+  fence_proxy_async_smem();          // the generic-proxy stores, before the tensor core reads them
+  named_barrier_sync<V2_4_WG>(1 + cwg);  // every warp's rows, before any warp's wgmma
+  return e;
+}
+
+// Q_IN_CTA (v2.5): the consumer warpgroups split their own rows of Q (FP32 from q, strided) into
+// the hi / lo tiles, under an exponent per warpgroup from its rows' max |x|; the producer copies
+// K and V only, and the host splits k and v alone.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool Q_IN_CTA>
+__device__ __forceinline__ void v2_4_body(TILEATTN_FWD_PARAMS(T), const TmaMaps& tmaps) {
   static_assert(sizeof(T) == 4, "v2.4 is an FP32 rung (its tiles are fp16 halves)");
   static_assert(Br == 128 && Bc == 64 && (HEAD_DIM == 64 || HEAD_DIM == 128), "v3.3's CTA; O and PV in registers");
   static_assert(Bc == SPLIT_BLOCK_ROWS && Br == 2 * SPLIT_BLOCK_ROWS, "a K/V block, a warpgroup's rows: one exponent");
@@ -53,6 +103,8 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
   auto s_k = [&](int s) { return s_q + 2 * Q_BYTES + s * 2 * KV_BYTES; };
   auto s_v = [&](int s) { return s_q + 2 * Q_BYTES + (STAGES + s) * 2 * KV_BYTES; };
   const KVBarriers<STAGES> bars{s_q + 2 * Q_BYTES + 4 * STAGES * KV_BYTES};
+  // Q_IN_CTA: each consumer warp's max |x| of its warpgroup's Q rows (after the barriers).
+  float* const q_max = reinterpret_cast<float*>(smem + 2 * Q_BYTES + 4 * STAGES * KV_BYTES + 8 * KVBarriers<STAGES>::COUNT);
   if (threadIdx.x == 0) bars.init(2, 2 * V2_4_WG);  // full barriers: the hi and the lo copy
   __syncthreads();
 
@@ -65,8 +117,10 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
     // ---------------- producer: one thread issues every copy (maps: the split q, k, v) ----------------
     setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
-    tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q, bars.q, Br, q_start, h, b);
-    tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q + Q_BYTES, bars.q, Br, q_start, H + h, b);
+    if (!Q_IN_CTA) {
+      tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q, bars.q, Br, q_start, h, b);
+      tma_tile_load<HEAD_DIM>(&tmaps, 0, s_q + Q_BYTES, bars.q, Br, q_start, H + h, b);
+    }
     for (int n = 0; n < Tc; ++n) {
       const int st = KVBarriers<STAGES>::stage(n);
       bars.wait_k_empty(n);
@@ -87,11 +141,16 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
   // The blocks' maxima split_blocks wrote (api._split_blocks: per batch, q's (H, TQ), k's and v's
   // (H_kv, TK) in turn), from which their exponents: S's unscale folds into the softmax's scale
   // (softmax_scale >= 0: the host negates q otherwise), V's into O's rescale.
-  const int TQ = (Nq + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS, TK = (Nk + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS;
+  // (Q_IN_CTA: k's and v's only; q's exponent is the warpgroup's own, v2_4_split_q.)
+  const int TQ = Q_IN_CTA ? 0 : (Nq + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS;
+  const int TK = (Nk + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS;
   const float* const amax_q = split_amax + (long long)b * (H * TQ + 2 * H_kv * TK) + h * TQ;
   const float* const amax_k = split_amax + (long long)b * (H * TQ + 2 * H_kv * TK) + H * TQ + hk * TK;
   const float* const amax_v = amax_k + H_kv * TK;
-  const int eq = split_exponent(amax_q[min(q_start / SPLIT_BLOCK_ROWS + cwg, TQ - 1)]);  // (rows past Nq: unused)
+  const int q_row0 = q_start + cwg * 64;  // this warpgroup's first row of Q
+  const int eq = Q_IN_CTA ? v2_4_split_q<HEAD_DIM, Br>(q + b * q_sb + h * q_sh + q_row0 * q_sn, q_sn, Nq - q_row0,
+                                                      s_q + cwg * 64 * 128, Q_BYTES, q_max + 4 * cwg, cwg)
+                          : split_exponent(amax_q[min(q_start / SPLIT_BLOCK_ROWS + cwg, TQ - 1)]);  // (rows past Nq: unused)
   const float folded_log2 = folded_scale_log2(softmax_scale);
   int ev = 0;  // V's exponent of the block whose P V was last merged into O (or is in flight)
   // Block n's maxima are loaded one block ahead, so their latency hides under block n - 1's work.
@@ -159,7 +218,7 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
     for (int i = 0; i < NO; ++i) acc[i] = fmaf(acc[i], rescale[(i % 4) / 2], pv[i]);
   };
 
-  mbar_wait(bars.q, 0);  // even with no K/V block: no copy may outlive the CTA
+  if (!Q_IN_CTA) mbar_wait(bars.q, 0);  // even with no K/V block: no copy may outlive the CTA
   // Intra-warpgroup pipelining (v3.3's): S_{n+1} and P_n V_n are issued together, and block n+1's
   // softmax runs on the CUDA cores while the tensor core does P_n V_n; P's halves and pv belong to
   // the in-flight P V until its wait, so block n+1's P is split only after it.
@@ -207,10 +266,26 @@ __global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T
   for (int i = 0; i < NO; ++i) acc[i] *= o_unscale;
   const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
   fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, Nq, hs.o, o_sn, lse ? hs.lse : nullptr);
+}
+
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_4_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  v2_4_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*Q_IN_CTA=*/false>(TILEATTN_FWD_ARGS, tmaps);
 #endif
 }
 
-// Q hi + lo, two stages of K and V hi + lo, 9 mbarriers (KVBarriers<2>).
+// v2.5: v2.4 with Q split by its own CTA (no pass over q before the kernel).
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(3 * V2_4_WG, 1) v2_5_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  v2_4_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*Q_IN_CTA=*/true>(TILEATTN_FWD_ARGS, tmaps);
+#endif
+}
+
+// Q hi + lo, two stages of K and V hi + lo, 9 mbarriers (KVBarriers<2>); v2.5 eight floats more
+// (its warps' maxima of Q).
 TILEATTN_SMEM_BYTES(v2_4_fwd, (2 * Br + 8 * Bc) * HEAD_DIM * 2 + 9 * 8);
+TILEATTN_SMEM_BYTES(v2_5_fwd, (2 * Br + 8 * Bc) * HEAD_DIM * 2 + 9 * 8 + 8 * 4);
 
 }  // namespace tileattn
