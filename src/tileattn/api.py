@@ -841,10 +841,17 @@ class _Launch:
         # fmt: on
         # The TMA rungs' descriptors depend on the pointers too: built once per (q, k, v) seen.
         self.maps_layout = (((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs), dtype)
-        if plan.split_amax_offset is not None:  # v2.4 reads the fp16 halves of q, k, v (_split_blocks)
+        if plan.split_amax_offset is not None:  # 3xFP16 (v2.4, v2.5): fp16 halves of these operands (_split_blocks)
+            self.split_which = tuple(i for i, name in enumerate("qkv") if name in plan.split_operands)
+            self.split_layouts = [self.maps_layout[i] for i in self.split_which]
+            # The halves each of the (q, k, v) maps reads: v2.5 splits q in the CTA, so k's stand
+            # in for its unused map.
+            self.split_maps_of = tuple(self.split_which.index(i if i in self.split_which else 1) for i in range(3))
             halves = lambda heads, N: ((B, 2 * heads, N, D), (2 * heads * N * D, N * D, D, 1))
-            q_halves = halves(H, Nq) if "q" in plan.split_operands else halves(H_kv, Nk)
-            self.split_maps_layout = (q_halves, halves(H_kv, Nk), halves(H_kv, Nk), "float16")
+            self.split_maps_layout = (
+                *(halves(*self.split_layouts[j][0][1:3]) for j in self.split_maps_of),
+                "float16",
+            )
         self.maps: dict[tuple[int, int, int], bytes] = {}
         # (grid x, grid y, bh_offset) per launch: K/V-outer rungs take B*H in gridDim.x (up to
         # 2^31 - 1), persistent ones a CTA per SM (at most one per tile), the others (Tr, B*H)
@@ -859,6 +866,16 @@ class _Launch:
             self.grids = [(min(plan.persistent_ctas, units), 1, 0)]
         else:
             self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]
+
+    def _maps(self, ptrs: tuple[int, int, int], layouts, esize: int) -> bytes:
+        """The TMA descriptors of q, k, v at these pointers (layouts: their (shape, strides) and the
+        dtype), built once per pointers seen; at most 64 kept."""
+        maps = self.maps.get(ptrs)
+        if maps is None:
+            if len(self.maps) >= 64:
+                self.maps.clear()
+            maps = self.maps[ptrs] = _tensor_maps(*ptrs, *layouts, esize, self.plan.Br, self.plan.Bc)
+        return maps
 
     def run(self, q, k, v, q_ptr: int, k_ptr: int, v_ptr: int, out=None, lse=None):
         """(k and v are read through their pointers, except by a 3xFP16 plan, which splits them.)"""
@@ -876,29 +893,13 @@ class _Launch:
         args[0:6] = q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace
         buf = plan.params
         if plan.split_amax_offset is not None:  # fresh fp16 halves each call; their maps by pointer
-            # (v2.5 splits q in the CTA: k's halves stand in for its unused map.)
-            which = [i for i, name in enumerate("qkv") if name in plan.split_operands]
-            halves, amax = _split_blocks(
-                [(q, k, v)[i] for i in which], [self.maps_layout[i] for i in which], self.device_index
-            )
-            if len(halves) == 2:
-                halves = [halves[0], *halves]
-            ptrs = tuple(t.data_ptr() for t in halves)
-            maps = self.maps.get(ptrs)
-            if maps is None:
-                if len(self.maps) >= 64:
-                    self.maps.clear()
-                maps = self.maps[ptrs] = _tensor_maps(*ptrs, *self.split_maps_layout, 2, plan.Br, plan.Bc)
-            _TMA_PACK(buf.buf, plan.tma_offset, maps)
+            qkv = (q, k, v)
+            halves, amax = _split_blocks([qkv[i] for i in self.split_which], self.split_layouts, self.device_index)
+            ptrs = tuple(halves[j].data_ptr() for j in self.split_maps_of)
+            _TMA_PACK(buf.buf, plan.tma_offset, self._maps(ptrs, self.split_maps_layout, 2))
             _PTR_PACK(buf.buf, plan.split_amax_offset, amax.data_ptr())
         elif plan.tma_offset is not None:
-            ptrs = (q_ptr, k_ptr, v_ptr)
-            maps = self.maps.get(ptrs)
-            if maps is None:
-                if len(self.maps) >= 64:
-                    self.maps.clear()
-                maps = self.maps[ptrs] = _tensor_maps(*ptrs, *self.maps_layout, q.element_size(), plan.Br, plan.Bc)
-            _TMA_PACK(buf.buf, plan.tma_offset, maps)
+            _TMA_PACK(buf.buf, plan.tma_offset, self._maps((q_ptr, k_ptr, v_ptr), self.maps_layout, q.element_size()))
         if plan.persistent_ctas:  # a room field, packed by itself (the buffer is the plan's, per thread)
             _BH_COUNT_PACK(buf.buf, plan.bh_count_offset, self.bh_count)
         # Launch on torch's current stream of the inputs' device.
@@ -929,7 +930,6 @@ def _split_blocks(tensors, layouts, device_index: int):
     Returns the halves and the blocks' maxima, float32 on the device (the kernels derive every
     scale from them: no host sync): per batch b, each tensor's (heads, ceil(N / 64)) blocks in
     turn, so a kernel finds them from its own fields without B."""
-    layouts = list(layouts)
     per_b = [H * -(-N // SPLIT_BLOCK_ROWS) for (_, H, N, _), _ in layouts]
     B = layouts[0][0][0]
     amax = torch.empty(B * sum(per_b), dtype=torch.float32, device=tensors[0].device)

@@ -84,7 +84,7 @@ def attention_backward(
     split_amax = None
     if launched and entry.split_operands:  # bwd_v2.3: q, k, v, dO as scaled fp16 halves
         (q_split, k_split, v_split, do_split), split_amax = api._split_blocks(
-            (q, k, v, dout), (api._bhnd(t, layout) for t in (q, k, v, dout)), device_index
+            (q, k, v, dout), [api._bhnd(t, layout) for t in (q, k, v, dout)], device_index
         )
     if launched:
         Di = torch.empty((B, H, Nq), **f32)

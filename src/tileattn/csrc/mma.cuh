@@ -161,6 +161,46 @@ __device__ __forceinline__ void split_half8(float4 x0, float4 x1, float scale, u
   split_half2(x1.z * scale, x1.w * scale, hi.w, lo.w);
 }
 
+// A block of SPLIT_BLOCK_ROWS rows of FP32 values in registers, before its split: chunk i =
+// p THREADS + tid (8 floats, two 16-byte loads) is row i / (D / 8), columns 8 (i % (D / 8)) ..
+// (row0: the block's first row, 16-byte aligned rows row_stride floats apart); rows at or past
+// `rows` are zeros.  Returns the max |x| of this thread's chunks (fmaxf drops NaN: a NaN stays in
+// the halves, and so in the result, whatever the scale).
+template <int HEAD_DIM, int THREADS, int PER>
+__device__ __forceinline__ float split_load_rows(const float* row0, long long row_stride, int rows, unsigned tid,
+                                                 float4 (&x)[PER][2]) {
+  constexpr int CHUNKS = HEAD_DIM / 8;
+  static_assert(PER * THREADS == SPLIT_BLOCK_ROWS * CHUNKS, "whole chunks a thread");
+  float m = 0.0f;
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const unsigned i = p * THREADS + tid;  // (unsigned: / and % are shifts and masks, no sign fix-up)
+    const int r = i / CHUNKS, c = 8 * (i % CHUNKS);
+    x[p][0] = x[p][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < rows) {
+      const float4* src = reinterpret_cast<const float4*>(row0 + r * row_stride + c);
+      x[p][0] = src[0];
+      x[p][1] = src[1];
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(x[p][j].x), fabsf(x[p][j].y)), fmaxf(fabsf(x[p][j].z), fabsf(x[p][j].w))));
+  }
+  return m;
+}
+
+// The max of THREADS threads' m (whole warps): a slot a warp in shared memory, sync() (a barrier
+// over those threads), then every thread reads every slot.
+template <int THREADS, typename Sync>
+__device__ __forceinline__ float split_group_max(float m, float* slots, int tid, Sync sync) {
+  m = lanes_max<32>(m);
+  if (tid % 32 == 0) slots[tid / 32] = m;
+  sync();
+#pragma unroll
+  for (int w = 0; w < THREADS / 32; ++w) m = fmaxf(m, slots[w]);
+  return m;
+}
+
 // ---- Fragment plumbing shared by the mma.sync kernels (fa2_mma.cuh, bwd_v2, dec_v1) ----
 // Each lane's ldmatrix row and 16-byte chunk for the three operand roles: an A operand (16 rows,
 // k-step chunks), a B operand read as two 8-row n-tiles (K in Q K^T), and a B operand read with

@@ -42,34 +42,18 @@ __device__ __forceinline__ void split_store8(float4 x0, float4 x1, float scale, 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(SPLIT_THREADS)
     split_blocks(TILEATTN_SPLIT_BLOCKS_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)) {
-  constexpr int CHUNKS = HEAD_DIM / 8;                                 // 8 floats: two 16-byte loads
-  constexpr int PER = SPLIT_BLOCK_ROWS * CHUNKS / SPLIT_THREADS;       // chunks a thread (D / 32)
-  static_assert(PER * SPLIT_THREADS == SPLIT_BLOCK_ROWS * CHUNKS, "whole chunks a thread");
+  constexpr int CHUNKS = HEAD_DIM / 8;                            // 8 floats: two 16-byte loads
+  constexpr int PER = SPLIT_BLOCK_ROWS * CHUNKS / SPLIT_THREADS;  // chunks a thread (D / 32)
   const int TB = (N + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS;
   const int blk = (int)(blockIdx.x % TB);
   const long long bh = blockIdx.x / TB;
   const int h = (int)(bh % H);
   const long long b = bh / H;
   float4 x[PER][2];
-  float m = 0.0f;  // fmaxf drops NaN: a NaN stays in the halves (and the result) whatever the scale
-#pragma unroll
-  for (int p = 0; p < PER; ++p) {
-    const int i = p * SPLIT_THREADS + threadIdx.x, n = blk * SPLIT_BLOCK_ROWS + i / CHUNKS, c = 8 * (i % CHUNKS);
-    x[p][0] = x[p][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (n < N) {
-      const float4* src4 = reinterpret_cast<const float4*>(src + b * s_sb + h * s_sh + n * s_sn + c);
-      x[p][0] = src4[0];
-      x[p][1] = src4[1];
-    }
-    for (int j = 0; j < 2; ++j)
-      m = fmaxf(m, fmaxf(fmaxf(fabsf(x[p][j].x), fabsf(x[p][j].y)), fmaxf(fabsf(x[p][j].z), fabsf(x[p][j].w))));
-  }
+  const int n0 = blk * SPLIT_BLOCK_ROWS;
+  float m = split_load_rows<HEAD_DIM, SPLIT_THREADS>(src + b * s_sb + h * s_sh + n0 * s_sn, s_sn, N - n0, threadIdx.x, x);
   __shared__ float warp_max[SPLIT_THREADS / 32];
-  m = lanes_max<32>(m);
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < SPLIT_THREADS / 32; ++w) m = fmaxf(m, warp_max[w]);
+  m = split_group_max<SPLIT_THREADS>(m, warp_max, threadIdx.x, [] { __syncthreads(); });
   if (threadIdx.x == 0) amax[b * amax_sb + h * TB + blk] = m;
   const float scale = scalbnf(1.0f, split_exponent(m));
 #pragma unroll

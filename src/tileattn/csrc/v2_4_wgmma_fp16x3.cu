@@ -46,27 +46,11 @@ constexpr float V2_4_P_SCALE = 32768.0f;  // 2^15: P in [0, 1] as fp16 halves
 template <int HEAD_DIM, int Br>
 __device__ __forceinline__ int v2_4_split_q(const float* q_rows, long long q_sn, int rows, unsigned tile, int Q_BYTES,
                                             float* warp_max, int cwg) {
-  constexpr int CHUNKS = HEAD_DIM / 8, PER = 64 * CHUNKS / V2_4_WG;  // 8 floats a chunk; D / 16 chunks a thread
+  constexpr int CHUNKS = HEAD_DIM / 8, PER = SPLIT_BLOCK_ROWS * CHUNKS / V2_4_WG;  // D / 16 chunks a thread
   const int tid = threadIdx.x % V2_4_WG;
   float4 x[PER][2];
-  float m = 0.0f;  // (fmaxf drops NaN: a NaN stays in the halves, and the result)
-#pragma unroll
-  for (int p = 0; p < PER; ++p) {
-    const int i = p * V2_4_WG + tid, r = i / CHUNKS, c = i % CHUNKS;
-    x[p][0] = x[p][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (r < rows) {
-      const float4* src = reinterpret_cast<const float4*>(q_rows + r * q_sn + 8 * c);
-      x[p][0] = src[0];
-      x[p][1] = src[1];
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      m = fmaxf(m, fmaxf(fmaxf(fabsf(x[p][j].x), fabsf(x[p][j].y)), fmaxf(fabsf(x[p][j].z), fabsf(x[p][j].w))));
-  }
-  m = lanes_max<32>(m);
-  if (tid % 32 == 0) warp_max[tid / 32] = m;
-  named_barrier_sync<V2_4_WG>(1 + cwg);
-  m = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+  float m = split_load_rows<HEAD_DIM, V2_4_WG>(q_rows, q_sn, rows, tid, x);
+  m = split_group_max<V2_4_WG>(m, warp_max, tid, [&] { named_barrier_sync<V2_4_WG>(1 + cwg); });
   const int e = split_exponent(m);
   const float scale = scalbnf(1.0f, e);
 #pragma unroll
@@ -144,8 +128,9 @@ __device__ __forceinline__ void v2_4_body(TILEATTN_FWD_PARAMS(T), const TmaMaps&
   // (Q_IN_CTA: k's and v's only; q's exponent is the warpgroup's own, v2_4_split_q.)
   const int TQ = Q_IN_CTA ? 0 : (Nq + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS;
   const int TK = (Nk + SPLIT_BLOCK_ROWS - 1) / SPLIT_BLOCK_ROWS;
-  const float* const amax_q = split_amax + (long long)b * (H * TQ + 2 * H_kv * TK) + h * TQ;
-  const float* const amax_k = split_amax + (long long)b * (H * TQ + 2 * H_kv * TK) + H * TQ + hk * TK;
+  const float* const amax_b = split_amax + (long long)b * (H * TQ + 2 * H_kv * TK);
+  const float* const amax_q = amax_b + h * TQ;
+  const float* const amax_k = amax_b + H * TQ + hk * TK;
   const float* const amax_v = amax_k + H_kv * TK;
   const int q_row0 = q_start + cwg * 64;  // this warpgroup's first row of Q
   const int eq = Q_IN_CTA ? v2_4_split_q<HEAD_DIM, Br>(q + b * q_sb + h * q_sh + q_row0 * q_sn, q_sn, Nq - q_row0,
