@@ -47,6 +47,34 @@ namespace tileattn {
 #define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
 #define TILEATTN_BWD_ARGS TILEATTN_BWD_FIELDS(TILEATTN_NAME_, TILEATTN_COMMA_)  // (a shared body's call)
 
+// Which (head bh, K/V block j) a thread block of the (ceil(Nk / Bc), heads) grid takes.  The
+// hardware starts blocks in linear order (x fastest).  Without a causal mask that is blockIdx
+// itself: one head's K/V blocks in turn, so the ~132 blocks running at once share two or three
+// heads' Q, dO and dQ in L2.  With one, block j visits fewer Q blocks as j grows, and in that
+// order the last head's longest block starts about one head's work before the end: the SMs that
+// finish first idle while it runs.  So heads go in groups of BWD_CAUSAL_GROUP, each group's K/V
+// blocks by j with the group's heads' block j side by side: the last group's longest blocks start
+// two heads' work before the end.  Measured on an H200 (scripts/bwd_probe.py, bf16 B=4 H=16
+// N=8192, one call; bench/NOTES.md): D=128 causal 5.65 / 5.77 ms -> 5.56 (groups of 2), 5.55 (4),
+// 5.57 (8); D=64 causal unchanged; without the mask groups of 2 / 4 / 8 cost 1.3 / 1.6 / 3.0% at
+// D=128 (fewer of the running blocks share a head's tiles in L2), hence the plain order there.
+#ifndef TILEATTN_BWD_CAUSAL_GROUP
+#define TILEATTN_BWD_CAUSAL_GROUP 2
+#endif
+struct BwdTile {
+  int bh, j;
+};
+template <bool CAUSAL>
+__device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
+  constexpr int G = CAUSAL ? TILEATTN_BWD_CAUSAL_GROUP : 1;
+  if constexpr (G > 1) {
+    const int L = blockIdx.x + gridDim.x * blockIdx.y, Tc = gridDim.x;
+    const int g = L / (G * Tc), r = L % (G * Tc), Gg = min(G, (int)gridDim.y - g * G);  // (a last group of fewer)
+    return {bh_offset + g * G + r % Gg, r / Gg};
+  }
+  return {(int)blockIdx.y + bh_offset, (int)blockIdx.x};
+}
+
 // The first Q block (its first row, a multiple of Br) a K/V block starting at kv_start visits:
 // causal, the first query row that sees key kv_start is kv_start - causal_offset; the Q blocks
 // before it see none of the block's keys.
@@ -76,7 +104,8 @@ __device__ __forceinline__ int* dq_count(int* dq_semaphore, int bh, int Nq, int 
 // Deterministic mode's ordering of the dQ adds of K/V block j into one Q block: wait until the j
 // blocks before it have added (the count is j: a K/V block visits the Q blocks from its first
 // visible one on, so the blocks that visit Q block i are 0, 1, ..., in order), add, publish.
-// Block j waits only on blocks with smaller blockIdx.x, which the hardware starts first.
+// Block j waits only on its head's blocks 0 .. j - 1, which the hardware starts first (bwd_tile
+// puts them before it in linear order).
 // wait_for_turn is the one thread's part (bwd_v5's dQ warp calls it alone).
 __device__ __forceinline__ void wait_for_turn(const int* count, int j) {
   while (*reinterpret_cast<const volatile int*>(count) != j) {

@@ -135,9 +135,10 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
   }
   __syncthreads();
 
-  const int bh = blockIdx.y + bh_offset;
+  const BwdTile cta = bwd_tile<CAUSAL>(bh_offset);
+  const int bh = cta.bh;
   const int b = bh / H, h = bh % H, hk = h / h_per_kv;
-  const int kv_start = blockIdx.x * Bc;
+  const int kv_start = cta.j * Bc;
   const int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
   const int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;
 
@@ -164,8 +165,8 @@ __global__ void __launch_bounds__(3 * BWD_V2_3_WG, 1)
   const float* const amax_b = split_amax + (long long)b * (2 * H * TQ + 2 * H_kv * TK);
   const float* const amax_q = amax_b + h * TQ;
   const float* const amax_do = amax_b + H * TQ + 2 * H_kv * TK + h * TQ;
-  const int ek = split_exponent(amax_b[H * TQ + hk * TK + blockIdx.x]);
-  const int ev = split_exponent(amax_b[H * TQ + H_kv * TK + hk * TK + blockIdx.x]);
+  const int ek = split_exponent(amax_b[H * TQ + hk * TK + cta.j]);
+  const int ev = split_exponent(amax_b[H * TQ + H_kv * TK + hk * TK + cta.j]);
   float amax_qn = n_blocks > 0 ? amax_q[q_first / Br] : 0.0f, amax_don = n_blocks > 0 ? amax_do[q_first / Br] : 0.0f;
   constexpr int LOG2_D = HEAD_DIM == 64 ? 6 : 7;  // |dP| <= D max|dO| max|v| < 2^(LOG2_D + 15 - edo + 15 - ev)
 

@@ -113,9 +113,10 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   }
   __syncthreads();
 
-  const int bh = blockIdx.y + bh_offset;
+  const BwdTile cta = bwd_tile<CAUSAL>(bh_offset);
+  const int bh = cta.bh;
   const int b = bh / H, h = bh % H, hk = h / h_per_kv;
-  const int kv_start = blockIdx.x * Bc;
+  const int kv_start = cta.j * Bc;
   const int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
   const int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
   // dQ's split between the consumer warpgroups.  D=128: warpgroup w takes dQ's columns 64 w.. over
@@ -149,7 +150,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
       float* dst = dq_accum + ((long long)bh * ((Nq + Br - 1) / Br) + q_first / Br) * Br * HEAD_DIM;
       for (int n = 0; n < n_blocks; ++n) {
         int* count = ordered ? dq_count<Br>(dq_semaphore, bh, Nq, q_first + n * Br) : nullptr;
-        if (ordered) wait_for_turn(count, blockIdx.x);
+        if (ordered) wait_for_turn(count, cta.j);
         for (int w = w0; w <= w1; ++w) {
           mbar_wait(bar_dq_full(w), n & 1);
           bulk_reduce_add(dst + (long long)n * Br * HEAD_DIM + (SHARED_DQ ? w * BWD_V4_DQ_BYTES / 4 : 0),

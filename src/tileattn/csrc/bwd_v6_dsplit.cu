@@ -92,9 +92,10 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
   }
   __syncthreads();
 
-  const int bh = blockIdx.y + bh_offset;
+  const BwdTile cta = bwd_tile<CAUSAL>(bh_offset);
+  const int bh = cta.bh;
   const int b = bh / H, h = bh % H, hk = h / h_per_kv;
-  const int kv_start = blockIdx.x * Bc;
+  const int kv_start = cta.j * Bc;
   const int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
   const int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;
 
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(3 * BWD_V6_WG, 1)
 #if TILEATTN_BWD_V6_ORDERED
     int* const count = dq_count<Br>(dq_semaphore, bh, Nq, q_start);  // null in the default mode
     if (count) {
-      if (tid % BWD_V6_WG == 0) wait_for_turn(count, blockIdx.x);
+      if (tid % BWD_V6_WG == 0) wait_for_turn(count, cta.j);
       named_barrier_sync<BWD_V6_WG>(2 + w);
     }
 #endif
