@@ -9,7 +9,8 @@ a rung at a tile other than the registry's; `--kernels` lists each launch of one
 (torch.profiler: the rung, the D_i pass, the memsets and copies around it) with its device time;
 `--peers` times cuDNN's and FA2's backward (SDPA; FP32: the memory-efficient one) on the same
 inputs and prints each rung's ratio to them; `--seqlen N` runs B = 32768 / N (the bwd suite's
-shapes) instead of N=8192; `--headdim` the head dims (64 and 128 by default).
+shapes) instead of N=8192; `--headdim` the head dims (64 and 128 by default); `--causal no|yes`
+one of the two; `--no-tail` the rungs without their tail launch (backward._tail_plan).
 """
 
 import argparse
@@ -18,7 +19,7 @@ import dataclasses
 import torch
 from triton.testing import do_bench
 
-from tileattn import _nvrtc, api, bench
+from tileattn import _nvrtc, api, backward, bench
 from tileattn.backward import attention_backward
 from tileattn.versions import BWD_VERSIONS, KERNEL_ENTRIES
 
@@ -31,7 +32,11 @@ parser.add_argument("--kernels", action="store_true", help="each launch of one c
 parser.add_argument("--peers", action="store_true", help="cuDNN and FA2 (SDPA) on the same inputs, and our ratios")
 parser.add_argument("--seqlen", type=int, default=8192, help="N, with B = 32768 / N")
 parser.add_argument("--headdim", type=int, nargs="+", default=[64, 128])
+parser.add_argument("--no-tail", action="store_true", help="no tail launch (backward._tail_plan), for A/B runs")
+parser.add_argument("--causal", choices=["both", "no", "yes"], default="both")
 args = parser.parse_args()
+if args.no_tail:
+    backward._tail_plan = lambda *a, **k: None
 _nvrtc.EXPERIMENT_DEFINES[:] = args.define
 for spec in args.tile:  # the backward reads BWD_VERSIONS, the loader KERNEL_ENTRIES: both replaced
     rung, rest = spec.split(":")
@@ -45,7 +50,7 @@ B, H, N = 32768 // args.seqlen, 16 if args.dtype != "float32" else 8, args.seqle
 PEERS = (("sdpa_efficient",) if args.dtype == "float32" else ("sdpa_cudnn", "sdpa_flash")) if args.peers else ()
 dt = getattr(torch, args.dtype)
 for D in args.headdim:
-    for causal in (False, True):
+    for causal in {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]:
         q, k, v, dO = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(4))
         mode = "top_left" if causal else None
         with torch.no_grad():

@@ -531,6 +531,54 @@ def test_default_rung(monkeypatch, arch, dtype, D, deterministic, rung):
         assert backward.default_rung(dtype, D, deterministic, 0, "tf32") == "bwd_v2.2_tf32"
 
 
+@pytest.mark.parametrize(
+    "causal,deterministic,adds,BH,Nq,Nk,D,plan",
+    [
+        (None, False, True, 64, 8192, 8192, 128, (4092, 32, 4)),  # the bwd suite: 4096 blocks, 31 waves + 4
+        (None, False, True, 512, 1024, 1024, 64, (4092, 2, 4)),  # (parts of at least 4 of the 8 Q blocks)
+        (None, False, True, 2, 1100, 200, 128, (0, 4, 4)),  # one wave of 4: the tail is every block
+        (None, False, True, 66, 512, 128, 128, (0, 2, 66)),  # 66 = half the SMs
+        (None, False, True, 67, 512, 128, 128, None),  # 67 of 132: no gain in halving them
+        (None, False, True, 66, 448, 64, 128, None),  # 7 Q blocks: parts of 4 would be one
+        (None, False, True, 132, 8192, 128, 128, None),  # whole waves
+        ("top_left", False, True, 64, 8192, 8192, 128, None),  # causal: bwd_tile's order instead
+        (None, True, True, 64, 8192, 8192, 128, None),  # deterministic: the adds' order is fixed
+        (None, False, False, 64, 8192, 8192, 128, None),  # float32 accumulators stored, not added
+    ],
+)
+def test_tail_plan(monkeypatch, causal, deterministic, adds, BH, Nq, Nk, D, plan):
+    """backward._tail_plan on 132 SMs (CPU): which calls split the last partial wave of K/V blocks,
+    from where in the launch's order, into how many parts."""
+    from tileattn import backward
+
+    monkeypatch.setattr(_nvrtc, "sm_count", lambda device_index: 132)
+    entry = BWD_VERSIONS["bwd_v5"]
+    assert backward._tail_plan(entry, causal, deterministic, adds, BH, Nq, Nk, *entry.tiles[D], 0) == plan
+    assert backward._tail_plan(BWD_VERSIONS["bwd_v6"], causal, deterministic, adds, BH, Nq, Nk, 64, 64, 0) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("case", ["main_and_tail", "tail_only", "mqa_tail"])
+def test_backward_tail_split(ws_rungs_finish, dtype, D, case):
+    """bwd_v5 where the last partial wave of K/V blocks runs as split parts (backward._tail_plan):
+    after a main launch, as the whole call, and with MQA (the parts add into the accumulators),
+    against float64 autograd."""
+    from tileattn import backward
+
+    sms = _nvrtc.sm_count(0)
+    B, H, H_kv, Nq, Nk, layout = {
+        "main_and_tail": (1, (sms + 4) // 2, (sms + 4) // 2, 1000, 250, "bnhd"),  # 2 K/V blocks a head: r = 3 or 4
+        "tail_only": (1, 2, 2, 1100, 200, "bhnd"),
+        "mqa_tail": (2, 4, 1, 1100, 500, "bnhd"),
+    }[case]
+    entry = BWD_VERSIONS["bwd_v5"]
+    plan = backward._tail_plan(entry, None, False, True, B * H, Nq, Nk, *entry.tiles[D], 0)
+    assert plan is not None and (plan[0] > 0) == (case == "main_and_tail"), plan
+    _check_backward(dtype, D, B, H, H_kv, Nq, Nk, None, None, layout, version="bwd_v5")
+
+
 @pytest.mark.gpu
 def test_backward_ws_refuses_deterministic():
     import torch

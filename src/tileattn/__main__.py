@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from .versions import KERNEL_ENTRIES, VERSIONS
+from .versions import BWD_VERSIONS, KERNEL_ENTRIES, VERSIONS
 
 
 def _has_gpu() -> bool:
@@ -207,7 +207,7 @@ def _narrow(cases, args) -> list:
 
 def _narrowing_args(args) -> list[str]:
     given = []
-    for flag in ("seqlen", "headdim", "dtype", "causal", "batch", "heads"):
+    for flag in ("versions", "seqlen", "headdim", "dtype", "causal", "batch", "heads"):
         value = getattr(args, flag)
         if value not in (None, []):
             given += [f"--{flag}", *map(str, value if isinstance(value, list) else [value])]
@@ -232,6 +232,7 @@ def cmd_bench(args) -> int:
 
     total_rc = 0
     bwd_cases = _narrow(bench.BWD_CASES, args)
+    bwd_rungs = [v for v in args.versions or BWD_VERSIONS if v in BWD_VERSIONS]  # (the forward's are ignored)
     suites = [name for group in args.suite for name in _SUITE_GROUPS.get(group, (group,))]
     for suite_name in dict.fromkeys(suites):
         out = Path(args.out_dir) / f"{suite_name}.json"
@@ -239,7 +240,7 @@ def cmd_bench(args) -> int:
             with tqdm(
                 total={
                     "story": bench.story_steps,
-                    "bwd": lambda: bench.bwd_steps(bwd_cases),
+                    "bwd": lambda: bench.bwd_steps(bwd_cases, bwd_rungs),
                     "decode": bench.decode_steps,
                     "varlen": lambda: 2 * (2 + len(bench.VARLEN_PEERS)),
                     "variants": bench.variants_steps,
@@ -252,7 +253,7 @@ def cmd_bench(args) -> int:
                     "story": lambda: bench.story(progress=bar.update),
                     "overhead": bench.overhead,
                     "hf": bench.hf_prefill,
-                    "bwd": lambda: bench.backward_suite(bwd_cases, progress=bar.update),
+                    "bwd": lambda: bench.backward_suite(bwd_cases, bwd_rungs, progress=bar.update),
                     "decode": lambda: bench.decode_suite(progress=bar.update),
                     "varlen": lambda: bench.varlen_suite(progress=bar.update),
                     "variants": lambda: bench.variants_suite(progress=bar.update),
@@ -412,7 +413,12 @@ def main(argv=None) -> int:
         "FlexAttention; fp8: v3.5 (e4m3) beside bf16 tileattn, cuDNN and SDPA flash; serving: decode, varlen "
         "and variants",
     )
-    b.add_argument("--versions", nargs="*", choices=list(VERSIONS), help="override the suite's rungs")
+    b.add_argument(
+        "--versions",
+        nargs="*",
+        choices=[*VERSIONS, *BWD_VERSIONS],
+        help="override the suite's rungs (bwd: backward rungs)",
+    )
     b.add_argument("--seqlen", type=int, nargs="*", help="keep only these lengths of the suite")
     b.add_argument("--headdim", type=int, nargs="*", help="keep only these head dims of the suite")
     b.add_argument("--dtype", nargs="*", choices=["float32", "float16", "bfloat16"], help="keep only these dtypes")

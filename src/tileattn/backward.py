@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import _nvrtc, api
+from ._params import BWD_ARGS
 from .versions import BWD_DQ_CONVERT, BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
 
 
@@ -93,7 +94,8 @@ def attention_backward(
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
                 Di.data_ptr(), dq_acc.data_ptr(), *acc_ptrs, 0 if semaphore is None else semaphore.data_ptr(),
                 0 if split_amax is None else split_amax.data_ptr(), Nq, Nk, H, H // H_kv,
-                *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields, softmax_scale, offset, 0]
+                *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields, softmax_scale, offset, 0,
+                _NO_TAIL, 0, 0]
         # fmt: on
         stream = api._current_stream(device_index)
         # D_i over query rows (its CAUSAL template argument is unused: one instantiation), then the
@@ -110,12 +112,22 @@ def attention_backward(
             )
         elif entry.tensor_maps:  # bwd_v4 .. bwd_v6 load Q, dO, K, V through the copy engine
             maps = _tensor_maps(q, k, v, dout, (B, H, Nq, D), (B, H_kv, Nk, D), qs, ks, vs, dos, Br, Bc)
+        tail = _tail_plan(entry, causal, deterministic, direct or H != H_kv, B * H, Nq, Nk, Br, Bc, device_index)
         for kernel, is_causal, grid_x in launches:
             kern = api.entry_kernel(kernel, dtype, D, is_causal, device_index)
-            tmaps = maps if kernel == name else None
-            for bh_offset in range(0, B * H, api._GRID_Y_MAX):
-                args[-1] = bh_offset
+            rung = kernel == name
+            tmaps = maps if rung else None
+            args[_TAIL_FROM] = tail[0] if rung and tail else _NO_TAIL
+            heads = 0 if rung and tail and tail[0] == 0 else B * H  # (no main launch if the tail is all)
+            for bh_offset in range(0, heads, api._GRID_Y_MAX):
+                args[_BH_OFFSET] = bh_offset
                 kern.launch(stream, grid_x, min(api._GRID_Y_MAX, B * H - bh_offset), args, tmaps)
+            if rung and tail:  # the main order's last blocks, each split over `segments` thread blocks
+                tail_from, segments, blocks = tail
+                # per block: a float32 [dK | dV] tile, then one int count each (bwd_tail_dkdv): zeroed
+                tail_acc = torch.zeros(blocks * (2 * Bc * D + 1) if direct else 0, **f32)
+                args[_BH_OFFSET], args[_TAIL_SEGMENTS], args[_TAIL_ACCUM] = 0, segments, tail_acc.data_ptr()
+                kern.launch(stream, blocks * segments, 1, args, tmaps)
 
     if deterministic and H != H_kv:  # per query head -> per K/V head, summed by torch in a fixed order
         dk_acc, dv_acc = (a.view(B, H_kv, H // H_kv, Nk, D).sum(2) for a in (dk_acc, dv_acc))
@@ -131,6 +143,36 @@ def attention_backward(
     if direct:
         return like(dq_acc, q), dk_out, dv_out
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
+
+
+_BWD_NAMES = [n for n, _ in BWD_ARGS]
+_BH_OFFSET, _TAIL_FROM, _TAIL_SEGMENTS, _TAIL_ACCUM = (
+    _BWD_NAMES.index(n) for n in ("bh_offset", "tail_from", "tail_segments", "tail_accum")
+)
+_NO_TAIL = 2**31 - 1
+# A tail part takes at least this many Q blocks: at N=1024 (8 or 16 Q blocks a K/V block) parts
+# of one or two blocks measured 1% slower than no tail on an H200 (bench/NOTES.md).
+_TAIL_MIN_Q_BLOCKS = 4
+
+
+def _tail_plan(entry, causal, deterministic, adds_dkdv, BH, Nq, Nk, Br, Bc, device_index):
+    """The tail launch (csrc/bwd_common.cuh's bwd_work) as (tail_from, segments, blocks), or None.
+    Without a causal mask every K/V block takes the same time, so where the last of the
+    ceil(B*H*Tc / SMs) waves is at most half full (4 blocks of 132 at every shape of the bwd
+    suite), its `blocks` blocks (from `tail_from` in the launch's linear order) run as a second
+    launch, each over `segments` thread blocks of 1/segments of its Q blocks (at least
+    _TAIL_MIN_Q_BLOCKS each), and the SMs no longer idle for a block's time at the end.  Only where the parts can add their dK, dV (adds_dkdv: the
+    rung writes the gradients, through bwd_tail_dkdv, or a GQA group's zeroed accumulators), not
+    in deterministic mode (the adds' order), and for one chunk of heads (B*H <= 65535)."""
+    if not entry.tail_split or causal is not None or deterministic or not adds_dkdv or BH > api._GRID_Y_MAX:
+        return None
+    sms = _nvrtc.sm_count(device_index)
+    Tc, Tr = -(-Nk // Bc), -(-Nq // Br)
+    blocks = BH * Tc % sms
+    segments = min(sms // blocks, Tr // _TAIL_MIN_Q_BLOCKS) if blocks else 0
+    if blocks == 0 or 2 * blocks > sms or segments < 2:
+        return None
+    return BH * Tc - blocks, segments, blocks
 
 
 def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype, device_index: int) -> torch.Tensor:

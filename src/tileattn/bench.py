@@ -601,12 +601,13 @@ def _grad_err(grads, q, k, v, dO, causal: bool) -> float:
     return max(((g[sl].double() - r).norm() / r.norm()).item() for g, r in zip(grads, ref))
 
 
-def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
+def backward_suite(cases=BWD_CASES, rungs=None, progress=None) -> list[dict]:
     """Backward only (FLOPs = 2.5x the forward's) and forward + backward, tileattn's backward rungs
     (each also with deterministic=True, as "<rung>_deterministic") beside PyTorch's backends in one
     run, with each implementation's peak memory over one forward + backward (beyond the inputs).
     (B, H, N, D) layout, upstream gradient drawn at random.  Each of our rows carries
-    ``vs_<peer>``: the peer's backward time over ours (above 1: we are faster)."""
+    ``vs_<peer>``: the peer's backward time over ours (above 1: we are faster).  rungs: the
+    backward rungs to run (default: all)."""
     from . import backward
     from .versions import BWD_VERSIONS
 
@@ -623,7 +624,7 @@ def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
         mode = "top_left" if case.causal else None
         impls = {}
         for name, entry in BWD_VERSIONS.items():
-            if case.dtype in entry.dtypes and case.D in entry.tiles:
+            if case.dtype in entry.dtypes and case.D in entry.tiles and (rungs is None or name in rungs):
 
                 def fwd(name=name):
                     with torch.no_grad():
@@ -674,11 +675,13 @@ def backward_suite(cases=BWD_CASES, progress=None) -> list[dict]:
     return rows
 
 
-def bwd_steps(cases=BWD_CASES) -> int:
+def bwd_steps(cases=BWD_CASES, rungs=None) -> int:
     from .versions import BWD_VERSIONS
 
     ours = lambda c: sum(
-        (1 + e.deterministic) * (c.dtype in e.dtypes and c.D in e.tiles) for e in BWD_VERSIONS.values()
+        (1 + e.deterministic) * (c.dtype in e.dtypes and c.D in e.tiles)
+        for n, e in BWD_VERSIONS.items()
+        if rungs is None or n in rungs
     )
     peers = lambda c: len([p for p in BWD_PEERS[c.dtype] if p != "flex_attention" or c.N in BWD_FLEX_SEQLENS])
     return sum(ours(c) + peers(c) for c in cases)

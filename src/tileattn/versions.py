@@ -451,6 +451,9 @@ class KernelEntry:
     # Dense calls only, launched as min(SMs, units) CTAs that walk csrc/common.cuh's
     # persistent_tile order (a unit: a tile, causal a pair), reading B * H from bh_count.
     persistent: bool = False
+    # Backward rungs whose last partial wave of K/V blocks runs as a second launch of split blocks
+    # (bwd_common.cuh's bwd_work, backward._tail_plan).
+    tail_split: bool = False
 
     def runs_on(self, arch: int) -> bool:
         return self.min_arch <= arch and (self.max_arch is None or arch <= self.max_arch)
@@ -530,8 +533,10 @@ _BWD_V5 = dataclasses.replace(
     # 48 bytes of loads), beside bwd_v4's registers and the dQ tile's address and phase.  D=64
     # (Br = 128: S^T and dP^T 64 registers each beside dK, dV and the fragments): 136 bytes of
     # stack, 152 / 180 bytes of spill stores / loads under NVRTC 13.0, nearly all on the masked
-    # path of edge blocks; the unmasked path stores and reloads about 5 values a Q block.
-    spill_bytes={64: 184, 128: 48},
+    # path of edge blocks; the unmasked path stores and reloads about 5 values a Q block.  The
+    # tail's epilogue (bwd_tail_finish) took D=64's to 168 / 212 bytes and D=128's to 0.
+    spill_bytes={64: 216, 128: 48},
+    tail_split=True,
 )
 
 # D=256 on sm_90 (bwd_v5's registers hold dK, dV rows of D <= 128): the head dim split between the
@@ -547,6 +552,7 @@ _BWD_V6 = dataclasses.replace(
     tiles={256: (64, 64)},
     deterministic=False,
     spill_bytes={},
+    tail_split=False,
 )
 
 # bwd_v5's blocked dQ accumulator -> the gradient (the inputs' dtype, or float32), in the caller's

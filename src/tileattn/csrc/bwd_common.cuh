@@ -25,6 +25,8 @@ namespace tileattn {
 // K/V blocks add their dQ of a Q block in the order j = 0, 1, 2, ... (each waits for the count of
 // adds before it), and dk_accum, dv_accum are (B, H, Nk, D), one slice per query head written
 // without atomics, summed over each GQA group by the host: bitwise-reproducible gradients.
+// tail_from, tail_segments, tail_accum: the tail launch (bwd_tile below, backward.py's
+// _tail_plan); tail_from = INT_MAX and tail_segments = 0 where a call has none.
 // split_amax: null, or (bwd_v2.3, whose operands are scaled fp16 halves: split_halves.cu) the
 // largest |x| of each 64-row block of q, k, v and dO (api._split_blocks), which set their scales.
 #define TILEATTN_BWD_FIELDS(X, SEP)                                                        \
@@ -42,7 +44,8 @@ namespace tileattn {
   X(const long long, do_sb) SEP X(const long long, do_sh) SEP X(const long long, do_sn) SEP \
   X(T* __restrict__, dk_out) SEP X(T* __restrict__, dv_out) SEP                            \
   X(const long long, dkv_sb) SEP X(const long long, dkv_sh) SEP X(const long long, dkv_sn) SEP \
-  X(const float, softmax_scale) SEP X(const int, causal_offset) SEP X(const int, bh_offset)
+  X(const float, softmax_scale) SEP X(const int, causal_offset) SEP X(const int, bh_offset) SEP \
+  X(const int, tail_from) SEP X(const int, tail_segments) SEP X(float* __restrict__, tail_accum)
 
 #define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
 #define TILEATTN_BWD_ARGS TILEATTN_BWD_FIELDS(TILEATTN_NAME_, TILEATTN_COMMA_)  // (a shared body's call)
@@ -63,6 +66,7 @@ namespace tileattn {
 #endif
 struct BwdTile {
   int bh, j;
+  int seg;  // the tail launch: which of the K/V block's tail_segments ranges of Q blocks; else -1
 };
 template <bool CAUSAL>
 __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
@@ -70,9 +74,41 @@ __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
   if constexpr (G > 1) {
     const int L = blockIdx.x + gridDim.x * blockIdx.y, Tc = gridDim.x;
     const int g = L / (G * Tc), r = L % (G * Tc), Gg = min(G, (int)gridDim.y - g * G);  // (a last group of fewer)
-    return {bh_offset + g * G + r % Gg, r / Gg};
+    return {bh_offset + g * G + r % Gg, r / Gg, -1};
   }
-  return {(int)blockIdx.y + bh_offset, (int)blockIdx.x};
+  return {(int)blockIdx.y + bh_offset, (int)blockIdx.x, -1};
+}
+
+// The tail (backward.py's _tail_plan).  All K/V blocks of a call without a causal mask take the
+// same time, so B*H*Tc of them on P SMs run in ceil(B*H*Tc / P) waves, and where the last wave
+// holds r << P blocks (4 of 132 at every shape of the bwd suite: B*H*Tc = 4096), r SMs work while
+// the others idle for a whole block's time.  So the main launch (tail_segments = 0) leaves the last
+// r blocks of its linear order, from tail_from on, and a second launch, (r * S) thread blocks
+// with tail_segments = S, gives each of them S thread blocks, each over a contiguous 1/S of its
+// Q blocks.  Their dQ adds go where they would have; dK and dV are sums over the Q blocks, so
+// each part adds its own into tail_accum and the last to finish writes the block's gradients
+// (bwd_tail_dkdv), or with GQA all add into the zeroed accumulators as usual.  Without a causal
+// mask only (the causal blocks' lengths differ, and bwd_tile's groups already start the longest
+// first); the host passes tail_from = INT_MAX otherwise, and a launch of more than one chunk of
+// heads has no tail.  bh = -1: a main-launch block the tail launch takes, which returns at once.
+template <bool CAUSAL, int Bc>
+__device__ __forceinline__ BwdTile bwd_work(int bh_offset, int Nk, int tail_from, int tail_segments) {
+  if constexpr (!CAUSAL) {
+    if (tail_segments > 0) {  // blockIdx.x = tail block t * S + seg, t of the main order's last r
+      const int Tc = (Nk + Bc - 1) / Bc, L = tail_from + blockIdx.x / tail_segments;
+      return {L / Tc, L % Tc, (int)blockIdx.x % tail_segments};
+    }
+    if (blockIdx.x + gridDim.x * blockIdx.y >= tail_from) return {-1, 0, -1};
+  }
+  return bwd_tile<CAUSAL>(bh_offset);
+}
+// The Q blocks [n0, n0 + n_blocks) of a K/V block's n_blocks that part seg of S takes (seg = -1:
+// all of them).
+__device__ __forceinline__ void tail_range(int seg, int S, int& q_first, int& n_blocks, int Br) {
+  if (seg < 0) return;
+  const int n0 = (int)((long long)seg * n_blocks / S), n1 = (int)((long long)(seg + 1) * n_blocks / S);
+  q_first += n0 * Br;
+  n_blocks = n1 - n0;
 }
 
 // The first Q block (its first row, a multiple of Br) a K/V block starting at kv_start visits:

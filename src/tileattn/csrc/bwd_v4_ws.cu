@@ -113,12 +113,14 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   }
   __syncthreads();
 
-  const BwdTile cta = bwd_tile<CAUSAL>(bh_offset);
+  const BwdTile cta = bwd_work<CAUSAL, Bc>(bh_offset, Nk, tail_from, tail_segments);
+  if (cta.bh < 0) return;  // (the tail launch's block)
   const int bh = cta.bh;
   const int b = bh / H, h = bh % H, hk = h / h_per_kv;
   const int kv_start = cta.j * Bc;
-  const int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
-  const int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
+  int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
+  int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
+  tail_range(cta.seg, tail_segments, q_first, n_blocks, Br);        // (a tail part: its share of them)
   // dQ's split between the consumer warpgroups.  D=128: warpgroup w takes dQ's columns 64 w.. over
   // all Bc keys (both warpgroups' dS rows; one 256-thread barrier per Q block).  D=64: each its own
   // 64 keys over all columns (dS's panel w, K's rows 64 w..), with no barrier between the two, so
@@ -310,9 +312,18 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   }
   if (LATE_PUBLISH && n_blocks > 0) publish_dq();  // the last block's tile
 
-  // dK_w, dV_w into the accumulators (shared by the GQA group: red).
-  bwd_store_dkdv(dK, dV, TILEATTN_DKDV_DEST, DQ_BULK ? dq_semaphore : nullptr, b, h, H, h_per_kv, Nk,
-                 kv_start + 64 * w + 16 * warp + g, 2 * t, HEAD_DIM, softmax_scale);
+  // dK_w, dV_w into the gradients or the accumulators (shared by the GQA group: red); a tail part
+  // writing the gradients adds into its block's tail tile as a GQA group would (bwd_wgmma.cuh).
+  const int key0 = kv_start + 64 * w + 16 * warp + g;
+  const bool tail_part = !CAUSAL && tail_segments > 0 && dk_out;  // (a tail launch has parts only)
+  const TailTile tile = tail_part ? tail_tile<Bc>(tail_accum, tail_segments, kv_start, HEAD_DIM) : TailTile{};
+  bwd_store_dkdv(dK, dV, tail_part ? tile.k : dk_accum, tail_part ? tile.v : dv_accum, tail_part ? nullptr : dk_out,
+                 dv_out, dkv_sb, dkv_sh, dkv_sn, DQ_BULK ? dq_semaphore : nullptr, tail_part ? 0 : b,
+                 tail_part ? 0 : h, tail_part ? 2 : H, tail_part ? 2 : h_per_kv, Nk, key0, 2 * t, HEAD_DIM,
+                 softmax_scale);
+  if (tail_part)
+    bwd_tail_finish<T, 2 * BWD_V4_WG, ND>(tile, tail_segments, dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn, b, h, Nk, key0,
+                                      2 * t, HEAD_DIM, tid, 3);
 #endif
 }
 

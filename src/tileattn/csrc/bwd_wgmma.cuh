@@ -48,6 +48,49 @@ __device__ __forceinline__ void bwd_store_dkdv(const float (&dK)[N], const float
   }
 }
 
+// The tail launch's end of a K/V block (bwd_common.cuh's bwd_work), where the rung writes the
+// gradients itself (dk_out): each part adds its dK and dV into the block's float32 tile of
+// tail_accum (r tiles of [dK | dV], Bc keys x D each, [key][column], then r counts, all zeroed by
+// the host) through bwd_store_dkdv's GQA path (red adds; TailTile's arguments make its index
+// (key - kv_start) D + column), and the part that finishes last reads the sums back and writes
+// the gradients (bwd_tail_finish).
+struct TailTile {
+  float *k, *v;  // (biased by -kv_start rows: bwd_store_dkdv indexes by key)
+  int* count;
+};
+template <int Bc>
+__device__ __forceinline__ TailTile tail_tile(float* tail_accum, int tail_segments, int kv_start, int head_dim) {
+  const int tiles = gridDim.x / tail_segments, t = blockIdx.x / tail_segments;
+  float* const k = tail_accum + (long long)t * 2 * Bc * head_dim;
+  return {k - kv_start * head_dim, k + (Bc - kv_start) * head_dim,
+          reinterpret_cast<int*>(tail_accum + (long long)tiles * 2 * Bc * head_dim) + t};
+}
+// After this part's adds: the usual ordering (every thread's adds, a fence, the consumers'
+// barrier, one thread's count); the last part's threads fence again and read the sums from L2
+// (ld.global.cg, where the adds were done), each the values it added, and store them as
+// bwd_store_dkdv would.  THREADS consumer threads, tid among them, on named barrier barrier_id.
+template <typename T, int THREADS, int N>
+__device__ __forceinline__ void bwd_tail_finish(TailTile tile, int tail_segments, T* dk_out, T* dv_out,
+                                                long long dkv_sb, long long dkv_sh, long long dkv_sn, int b, int h,
+                                                int Nk, int key0, int col0, int head_dim, int tid, int barrier_id) {
+  __shared__ int last;
+  __threadfence();
+  named_barrier_sync<THREADS>(barrier_id);
+  if (tid == 0) last = atomicAdd(tile.count, 1) == tail_segments - 1;
+  named_barrier_sync<THREADS>(barrier_id);
+  if (!last) return;
+  __threadfence();
+#pragma unroll
+  for (int i = 0; i < N; i += 2) {  // values i, i + 1: columns col, col + 1 of one key
+    const int key = key0 + 8 * ((i % 4) / 2), col = col0 + 8 * (i / 4);
+    if (key >= Nk) continue;
+    const float2 k2 = __ldcg(reinterpret_cast<const float2*>(tile.k + (long long)key * head_dim + col));
+    const float2 v2 = __ldcg(reinterpret_cast<const float2*>(tile.v + (long long)key * head_dim + col));
+    store_dkdv2(nullptr, nullptr, dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn, nullptr, b, h, 0, 1, Nk, key, col,
+                head_dim, k2.x, k2.y, v2.x, v2.y);
+  }
+}
+
 // The warp-specialised rungs (bwd_v4_ws.cu, bwd_v6_dsplit.cu): the producer warpgroup keeps 24
 // registers a thread, the two consumer warpgroups 240 (24 + 2 x 240 <= 512: 65536 / 128 threads).
 constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2 x Br floats a block
