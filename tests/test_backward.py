@@ -535,11 +535,11 @@ def test_default_rung(monkeypatch, arch, dtype, D, deterministic, rung):
     "causal,deterministic,adds,BH,Nq,Nk,D,plan",
     [
         (None, False, True, 64, 8192, 8192, 128, (4092, 32, 4)),  # the bwd suite: 4096 blocks, 31 waves + 4
-        (None, False, True, 512, 1024, 1024, 64, (4092, 2, 4)),  # (parts of at least 4 of the 8 Q blocks)
-        (None, False, True, 2, 1100, 200, 128, (0, 4, 4)),  # one wave of 4: the tail is every block
-        (None, False, True, 66, 512, 128, 128, (0, 2, 66)),  # 66 = half the SMs
-        (None, False, True, 67, 512, 128, 128, None),  # 67 of 132: no gain in halving them
-        (None, False, True, 66, 448, 64, 128, None),  # 7 Q blocks: parts of 4 would be one
+        (None, False, True, 128, 4096, 4096, 64, (4092, 8, 4)),  # (parts of at least 4 of the 32 Q blocks)
+        (None, False, True, 512, 1024, 1024, 128, None),  # 16 Q blocks a K/V block: too short to gain
+        (None, False, True, 2, 4100, 200, 128, (0, 16, 4)),  # one wave of 4: the tail is every block
+        (None, False, True, 66, 2048, 128, 128, (0, 2, 66)),  # 66 = half the SMs
+        (None, False, True, 67, 2048, 128, 128, None),  # 67 of 132: no gain in halving them
         (None, False, True, 132, 8192, 128, 128, None),  # whole waves
         ("top_left", False, True, 64, 8192, 8192, 128, None),  # causal: bwd_tile's order instead
         (None, True, True, 64, 8192, 8192, 128, None),  # deterministic: the adds' order is fixed
@@ -569,9 +569,9 @@ def test_backward_tail_split(ws_rungs_finish, dtype, D, case):
 
     sms = _nvrtc.sm_count(0)
     B, H, H_kv, Nq, Nk, layout = {
-        "main_and_tail": (1, (sms + 4) // 2, (sms + 4) // 2, 1000, 250, "bnhd"),  # 2 K/V blocks a head: r = 3 or 4
-        "tail_only": (1, 2, 2, 1100, 200, "bhnd"),
-        "mqa_tail": (2, 4, 1, 1100, 500, "bnhd"),
+        "main_and_tail": (1, (sms + 4) // 2, (sms + 4) // 2, 4100, 250, "bnhd"),  # 2 K/V blocks a head: r = 3 or 4
+        "tail_only": (1, 2, 2, 4100, 200, "bhnd"),
+        "mqa_tail": (2, 4, 1, 4100, 500, "bnhd"),
     }[case]
     entry = BWD_VERSIONS["bwd_v5"]
     plan = backward._tail_plan(entry, None, False, True, B * H, Nq, Nk, *entry.tiles[D], 0)

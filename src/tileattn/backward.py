@@ -150,9 +150,11 @@ _BH_OFFSET, _TAIL_FROM, _TAIL_SEGMENTS, _TAIL_ACCUM = (
     _BWD_NAMES.index(n) for n in ("bh_offset", "tail_from", "tail_segments", "tail_accum")
 )
 _NO_TAIL = 2**31 - 1
-# A tail part takes at least this many Q blocks: at N=1024 (8 or 16 Q blocks a K/V block) parts
-# of one or two blocks measured 1% slower than no tail on an H200 (bench/NOTES.md).
-_TAIL_MIN_Q_BLOCKS = 4
+# A tail part takes at least _TAIL_PART_Q_BLOCKS Q blocks, and only K/V blocks of at least
+# _TAIL_Q_BLOCKS are split: at N=1024 (8 or 16 Q blocks a K/V block) the tail measured 1-3% slower
+# than none on an H200, with parts of one or two Q blocks and of four (bench/NOTES.md); the second
+# launch and its zeroed tiles cost about what a short block's wave saves.
+_TAIL_PART_Q_BLOCKS, _TAIL_Q_BLOCKS = 4, 32
 
 
 def _tail_plan(entry, causal, deterministic, adds_dkdv, BH, Nq, Nk, Br, Bc, device_index):
@@ -161,16 +163,18 @@ def _tail_plan(entry, causal, deterministic, adds_dkdv, BH, Nq, Nk, Br, Bc, devi
     ceil(B*H*Tc / SMs) waves is at most half full (4 blocks of 132 at every shape of the bwd
     suite), its `blocks` blocks (from `tail_from` in the launch's linear order) run as a second
     launch, each over `segments` thread blocks of 1/segments of its Q blocks (at least
-    _TAIL_MIN_Q_BLOCKS each), and the SMs no longer idle for a block's time at the end.  Only where the parts can add their dK, dV (adds_dkdv: the
-    rung writes the gradients, through bwd_tail_dkdv, or a GQA group's zeroed accumulators), not
-    in deterministic mode (the adds' order), and for one chunk of heads (B*H <= 65535)."""
+    _TAIL_PART_Q_BLOCKS each, and only K/V blocks of at least _TAIL_Q_BLOCKS), and the SMs no
+    longer idle for a block's time at the end.  Only where the parts can add their dK, dV
+    (adds_dkdv: the rung writes the gradients, through bwd_tail_finish, or a GQA group's zeroed
+    accumulators), not in deterministic mode (the adds' order), and for one chunk of heads
+    (B*H <= 65535)."""
     if not entry.tail_split or causal is not None or deterministic or not adds_dkdv or BH > api._GRID_Y_MAX:
         return None
     sms = _nvrtc.sm_count(device_index)
     Tc, Tr = -(-Nk // Bc), -(-Nq // Br)
     blocks = BH * Tc % sms
-    segments = min(sms // blocks, Tr // _TAIL_MIN_Q_BLOCKS) if blocks else 0
-    if blocks == 0 or 2 * blocks > sms or segments < 2:
+    segments = min(sms // blocks, Tr // _TAIL_PART_Q_BLOCKS) if blocks else 0
+    if blocks == 0 or 2 * blocks > sms or segments < 2 or Tr < _TAIL_Q_BLOCKS:
         return None
     return BH * Tc - blocks, segments, blocks
 
