@@ -186,8 +186,9 @@ def test_fp32_dispatch_by_arch():
     from tileattn.versions import select
 
     for D in (32, 64, 128):  # wgmma (sm_90a) where there is one, mma.sync elsewhere
-        # 3xFP16 (v2.4) at the head dims it has, 3xTF32 (v2.3) at D=32; TF32 alone is v2.3_tf32.
-        assert select("float32", D, 90).name == ("v2.3" if D == 32 else "v2.4")
+        # 3xFP16 (v2.5, Q split in the CTA) at the head dims it has, 3xTF32 (v2.3) at D=32; TF32
+        # alone is v2.3_tf32.
+        assert select("float32", D, 90).name == ("v2.3" if D == 32 else "v2.5")
         assert select("float32", D, 90, "tf32").name == "v2.3_tf32"
         assert select("float32", D, 80).name == "v2.2" and select("float32", D, 89, "tf32").name == "v2.2_tf32"
         # wgmma is sm_90a only: a newer arch (sm_100) takes the mma.sync rung instead.

@@ -250,7 +250,7 @@ def test_public_wrappers_agree_and_default_dispatch():
     assert ((o2.transpose(1, 2).double() - ref2).norm() / ref2.norm()).item() < 1e-5
 
 
-@pytest.mark.parametrize("version", ["v2.3", "v2.4", "v3.3", "v1"])
+@pytest.mark.parametrize("version", ["v2.3", "v2.4", "v2.5", "v3.3", "v1"])
 def test_repeated_calls_reuse_a_prepared_launch(version):
     """The second call of a signature takes the cached launch (api._CALLS): fresh data (new
     pointers, so new TMA descriptors), NaN-poisoned memory where O will be allocated, a view of

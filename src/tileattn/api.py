@@ -10,7 +10,8 @@ The core is the ``torch.library`` custom op ``tileattn::fwd`` (with a fake imple
 torch.compile); eager calls skip the dispatcher and run the same function directly.
 
 Supported: FP32 (CUDA-core rungs v1..v2.1; tensor-core rungs at FP32 accuracy: on sm_90's wgmma
-v2.4 (3xFP16), the default there at D = 64 and 128, and v2.3 (3xTF32), the default at D = 32; v2.2
+v2.4 (3xFP16) and v2.5 (its Q split in the kernel), the default there at D = 64 and 128, and v2.3
+(3xTF32), the default at D = 32; v2.2
 (3xTF32) on mma.sync, the default elsewhere; v2.3_tf32 / v2.2_tf32 with precision="tf32") at head
 dims 32, 64, 128; fp16/bf16 (tensor-core v3, v3.1; on sm_90 v3.2 with
 TMA loads, v3.3 on wgmma, v3.4: v3.3 with ping-pong consumers at D=64, v3.6: v3.3 / v3.4 as a

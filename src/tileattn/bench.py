@@ -70,7 +70,7 @@ SUITES = {
     ),
     # The fast FP32 rungs across head dims and lengths (B*N = 32768 tokens).
     "fp32": Suite(
-        ("v2", "v2.1", "v2.2", "v2.2_tf32", "v2.3", "v2.4", "v2.3_tf32"),
+        ("v2", "v2.1", "v2.2", "v2.2_tf32", "v2.3", "v2.4", "v2.5", "v2.3_tf32"),
         ((4, 8, 8192, 64), (4, 8, 8192, 32), (4, 8, 8192, 128), (32, 8, 1024, 64), (1, 8, 32768, 64)),
         ("float32",),
         ("sdpa_efficient", "sdpa_math", "flex_attention"),
@@ -1247,7 +1247,7 @@ def fp8_chart(result: dict, path: Path) -> None:
 # N=1024 (labelled by the N column); the rest at N=8192.
 STORY = (
     (("v1", "v1_br48", "v1.1"), ("sdpa_efficient", "sdpa_math"), Case(4, 8, 1024, 64, "float32", False)),
-    (("v2", "v2.1", "v2.2", "v2.3", "v2.4"), ("sdpa_efficient",), Case(4, 8, 8192, 64, "float32", False)),
+    (("v2", "v2.1", "v2.2", "v2.3", "v2.4", "v2.5"), ("sdpa_efficient",), Case(4, 8, 8192, 64, "float32", False)),
     (
         ("v3", "v3.1", "v3.2", "v3.3", "v3.6"),
         ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"),

@@ -169,7 +169,7 @@ _V2_3_TF32 = dataclasses.replace(
     summary="v2.3 with one TF32 product per multiply (opt-in precision='tf32'): ~3x fewer wgmma, ~1e-3 error",
 )
 
-# The default FP32 rung on sm_90 at D = 64 and 128 (priority above v2.3's): 3.2-5.5x SDPA efficient
+# The default FP32 rung on sm_90 at D = 64 and 128 until v2.5 (priority above v2.3's): 3.2-5.5x SDPA efficient
 # where v2.3 is 1.8-2.8x, with a lower error (2-8e-7 against 1-2e-6; bench/results/fp32.json).
 _V2_4 = Version(
     name="v2.4",
@@ -189,18 +189,20 @@ _V2_4 = Version(
     "pipeline",
 )
 
-# BUILT, NOT YET RUN ON A GPU (2026-12-04): below v2.3 and v2.4 (priority 4), so version=None never
-# picks it; version="v2.5" runs it.  What it is for: the host's split pass over q is ~1/3 of the
-# split's traffic, and the split ~30% of v2.4's call at N=1024 (B=32, H=8, D=64).
+# The default FP32 rung on sm_90 at D = 64 and 128 (priority above v2.4's): the host's split pass
+# over q was ~1/3 of the split's traffic, and the split ~30% of v2.4's call at N=1024 (B=32, H=8,
+# D=64); here no copy of q is made.  fp32 suite at 63c0cc3 (H200, one run): v2.4 / v2.5 ms at
+# N=8192 D=64 3.04 / 3.00, causal 1.69 / 1.63; D=128 5.08 / 5.15, causal 2.78 / 2.75; N=1024 D=64
+# 0.50 / 0.48, causal 0.36 / 0.33; N=32768 D=64 equal (bench/results/fp32.json).
 _V2_5 = dataclasses.replace(
     _V2_4,
     name="v2.5",
     kernel="v2_5_fwd",
-    priority=4,
+    priority=8,
     split_operands=("k", "v"),
     summary="v2.4 with Q split by its own CTA: each consumer warpgroup loads its 64 rows of FP32 Q, finds "
     "their max and writes the fp16 halves into the swizzled tiles itself (no pass over q before the "
-    "kernel; built, not yet run on a GPU)",
+    "kernel)",
 )
 
 
