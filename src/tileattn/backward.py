@@ -124,7 +124,7 @@ def attention_backward(
                 kern.launch(stream, grid_x, min(api._GRID_Y_MAX, B * H - bh_offset), args, tmaps)
             if rung and tail:  # the main order's last blocks, each split over `segments` thread blocks
                 tail_from, segments, blocks = tail
-                # per block: a float32 [dK | dV] tile, then one int count each (bwd_tail_dkdv): zeroed
+                # per block: a float32 [dK | dV] tile, then one int count each (bwd_tail_finish): zeroed
                 tail_acc = torch.zeros(blocks * (2 * Bc * D + 1) if direct else 0, **f32)
                 args[_BH_OFFSET], args[_TAIL_SEGMENTS], args[_TAIL_ACCUM] = 0, segments, tail_acc.data_ptr()
                 kern.launch(stream, blocks * segments, 1, args, tmaps)

@@ -25,7 +25,7 @@ namespace tileattn {
 // K/V blocks add their dQ of a Q block in the order j = 0, 1, 2, ... (each waits for the count of
 // adds before it), and dk_accum, dv_accum are (B, H, Nk, D), one slice per query head written
 // without atomics, summed over each GQA group by the host: bitwise-reproducible gradients.
-// tail_from, tail_segments, tail_accum: the tail launch (bwd_tile below, backward.py's
+// tail_from, tail_segments, tail_accum: the tail launch (bwd_work below, backward.py's
 // _tail_plan); tail_from = INT_MAX and tail_segments = 0 where a call has none.
 // split_amax: null, or (bwd_v2.3, whose operands are scaled fp16 halves: split_halves.cu) the
 // largest |x| of each 64-row block of q, k, v and dO (api._split_blocks), which set their scales.
@@ -55,12 +55,12 @@ namespace tileattn {
 // itself: one head's K/V blocks in turn, so the ~132 blocks running at once share two or three
 // heads' Q, dO and dQ in L2.  With one, block j visits fewer Q blocks as j grows, and in that
 // order the last head's longest block starts about one head's work before the end: the SMs that
-// finish first idle while it runs.  So heads go in groups of BWD_CAUSAL_GROUP, each group's K/V
-// blocks by j with the group's heads' block j side by side: the last group's longest blocks start
-// two heads' work before the end.  Measured on an H200 (scripts/bwd_probe.py, bf16 B=4 H=16
-// N=8192, one call; bench/NOTES.md): D=128 causal 5.65 / 5.77 ms -> 5.56 (groups of 2), 5.55 (4),
-// 5.57 (8); D=64 causal unchanged; without the mask groups of 2 / 4 / 8 cost 1.3 / 1.6 / 3.0% at
-// D=128 (fewer of the running blocks share a head's tiles in L2), hence the plain order there.
+// finish first idle while it runs.  So heads go in groups of TILEATTN_BWD_CAUSAL_GROUP, each
+// group's K/V blocks by j with the group's heads' block j side by side: the last group's longest
+// blocks start two heads' work before the end.  Measured on an H200 (scripts/bwd_probe.py, bf16
+// B=4 H=16 N=8192, one call; bench/NOTES.md): D=128 causal 5.65 / 5.77 ms -> 5.56 (groups of 2),
+// 5.55 (4), 5.57 (8); D=64 causal unchanged; without the mask groups of 2 / 4 / 8 cost 1.3 / 1.6 /
+// 3.0% at D=128 (fewer of the running blocks share a head's tiles in L2), hence the plain order.
 #ifndef TILEATTN_BWD_CAUSAL_GROUP
 #define TILEATTN_BWD_CAUSAL_GROUP 2
 #endif
@@ -87,7 +87,7 @@ __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
 // with tail_segments = S, gives each of them S thread blocks, each over a contiguous 1/S of its
 // Q blocks.  Their dQ adds go where they would have; dK and dV are sums over the Q blocks, so
 // each part adds its own into tail_accum and the last to finish writes the block's gradients
-// (bwd_tail_dkdv), or with GQA all add into the zeroed accumulators as usual.  Without a causal
+// (bwd_tail_finish), or with GQA all add into the zeroed accumulators as usual.  Without a causal
 // mask only (the causal blocks' lengths differ, and bwd_tile's groups already start the longest
 // first); the host passes tail_from = INT_MAX otherwise, and a launch of more than one chunk of
 // heads has no tail.  bh = -1: a main-launch block the tail launch takes, which returns at once.
