@@ -90,12 +90,13 @@ def attention_backward(
     if launched:
         Di = torch.empty((B, H, Nq), **f32)
         offset = 0 if causal != "bottom_right" else Nk - Nq
+        tail = _tail_plan(entry, causal, deterministic, direct or H != H_kv, B * H, Nq, Nk, Br, Bc, device_index)
         # fmt: off
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
                 Di.data_ptr(), dq_acc.data_ptr(), *acc_ptrs, 0 if semaphore is None else semaphore.data_ptr(),
                 0 if split_amax is None else split_amax.data_ptr(), Nq, Nk, H, H // H_kv,
                 *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields, softmax_scale, offset, 0,
-                _NO_TAIL, 0, 0]
+                tail[0] if tail else _NO_TAIL, 0, 0]
         # fmt: on
         stream = api._current_stream(device_index)
         # D_i over query rows (its CAUSAL template argument is unused: one instantiation), then the
@@ -112,18 +113,16 @@ def attention_backward(
             )
         elif entry.tensor_maps:  # bwd_v4 .. bwd_v6 load Q, dO, K, V through the copy engine
             maps = _tensor_maps(q, k, v, dout, (B, H, Nq, D), (B, H_kv, Nk, D), qs, ks, vs, dos, Br, Bc)
-        tail = _tail_plan(entry, causal, deterministic, direct or H != H_kv, B * H, Nq, Nk, Br, Bc, device_index)
-        for kernel, is_causal, grid_x in launches:
+        for kernel, is_causal, grid_x in launches:  # (D_i's kernel ignores the tail fields)
             kern = api.entry_kernel(kernel, dtype, D, is_causal, device_index)
             rung = kernel == name
             tmaps = maps if rung else None
-            args[_TAIL_FROM] = tail[0] if rung and tail else _NO_TAIL
             heads = 0 if rung and tail and tail[0] == 0 else B * H  # (no main launch if the tail is all)
             for bh_offset in range(0, heads, api._GRID_Y_MAX):
                 args[_BH_OFFSET] = bh_offset
                 kern.launch(stream, grid_x, min(api._GRID_Y_MAX, B * H - bh_offset), args, tmaps)
             if rung and tail:  # the main order's last blocks, each split over `segments` thread blocks
-                tail_from, segments, blocks = tail
+                _, segments, blocks = tail
                 # per block: a float32 [dK | dV] tile, then one int count each (bwd_tail_finish): zeroed
                 tail_acc = torch.zeros(blocks * (2 * Bc * D + 1) if direct else 0, **f32)
                 args[_BH_OFFSET], args[_TAIL_SEGMENTS], args[_TAIL_ACCUM] = 0, segments, tail_acc.data_ptr()
@@ -146,9 +145,7 @@ def attention_backward(
 
 
 _BWD_NAMES = [n for n, _ in BWD_ARGS]
-_BH_OFFSET, _TAIL_FROM, _TAIL_SEGMENTS, _TAIL_ACCUM = (
-    _BWD_NAMES.index(n) for n in ("bh_offset", "tail_from", "tail_segments", "tail_accum")
-)
+_BH_OFFSET, _TAIL_SEGMENTS, _TAIL_ACCUM = (_BWD_NAMES.index(n) for n in ("bh_offset", "tail_segments", "tail_accum"))
 _NO_TAIL = 2**31 - 1
 # A tail part takes at least _TAIL_PART_Q_BLOCKS Q blocks, and only K/V blocks of at least
 # _TAIL_Q_BLOCKS are split: at N=1024 (8 or 16 Q blocks a K/V block) the tail measured 1-3% slower

@@ -82,7 +82,7 @@ __device__ __forceinline__ void bwd_v2_3_p_ds_step(float (&S)[Br / 2], float (&d
     float p[2], ds[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int key = kv_start + key0 + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + e;
+      const int key = acc_key(i + e, kv_start + key0), r = acc_col(i + e, 2 * t);  // (value i + e)
       const float l = lse_i[r];
       const bool seen = !MASK || (l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset));
       p[e] = seen ? softmax_weight(S[i + e], scale_log2, l * TILEATTN_LOG2E) : 0.0f;

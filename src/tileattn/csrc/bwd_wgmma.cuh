@@ -13,6 +13,12 @@
 
 namespace tileattn {
 
+// That layout's value i: its key, the first being key0 (+ the K/V block's kv_start), and its
+// column, the first being col0: the query row of S^T and dP^T, the head-dim column of dK and dV
+// (both with col0 = 2t).
+__device__ __forceinline__ int acc_key(int i, int key0) { return key0 + 8 * ((i % 4) / 2); }
+__device__ __forceinline__ int acc_col(int i, int col0) { return col0 + 8 * (i / 4) + (i % 2); }
+
 // TILEATTN_BWD_DKDV_PAIRS (default 1; 0 for A/B runs): the wgmma rungs' epilogues (bwd_store_dkdv
 // below) store dK and dV two columns at a time (store_dkdv2: one 4-byte store per pair instead of
 // two 2-byte ones, 8-byte for bwd_v2.3's float gradients; 64 + 64 a thread instead of 128 + 128 at
@@ -25,10 +31,9 @@ namespace tileattn {
 #define TILEATTN_BWD_DKDV_PAIRS 1
 #endif
 
-// The end of a K/V block in the wgmma rungs: this thread's dK (scaled here) and dV accumulators,
-// keys as M (value i: key key0 + 8 ((i % 4) / 2), column col0 + 8 (i / 4) + (i % 2), where key0
-// holds the thread's g and col0 its 2t), through store_dkdv; keys past Nk are skipped.  dest: the
-// rung's TILEATTN_DKDV_DEST fields.
+// The end of a K/V block in the wgmma rungs: this thread's dK (scaled here) and dV accumulators
+// (value i at acc_key(i, key0), acc_col(i, col0): key0 holds the thread's g, col0 its 2t) through
+// store_dkdv; keys past Nk are skipped.  dest: the rung's TILEATTN_DKDV_DEST fields.
 template <typename T, int N>
 __device__ __forceinline__ void bwd_store_dkdv(const float (&dK)[N], const float (&dV)[N], float* dk_accum,
                                                float* dv_accum, T* dk_out, T* dv_out, long long dkv_sb,
@@ -37,7 +42,7 @@ __device__ __forceinline__ void bwd_store_dkdv(const float (&dK)[N], const float
                                                float softmax_scale) {
 #pragma unroll
   for (int i = 0; i < N; i += TILEATTN_BWD_DKDV_PAIRS ? 2 : 1) {
-    const int key = key0 + 8 * ((i % 4) / 2), col = col0 + 8 * (i / 4) + (i % 2);
+    const int key = acc_key(i, key0), col = acc_col(i, col0);
     if (key >= Nk) continue;
     if constexpr (TILEATTN_BWD_DKDV_PAIRS)  // values i, i + 1: columns col, col + 1 of one key
       store_dkdv2(TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, key, col, head_dim,
@@ -82,7 +87,7 @@ __device__ __forceinline__ void bwd_tail_finish(TailTile tile, int tail_segments
   __threadfence();
 #pragma unroll
   for (int i = 0; i < N; i += 2) {  // values i, i + 1: columns col, col + 1 of one key
-    const int key = key0 + 8 * ((i % 4) / 2), col = col0 + 8 * (i / 4);
+    const int key = acc_key(i, key0), col = acc_col(i, col0);
     if (key >= Nk) continue;
     const float2 k2 = __ldcg(reinterpret_cast<const float2*>(tile.k + (long long)key * head_dim + col));
     const float2 v2 = __ldcg(reinterpret_cast<const float2*>(tile.v + (long long)key * head_dim + col));
@@ -257,7 +262,7 @@ __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br
   const int key0 = warp_key0 + lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
-    const int key = kv_start + key0 + 8 * ((i % 4) / 2), r = 8 * (i / 4) + 2 * t + (i % 2);
+    const int key = acc_key(i, kv_start + key0), r = acc_col(i, 2 * t);
     const float l = lse_i[r];
     const bool seen = !MASK || (l != TILEATTN_NEG_INF && key < key_end<CAUSAL>(q_start + r, Nk, causal_offset));
     const float p = seen ? softmax_weight(S[i], scale_log2, l * TILEATTN_LOG2E) : 0.0f;

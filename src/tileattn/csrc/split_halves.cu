@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(SPLIT_THREADS)
   const float scale = scalbnf(1.0f, split_exponent(m));
 #pragma unroll
   for (int p = 0; p < PER; ++p) {
-    const int i = p * SPLIT_THREADS + threadIdx.x, n = blk * SPLIT_BLOCK_ROWS + i / CHUNKS, c = 8 * (i % CHUNKS);
+    const int i = p * SPLIT_THREADS + threadIdx.x, n = n0 + i / CHUNKS, c = 8 * (i % CHUNKS);
     if (n < N)
       split_store8(x[p][0], x[p][1], scale, dst + ((b * 2 * H + h) * N + n) * HEAD_DIM + c, (long long)H * N * HEAD_DIM);
   }
