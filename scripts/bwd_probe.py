@@ -10,7 +10,8 @@ a rung at a tile other than the registry's; `--kernels` lists each launch of one
 `--peers` times cuDNN's and FA2's backward (SDPA; FP32: the memory-efficient one) on the same
 inputs and prints each rung's ratio to them; `--seqlen N` runs B = 32768 / N (the bwd suite's
 shapes) instead of N=8192; `--headdim` the head dims (64 and 128 by default); `--causal no|yes`
-one of the two; `--no-tail` the rungs without their tail launch (backward._tail_plan).
+one of the two; `--no-tail` the rungs without their tail (backward._tail_plan), `--tail-min-q-blocks` its
+threshold.
 """
 
 import argparse
@@ -32,11 +33,14 @@ parser.add_argument("--kernels", action="store_true", help="each launch of one c
 parser.add_argument("--peers", action="store_true", help="cuDNN and FA2 (SDPA) on the same inputs, and our ratios")
 parser.add_argument("--seqlen", type=int, default=8192, help="N, with B = 32768 / N")
 parser.add_argument("--headdim", type=int, nargs="+", default=[64, 128])
-parser.add_argument("--no-tail", action="store_true", help="no tail launch (backward._tail_plan), for A/B runs")
+parser.add_argument("--no-tail", action="store_true", help="no tail (backward._tail_plan), for A/B runs")
 parser.add_argument("--causal", choices=["both", "no", "yes"], default="both")
+parser.add_argument("--tail-min-q-blocks", type=int, help="split K/V blocks of this many Q blocks or more")
 args = parser.parse_args()
 if args.no_tail:
     backward._tail_plan = lambda *a, **k: None
+if args.tail_min_q_blocks:
+    backward._TAIL_Q_BLOCKS = args.tail_min_q_blocks
 _nvrtc.EXPERIMENT_DEFINES[:] = args.define
 for spec in args.tile:  # the backward reads BWD_VERSIONS, the loader KERNEL_ENTRIES: both replaced
     rung, rest = spec.split(":")

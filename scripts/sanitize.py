@@ -28,7 +28,8 @@ failures = 0
 
 def backward_cases(only=()) -> int:
     """Each backward rung at its smallest, 64 and largest head dim, Nq = Nk = 67 (not a multiple of
-    any tile), causal and not; GQA 2:1 with Nq < Nk; rows that see no key; deterministic mode."""
+    any tile), causal and not; GQA 2:1 with Nq < Nk; rows that see no key; deterministic mode;
+    where the rung has one, shapes that take the tail."""
     from tileattn import api
     from tileattn.backward import attention_backward
     from tileattn.versions import BWD_VERSIONS
@@ -46,6 +47,9 @@ def backward_cases(only=()) -> int:
             (2, 4, 2, 33, 130, 64, "bottom_right", False),
             (1, 2, 2, 130, 33, 64, "bottom_right", entry.deterministic),
         ]
+        if entry.tail_split:  # the tail (backward._tail_plan): 4 K/V blocks of >= 32 Q blocks
+            shapes += [(1, 2, 2, 4100, 200, D, None, False) for D in dims]
+            shapes += [(1, 4, 2, 4100, 200, 128, None, False)]  # GQA: the parts add into the accumulators
         for dtype in entry.dtypes:
             dt = getattr(torch, dtype)
             for B, H, H_kv, Nq, Nk, D, causal, det in shapes:

@@ -224,7 +224,7 @@ BWD_ARGS: list[tuple[str, str]] = (
     + [(f"{t}_{s}", "q") for t in ("q", "k", "v", "o", "do") for s in ("sb", "sh", "sn")]
     + [("dk_out", "Q"), ("dv_out", "Q"), ("dkv_sb", "q"), ("dkv_sh", "q"), ("dkv_sn", "q")]
     + [("softmax_scale", "f"), ("causal_offset", "i"), ("bh_offset", "i")]
-    + [("tail_from", "i"), ("tail_segments", "i"), ("tail_accum", "Q")]
+    + [("tail_from", "i"), ("tail_segments", "i"), ("tail_accum", "Q"), ("dq_zero", "i"), ("tail_zero", "i")]
 )
 
 

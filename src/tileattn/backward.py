@@ -63,9 +63,10 @@ def attention_backward(
     qs, ks, vs, os_, dos = (api._bhnd(t, layout)[1] for t in (q, k, v, out, dout))
     f32 = dict(dtype=torch.float32, device=q.device)
     Br, Bc = entry.tiles[D]
-    # A blocked rung's dQ chunks cover whole Q blocks: Br rows each, padding past Nq included.
-    dq_acc = torch.zeros((B, H, -(-Nq // Br) * Br if entry.dq_blocked else Nq, D), **f32)
     launched = B * H * Nq > 0 and Nk > 0
+    # A blocked rung's dQ chunks cover whole Q blocks: Br rows each, padding past Nq included.
+    # Zeroed by the D_i kernel where the rung runs (bwd_common.cuh's bwd_preprocess).
+    dq_acc = (torch.empty if launched else torch.zeros)((B, H, -(-Nq // Br) * Br if entry.dq_blocked else Nq, D), **f32)
     # dK, dV: without GQA (and unless float32 is asked for) the kernels write the gradients
     # themselves, in k's dtype and the caller's layout (one writer each: bwd_common.cuh's
     # store_dkdv); otherwise float32 accumulators, zeroed where a GQA group's query heads add into one
@@ -91,12 +92,15 @@ def attention_backward(
         Di = torch.empty((B, H, Nq), **f32)
         offset = 0 if causal != "bottom_right" else Nk - Nq
         tail = _tail_plan(entry, causal, deterministic, direct or H != H_kv, B * H, Nq, Nk, Br, Bc, device_index)
+        # The tail's parts add dK, dV into a float32 [dK | dV] tile a K/V block, then one int count
+        # each (bwd_tail_finish), zeroed by the D_i kernel (its length rounded up to whole float4s).
+        tail_acc = torch.empty(-(-tail[2] * (2 * Bc * D + 1) // 4) * 4 if tail and direct else 0, **f32)
         # fmt: off
         args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
                 Di.data_ptr(), dq_acc.data_ptr(), *acc_ptrs, 0 if semaphore is None else semaphore.data_ptr(),
                 0 if split_amax is None else split_amax.data_ptr(), Nq, Nk, H, H // H_kv,
-                *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields, softmax_scale, offset, 0,
-                tail[0] if tail else _NO_TAIL, 0, 0]
+                *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields, softmax_scale, offset, 0, 0, 0,
+                tail_acc.data_ptr(), dq_acc[0, 0].numel(), tail_acc.numel()]
         # fmt: on
         stream = api._current_stream(device_index)
         # D_i over query rows (its CAUSAL template argument is unused: one instantiation), then the
@@ -113,20 +117,18 @@ def attention_backward(
             )
         elif entry.tensor_maps:  # bwd_v4 .. bwd_v6 load Q, dO, K, V through the copy engine
             maps = _tensor_maps(q, k, v, dout, (B, H, Nq, D), (B, H_kv, Nk, D), qs, ks, vs, dos, Br, Bc)
-        for kernel, is_causal, grid_x in launches:  # (D_i's kernel ignores the tail fields)
+        for kernel, is_causal, grid_x in launches:
             kern = api.entry_kernel(kernel, dtype, D, is_causal, device_index)
             rung = kernel == name
             tmaps = maps if rung else None
-            heads = 0 if rung and tail and tail[0] == 0 else B * H  # (no main launch if the tail is all)
-            for bh_offset in range(0, heads, api._GRID_Y_MAX):
+            if rung and tail:  # one 1-D launch: the main order's blocks, then the parts of its last ones
+                tail_from, segments, blocks = tail
+                args[_TAIL_FROM], args[_TAIL_SEGMENTS] = tail_from, segments
+                kern.launch(stream, tail_from + blocks * segments, 1, args, tmaps)
+                continue
+            for bh_offset in range(0, B * H, api._GRID_Y_MAX):
                 args[_BH_OFFSET] = bh_offset
                 kern.launch(stream, grid_x, min(api._GRID_Y_MAX, B * H - bh_offset), args, tmaps)
-            if rung and tail:  # the main order's last blocks, each split over `segments` thread blocks
-                _, segments, blocks = tail
-                # per block: a float32 [dK | dV] tile, then one int count each (bwd_tail_finish): zeroed
-                tail_acc = torch.zeros(blocks * (2 * Bc * D + 1) if direct else 0, **f32)
-                args[_BH_OFFSET], args[_TAIL_SEGMENTS], args[_TAIL_ACCUM] = 0, segments, tail_acc.data_ptr()
-                kern.launch(stream, blocks * segments, 1, args, tmaps)
 
     if deterministic and H != H_kv:  # per query head -> per K/V head, summed by torch in a fixed order
         dk_acc, dv_acc = (a.view(B, H_kv, H // H_kv, Nk, D).sum(2) for a in (dk_acc, dv_acc))
@@ -145,8 +147,7 @@ def attention_backward(
 
 
 _BWD_NAMES = [n for n, _ in BWD_ARGS]
-_BH_OFFSET, _TAIL_SEGMENTS, _TAIL_ACCUM = (_BWD_NAMES.index(n) for n in ("bh_offset", "tail_segments", "tail_accum"))
-_NO_TAIL = 2**31 - 1
+_BH_OFFSET, _TAIL_FROM, _TAIL_SEGMENTS = (_BWD_NAMES.index(n) for n in ("bh_offset", "tail_from", "tail_segments"))
 # A tail part takes at least _TAIL_PART_Q_BLOCKS Q blocks, and only K/V blocks of at least
 # _TAIL_Q_BLOCKS are split: at N=1024 (8 or 16 Q blocks a K/V block) the tail measured 1-3% slower
 # than none on an H200, with parts of one or two Q blocks and of four (bench/NOTES.md); the second
@@ -155,11 +156,11 @@ _TAIL_PART_Q_BLOCKS, _TAIL_Q_BLOCKS = 4, 32
 
 
 def _tail_plan(entry, causal, deterministic, adds_dkdv, BH, Nq, Nk, Br, Bc, device_index):
-    """The tail launch (csrc/bwd_common.cuh's bwd_work) as (tail_from, segments, blocks), or None.
+    """The tail (csrc/bwd_common.cuh's bwd_work) as (tail_from, segments, blocks), or None.
     Without a causal mask every K/V block takes the same time, so where the last of the
     ceil(B*H*Tc / SMs) waves is at most half full (4 blocks of 132 at every shape of the bwd
-    suite), its `blocks` blocks (from `tail_from` in the launch's linear order) run as a second
-    launch, each over `segments` thread blocks of 1/segments of its Q blocks (at least
+    suite), its `blocks` blocks (from `tail_from` in the launch's linear order) run, after the
+    others in the same launch, each over `segments` thread blocks of 1/segments of its Q blocks (at least
     _TAIL_PART_Q_BLOCKS each, and only K/V blocks of at least _TAIL_Q_BLOCKS), and the SMs no
     longer idle for a block's time at the end.  Only where the parts can add their dK, dV
     (adds_dkdv: the rung writes the gradients, through bwd_tail_finish, or a GQA group's zeroed

@@ -25,8 +25,9 @@ namespace tileattn {
 // K/V blocks add their dQ of a Q block in the order j = 0, 1, 2, ... (each waits for the count of
 // adds before it), and dk_accum, dv_accum are (B, H, Nk, D), one slice per query head written
 // without atomics, summed over each GQA group by the host: bitwise-reproducible gradients.
-// tail_from, tail_segments, tail_accum: the tail launch (bwd_work below, backward.py's
-// _tail_plan); tail_from = INT_MAX and tail_segments = 0 where a call has none.
+// tail_from, tail_segments, tail_accum: the tail (bwd_work below, backward.py's _tail_plan);
+// tail_segments = 0 where a call has none.  dq_zero, tail_zero: how many floats of dq_accum a head
+// and of tail_accum bwd_preprocess zeroes for the rung that follows it (multiples of 4).
 // split_amax: null, or (bwd_v2.3, whose operands are scaled fp16 halves: split_halves.cu) the
 // largest |x| of each 64-row block of q, k, v and dO (api._split_blocks), which set their scales.
 #define TILEATTN_BWD_FIELDS(X, SEP)                                                        \
@@ -45,7 +46,8 @@ namespace tileattn {
   X(T* __restrict__, dk_out) SEP X(T* __restrict__, dv_out) SEP                            \
   X(const long long, dkv_sb) SEP X(const long long, dkv_sh) SEP X(const long long, dkv_sn) SEP \
   X(const float, softmax_scale) SEP X(const int, causal_offset) SEP X(const int, bh_offset) SEP \
-  X(const int, tail_from) SEP X(const int, tail_segments) SEP X(float* __restrict__, tail_accum)
+  X(const int, tail_from) SEP X(const int, tail_segments) SEP X(float* __restrict__, tail_accum) SEP \
+  X(const int, dq_zero) SEP X(const int, tail_zero)
 
 #define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
 #define TILEATTN_BWD_ARGS TILEATTN_BWD_FIELDS(TILEATTN_NAME_, TILEATTN_COMMA_)  // (a shared body's call)
@@ -66,7 +68,7 @@ namespace tileattn {
 #endif
 struct BwdTile {
   int bh, j;
-  int seg;  // the tail launch: which of the K/V block's tail_segments ranges of Q blocks; else -1
+  int seg;  // a tail part (bwd_work): which of the K/V block's tail_segments ranges of Q blocks; else -1
 };
 template <bool CAUSAL>
 __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
@@ -82,23 +84,26 @@ __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
 // The tail (backward.py's _tail_plan).  All K/V blocks of a call without a causal mask take the
 // same time, so B*H*Tc of them on P SMs run in ceil(B*H*Tc / P) waves, and where the last wave
 // holds r << P blocks (4 of 132 at every shape of the bwd suite: B*H*Tc = 4096), r SMs work while
-// the others idle for a whole block's time.  So the main launch (tail_segments = 0) leaves the last
-// r blocks of its linear order, from tail_from on, and a second launch, (r * S) thread blocks
-// with tail_segments = S, gives each of them S thread blocks, each over a contiguous 1/S of its
-// Q blocks.  Their dQ adds go where they would have; dK and dV are sums over the Q blocks, so
-// each part adds its own into tail_accum and the last to finish writes the block's gradients
-// (bwd_tail_finish), or with GQA all add into the zeroed accumulators as usual.  Without a causal
-// mask only (the causal blocks' lengths differ, and bwd_tile's groups already start the longest
-// first); the host passes tail_from = INT_MAX otherwise, and a launch of more than one chunk of
-// heads has no tail.  bh = -1: a main-launch block the tail launch takes, which returns at once.
+// the others idle for a whole block's time.  So a call with a tail (tail_segments = S > 0) is one
+// launch of a 1-D grid: its first tail_from = B*H*Tc - r thread blocks take the K/V blocks of the
+// plain order before its last r, and the r * S after them split each of those r over S thread
+// blocks, each over a contiguous 1/S of its Q blocks.  The hardware starts thread blocks in
+// linear order, so the parts start as the SMs free up at the end and fill the last wave.  (As a
+// second launch they measured the same gain less the launch gap: bench/NOTES.md.)  Their dQ adds
+// go where they would have; dK and dV are sums over the Q blocks, so each part adds its own into
+// tail_accum and the last to finish writes the block's gradients (bwd_tail_finish), or with GQA
+// all add into the zeroed accumulators as usual.  Without a causal mask only (the causal blocks'
+// lengths differ, and bwd_tile's groups already start the longest first); the host passes
+// tail_segments = 0 otherwise, and a call of more than one chunk of heads has no tail.
 template <bool CAUSAL, int Bc>
 __device__ __forceinline__ BwdTile bwd_work(int bh_offset, int Nk, int tail_from, int tail_segments) {
   if constexpr (!CAUSAL) {
-    if (tail_segments > 0) {  // blockIdx.x = tail block t * S + seg, t of the main order's last r
-      const int Tc = (Nk + Bc - 1) / Bc, L = tail_from + blockIdx.x / tail_segments;
-      return {L / Tc, L % Tc, (int)blockIdx.x % tail_segments};
+    if (tail_segments > 0) {  // (bh_offset 0: one chunk of heads)
+      const int Tc = (Nk + Bc - 1) / Bc, L = blockIdx.x;
+      if (L < tail_from) return {L / Tc, L % Tc, -1};
+      const int part = L - tail_from, Lt = tail_from + part / tail_segments;  // part = t * S + seg
+      return {Lt / Tc, Lt % Tc, part % tail_segments};
     }
-    if (blockIdx.x + gridDim.x * blockIdx.y >= tail_from) return {-1, 0, -1};
   }
   return bwd_tile<CAUSAL>(bh_offset);
 }
@@ -109,6 +114,36 @@ __device__ __forceinline__ void tail_range(int seg, int S, int& q_first, int& n_
   const int n0 = (int)((long long)seg * n_blocks / S), n1 = (int)((long long)(seg + 1) * n_blocks / S);
   q_first += n0 * Br;
   n_blocks = n1 - n0;
+}
+
+// The order of a K/V block's Q blocks.  Without a causal mask every K/V block of a head visits the
+// same Q blocks, and in the same order the ~64 blocks of a head that start together add their
+// dQ into the same Q block's chunk of dq_accum at about the same time (the causal blocks start at
+// different Q blocks already).  So K/V block j starts at Q block (j % S) n_blocks / S of its
+// n_blocks and wraps around: about 1 / S of them add into any one chunk at a time, and the S
+// starting points stay far enough apart that the head's Q, dO and dQ are all in L2 at once
+// anyway.  Measured on an H200 (bwd_v5, B*N = 32768, H=16, N = 4096 and 8192, fp16 and bf16, all
+// variants interleaved in one process; bench/NOTES.md): S = 4 at a stride of n_blocks / 4 took
+// D=64 from 6.16 / 5.86 ms to 5.80 / 5.67 (N=8192 fp16 / bf16; 4-6%) and D=128 from 10.51 /
+// 10.25 to 10.43 / 10.16 (0.7-0.9%); S = 8 or 16, or strides of one Q block, gained as much or
+// less at D=64 and up to 4% less at D=128.  Not in deterministic mode (the adds' order is the
+// point there) nor for a tail part (its parts' ranges differ already).  S = 1: plain order.
+#ifndef TILEATTN_BWD_STAGGER
+#define TILEATTN_BWD_STAGGER 4
+#endif
+template <bool CAUSAL>
+__device__ __forceinline__ int q_rotation(const BwdTile& cta, int n_blocks, bool ordered) {
+  constexpr int S = TILEATTN_BWD_STAGGER;
+  if constexpr (CAUSAL || S <= 1) return 0;
+  if (ordered || cta.seg >= 0) return 0;
+  return cta.j % S * (n_blocks / S);
+}
+// The Q block (its index among the K/V block's n_blocks) visited n-th (n = n_blocks, the producer's
+// look-ahead past the last: some block, its loads masked).
+__device__ __forceinline__ int q_block(int n, int rot, int n_blocks) {
+  if constexpr (TILEATTN_BWD_STAGGER <= 1) return n;
+  const int i = n + rot;
+  return i >= n_blocks ? i - n_blocks : i;
 }
 
 // The first Q block (its first row, a multiple of Br) a K/V block starting at kv_start visits:
@@ -292,6 +327,13 @@ __device__ __forceinline__ float dot16(const uint4& a, const uint4& b) {
   return sum;
 }
 
+// This thread block's 1 / gridDim.x of p[0 .. n) (n a multiple of 4, p 16-byte aligned) set to 0.
+__device__ __forceinline__ void zero_share(float* p, int n) {
+  const int n4 = n / 4, per = (n4 + gridDim.x - 1) / gridDim.x, end = min(n4, (int)(blockIdx.x + 1) * per);
+  for (int i = blockIdx.x * per + threadIdx.x; i < end; i += blockDim.x)
+    reinterpret_cast<float4*>(p)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(Br * bwd_pre_lanes<T, HEAD_DIM>()) bwd_preprocess(TILEATTN_BWD_PARAMS(T)) {
   constexpr int LANES = bwd_pre_lanes<T, HEAD_DIM>(), CHUNKS = HEAD_DIM * (int)sizeof(T) / 16;
@@ -308,6 +350,11 @@ __global__ void __launch_bounds__(Br * bwd_pre_lanes<T, HEAD_DIM>()) bwd_preproc
     for (int c = lane; c < CHUNKS; c += LANES) sum += dot16<T>(o_row[c], do_row[c]);
   sum = lanes_sum<LANES>(sum);
   if (lane == 0 && row < Nq) Di[(long long)bh * Nq + row] = sum;
+  // The rung's zeroed float32 buffers, written here rather than by memsets of their own (two
+  // launches fewer a call, and the writes share the launch with this kernel's reads): each block
+  // its 1 / gridDim.x of its head's dq_accum, and the blocks of head 0 the tail's tiles.
+  zero_share(dq_accum + (long long)bh * dq_zero, dq_zero);
+  if (bh == 0) zero_share(tail_accum, tail_zero);
 }
 TILEATTN_SMEM_BYTES(bwd_preprocess, 0);
 

@@ -113,14 +113,15 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   }
   __syncthreads();
 
-  const BwdTile cta = bwd_work<CAUSAL, Bc>(bh_offset, Nk, tail_from, tail_segments);
-  if (cta.bh < 0) return;  // (the tail launch's block)
+  constexpr bool TAIL = !CAUSAL && DQ_BULK;  // (the registry's tail_split: bwd_v5's)
+  const BwdTile cta = bwd_work<CAUSAL, Bc>(bh_offset, Nk, tail_from, TAIL ? tail_segments : 0);
   const int bh = cta.bh;
   const int b = bh / H, h = bh % H, hk = h / h_per_kv;
   const int kv_start = cta.j * Bc;
   int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
   int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
   tail_range(cta.seg, tail_segments, q_first, n_blocks, Br);        // (a tail part: its share of them)
+  const int rot = q_rotation<CAUSAL>(cta, n_blocks, dq_semaphore != nullptr);  // (bwd_common.cuh's stagger)
   // dQ's split between the consumer warpgroups.  D=128: warpgroup w takes dQ's columns 64 w.. over
   // all Bc keys (both warpgroups' dS rows; one 256-thread barrier per Q block).  D=64: each its own
   // 64 keys over all columns (dS's panel w, K's rows 64 w..), with no barrier between the two, so
@@ -151,11 +152,12 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
       const int w0 = threadIdx.x / 32 - 1, w1 = ordered ? 1 : w0;
       float* dst = dq_accum + ((long long)bh * ((Nq + Br - 1) / Br) + q_first / Br) * Br * HEAD_DIM;
       for (int n = 0; n < n_blocks; ++n) {
-        int* count = ordered ? dq_count<Br>(dq_semaphore, bh, Nq, q_first + n * Br) : nullptr;
+        const int qb = q_block(n, rot, n_blocks);
+        int* count = ordered ? dq_count<Br>(dq_semaphore, bh, Nq, q_first + qb * Br) : nullptr;
         if (ordered) wait_for_turn(count, cta.j);
         for (int w = w0; w <= w1; ++w) {
           mbar_wait(bar_dq_full(w), n & 1);
-          bulk_reduce_add(dst + (long long)n * Br * HEAD_DIM + (SHARED_DQ ? w * BWD_V4_DQ_BYTES / 4 : 0),
+          bulk_reduce_add(dst + (long long)qb * Br * HEAD_DIM + (SHARED_DQ ? w * BWD_V4_DQ_BYTES / 4 : 0),
                           s_dq + w * BWD_V4_DQ_BYTES, BWD_V4_DQ_BYTES);
           bulk_commit();
           if (ordered && (!SHARED_DQ || w == w1)) bulk_wait<0>();  // (the same floats next, or the count)
@@ -173,7 +175,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     if (threadIdx.x >= 32) return;
     bwd_produce<HEAD_DIM, Br, Bc, STAGES>(tmaps, s_k, s_v, s_q, s_do, lse_s, Di_s, bar_kv, bar_full, bar_empty,
                                            lse + (long long)bh * Nq, Di + (long long)bh * Nq, kv_start, q_first,
-                                           n_blocks, Nq, h, hk, b, threadIdx.x);
+                                           n_blocks, Nq, h, hk, b, threadIdx.x, 0, 0, rot);
     return;
   }
 
@@ -239,7 +241,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     wait_scores();
   }
   for (int n = 0; n < n_blocks; ++n) {
-    const int st = n % STAGES, q_start = q_first + n * Br;
+    const int st = n % STAGES, q_start = q_first + q_block(n, rot, n_blocks) * Br;
     const unsigned ds_base = s_ds(n % 2);
     if (!PIPE) issue_scores(n);  // (PIPE: issued and waited for during block n - 1)
     if (LATE_PUBLISH && n > 0) publish_dq();  // block n - 1's tile
@@ -315,8 +317,8 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   // dK_w, dV_w into the gradients or the accumulators (shared by the GQA group: red); a tail part
   // writing the gradients adds into its block's tail tile as a GQA group would (bwd_wgmma.cuh).
   const int key0 = kv_start + 64 * w + 16 * warp + g;
-  const bool tail_part = !CAUSAL && tail_segments > 0 && dk_out;  // (a tail launch has parts only)
-  const TailTile tile = tail_part ? tail_tile<Bc>(tail_accum, tail_segments, kv_start, HEAD_DIM) : TailTile{};
+  const bool tail_part = TAIL && cta.seg >= 0 && dk_out;
+  const TailTile tile = tail_part ? tail_tile<Bc>(tail_accum, tail_from, tail_segments, kv_start, HEAD_DIM) : TailTile{};
   bwd_store_dkdv(dK, dV, tail_part ? tile.k : dk_accum, tail_part ? tile.v : dv_accum, tail_part ? nullptr : dk_out,
                  dv_out, dkv_sb, dkv_sh, dkv_sn, DQ_BULK ? dq_semaphore : nullptr, tail_part ? 0 : b,
                  tail_part ? 0 : h, tail_part ? 2 : H, tail_part ? 2 : h_per_kv, Nk, key0, 2 * t, HEAD_DIM,

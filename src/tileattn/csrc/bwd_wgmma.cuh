@@ -53,7 +53,7 @@ __device__ __forceinline__ void bwd_store_dkdv(const float (&dK)[N], const float
   }
 }
 
-// The tail launch's end of a K/V block (bwd_common.cuh's bwd_work), where the rung writes the
+// A tail part's end of a K/V block (bwd_common.cuh's bwd_work), where the rung writes the
 // gradients itself (dk_out): each part adds its dK and dV into the block's float32 tile of
 // tail_accum (r tiles of [dK | dV], Bc keys x D each, [key][column], then r counts, all zeroed by
 // the host) through bwd_store_dkdv's GQA path (red adds; TailTile's arguments make its index
@@ -64,8 +64,9 @@ struct TailTile {
   int* count;
 };
 template <int Bc>
-__device__ __forceinline__ TailTile tail_tile(float* tail_accum, int tail_segments, int kv_start, int head_dim) {
-  const int tiles = gridDim.x / tail_segments, t = blockIdx.x / tail_segments;
+__device__ __forceinline__ TailTile tail_tile(float* tail_accum, int tail_from, int tail_segments, int kv_start,
+                                              int head_dim) {
+  const int tiles = (gridDim.x - tail_from) / tail_segments, t = (blockIdx.x - tail_from) / tail_segments;
   float* const k = tail_accum + (long long)t * 2 * Bc * head_dim;
   return {k - kv_start * head_dim, k + (Bc - kv_start) * head_dim,
           reinterpret_cast<int*>(tail_accum + (long long)tiles * 2 * Bc * head_dim) + t};
@@ -129,7 +130,7 @@ __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, 
                                             SL lse_s, SD Di_s, unsigned bar_kv, BF bar_full, BE bar_empty,
                                             const float* lse_bh, const float* Di_bh, int kv_start, int q_first,
                                             int n_blocks, int Nq, int h, int hk, int b, int lane, int h_lo = 0,
-                                            int hk_lo = 0) {
+                                            int hk_lo = 0, int rot = 0) {
   if (lane == 0) {
     tma_tile_load<HEAD_DIM>(tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b);
     tma_tile_load<HEAD_DIM>(tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b);
@@ -142,7 +143,7 @@ __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, 
   auto load_stats = [&](int n) {
 #pragma unroll
     for (int k = 0; k < Br / 32; ++k) {
-      const int row = q_first + n * Br + lane + 32 * k;
+      const int row = q_first + q_block(n, rot, n_blocks) * Br + lane + 32 * k;
       const bool ok = n < n_blocks && row < Nq;
       lse_r[k] = ok ? lse_bh[row] : TILEATTN_NEG_INF;
       Di_r[k] = ok ? Di_bh[row] : 0.0f;
@@ -150,7 +151,7 @@ __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, 
   };
   load_stats(0);
   for (int n = 0; n < n_blocks; ++n) {
-    const int st = n % STAGES, q_start = q_first + n * Br;
+    const int st = n % STAGES, q_start = q_first + q_block(n, rot, n_blocks) * Br;
     if (n >= STAGES) mbar_wait(bar_empty(st), ((n / STAGES) & 1) ^ 1);
     if (lane == 0) {
       tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
