@@ -1,7 +1,7 @@
 """Every rung on small awkward shapes, causal and not, for compute-sanitizer:
 
     compute-sanitizer --tool memcheck|racecheck|synccheck|initcheck python scripts/sanitize.py
-    compute-sanitizer --tool ... python scripts/sanitize.py --backward [RUNG ...]
+    compute-sanitizer --tool ... python scripts/sanitize.py --backward [RUNG ...] [--tail-only]
     compute-sanitizer --tool ... python scripts/sanitize.py --serving
 
 Each case also checks its output against float64 (testing.run_case), so a clean sanitizer run is
@@ -47,9 +47,10 @@ def backward_cases(only=()) -> int:
             (2, 4, 2, 33, 130, 64, "bottom_right", False),
             (1, 2, 2, 130, 33, 64, "bottom_right", entry.deterministic),
         ]
-        if entry.tail_split:  # the tail (backward._tail_plan): 4 K/V blocks of >= 32 Q blocks
-            shapes += [(1, 2, 2, 4100, 200, D, None, False) for D in dims]
-            shapes += [(1, 4, 2, 4100, 200, 128, None, False)]  # GQA: the parts add into the accumulators
+        tail = [(1, 2, 2, 4100, 200, D, None, False) for D in dims]  # 4 K/V blocks of >= 32 Q blocks
+        tail += [(1, 4, 2, 4100, 200, 128, None, False)]  # GQA: the parts add into the accumulators
+        if entry.tail_split:  # (backward._tail_plan); --tail-only: these alone
+            shapes = tail if "--tail-only" in sys.argv else shapes + tail
         for dtype in entry.dtypes:
             dt = getattr(torch, dtype)
             for B, H, H_kv, Nq, Nk, D, causal, det in shapes:
@@ -81,7 +82,7 @@ if "--serving" in sys.argv:
 
     sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "-k", SERVING_SAMPLE, *SERVING_TESTS]))
 if "--backward" in sys.argv:
-    failures = backward_cases(sys.argv[sys.argv.index("--backward") + 1 :])
+    failures = backward_cases([a for a in sys.argv[sys.argv.index("--backward") + 1 :] if not a.startswith("--")])
     print(f"sanitize cases: {failures} failed")
     sys.exit(1 if failures else 0)
 for name, v in VERSIONS.items():
