@@ -472,9 +472,8 @@ class KernelEntry:
         return name_expression(self.kernel, dtype, head_dim, *self.tiles[head_dim], causal)
 
 
-# D_i = rowsum(dO * O): BWD_PRE_ROWS rows per block, each by 4-32 lanes, four rows a lane group
-# (bwd_common.cuh's TILEATTN_BWD_PRE_ROW_PASSES).
-BWD_PRE_ROWS = 32
+# D_i = rowsum(dO * O): BWD_PRE_ROWS rows per block, each by 4-32 lanes (bwd_common.cuh).
+BWD_PRE_ROWS = 8
 BWD_PREPROCESS = KernelEntry(
     name="bwd_preprocess",
     file="bwd_common.cuh",

@@ -298,19 +298,14 @@ __device__ __forceinline__ void store_dkdv2(float* dk_accum, float* dv_accum, T*
 
 // Preprocessing: D_i = rowsum(dO * O) in float32, Br query rows per thread block (grid:
 // (ceil(Nq / Br), B*H)), each row by bwd_pre_lanes lanes of 16-byte loads (a row's 16-byte chunks,
-// rounded up to a power of two, 4 to 32), each lane group over BWD_PRE_ROW_PASSES rows Br /
-// BWD_PRE_ROW_PASSES apart, all their loads issued before the first sum.  One warp a row with
-// 2-byte loads kept too few bytes in flight to pass ~1.4 TB/s (0.093 ms at B=4 H=16 N=8192 D=64
-// on an H200); one row a lane group, 8 rows a block, measured 0.09 / 0.12 ms at D = 64 / 128
-// (1.5 / 2.2 TB/s): many short blocks, one load each in flight a thread.  O and dO rows start on
-// 16-byte boundaries (backward.py copies them otherwise).  The uniform template signature of the
-// registry; Bc and CAUSAL are unused.
-#ifndef TILEATTN_BWD_PRE_ROW_PASSES
-#define TILEATTN_BWD_PRE_ROW_PASSES 4
-#endif
+// rounded up to a power of two, 4 to 32): 8 lanes a row at D=64 in 16 bits, so a 64-thread
+// block, where one warp a row with 2-byte loads kept too few bytes in flight to pass ~1.4 TB/s
+// (0.093 ms at B=4 H=16 N=8192 on an H200).  O and dO rows start on 16-byte boundaries
+// (backward.py copies them otherwise).  The uniform template signature of the registry; Bc and
+// CAUSAL are unused.
 template <typename T, int HEAD_DIM>
 __host__ __device__ constexpr int bwd_pre_lanes() {
-  int lanes = 4;  // (at least: 8 rows a pass then fill whole warps, as the full-mask shuffles need)
+  int lanes = 4;  // (at least: Br = 8 rows a block then fill whole warps, as the full-mask shuffles need)
   while (lanes < 32 && lanes * 16 < HEAD_DIM * (int)sizeof(T)) lanes *= 2;
   return lanes;
 }
@@ -340,38 +335,21 @@ __device__ __forceinline__ void zero_share(float* p, int n) {
 }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(Br / TILEATTN_BWD_PRE_ROW_PASSES * bwd_pre_lanes<T, HEAD_DIM>())
-    bwd_preprocess(TILEATTN_BWD_PARAMS(T)) {
+__global__ void __launch_bounds__(Br * bwd_pre_lanes<T, HEAD_DIM>()) bwd_preprocess(TILEATTN_BWD_PARAMS(T)) {
   constexpr int LANES = bwd_pre_lanes<T, HEAD_DIM>(), CHUNKS = HEAD_DIM * (int)sizeof(T) / 16;
-  constexpr int PASSES = TILEATTN_BWD_PRE_ROW_PASSES, ROWS = Br / PASSES, PER_LANE = (CHUNKS + LANES - 1) / LANES;
-  static_assert(HEAD_DIM * sizeof(T) % 16 == 0 && Br % PASSES == 0, "whole 16-byte chunks a row, whole passes");
+  static_assert(HEAD_DIM * sizeof(T) % 16 == 0, "whole 16-byte chunks a row");
   const int bh = blockIdx.y + bh_offset;
   const int b = bh / H, h = bh % H;
-  const int row0 = blockIdx.x * Br + threadIdx.x / LANES, lane = threadIdx.x % LANES;
+  const int row = blockIdx.x * Br + threadIdx.x / LANES, lane = threadIdx.x % LANES;
   // (No early exit: a warp may hold rows on both sides of Nq, and its shuffles need every lane.)
-  uint4 o_c[PASSES][PER_LANE], do_c[PASSES][PER_LANE];
+  const uint4* o_row = reinterpret_cast<const uint4*>(o + b * o_sb + h * o_sh + row * o_sn);
+  const uint4* do_row = reinterpret_cast<const uint4*>(dout + b * do_sb + h * do_sh + row * do_sn);
+  float sum = 0.0f;
+  if (row < Nq)
 #pragma unroll
-  for (int p = 0; p < PASSES; ++p) {
-    const int row = row0 + p * ROWS;
-    const uint4* o_row = reinterpret_cast<const uint4*>(o + b * o_sb + h * o_sh + row * o_sn);
-    const uint4* do_row = reinterpret_cast<const uint4*>(dout + b * do_sb + h * do_sh + row * do_sn);
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
-      const int c = lane + i * LANES;
-      const bool ok = row < Nq && c < CHUNKS;
-      o_c[p][i] = ok ? o_row[c] : make_uint4(0, 0, 0, 0);
-      do_c[p][i] = ok ? do_row[c] : make_uint4(0, 0, 0, 0);
-    }
-  }
-#pragma unroll
-  for (int p = 0; p < PASSES; ++p) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) sum += dot16<T>(o_c[p][i], do_c[p][i]);
-    sum = lanes_sum<LANES>(sum);
-    const int row = row0 + p * ROWS;
-    if (lane == 0 && row < Nq) Di[(long long)bh * Nq + row] = sum;
-  }
+    for (int c = lane; c < CHUNKS; c += LANES) sum += dot16<T>(o_row[c], do_row[c]);
+  sum = lanes_sum<LANES>(sum);
+  if (lane == 0 && row < Nq) Di[(long long)bh * Nq + row] = sum;
   // The rung's zeroed float32 buffers, written here rather than by memsets of their own (two
   // launches fewer a call, and the writes share the launch with this kernel's reads): each block
   // its 1 / gridDim.x of its head's dq_accum, and the blocks of head 0 the tail's tiles.

@@ -157,11 +157,8 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
         if (ordered) wait_for_turn(count, cta.j);
         for (int w = w0; w <= w1; ++w) {
           mbar_wait(bar_dq_full(w), n & 1);
-          float* const chunk = dst + (long long)qb * Br * HEAD_DIM + (SHARED_DQ ? w * BWD_V4_DQ_BYTES / 4 : 0);
-          if constexpr (TILEATTN_BWD_L2_HINTS)  // (the chunk is added into by the head's other K/V blocks)
-            bulk_reduce_add_hint(chunk, s_dq + w * BWD_V4_DQ_BYTES, BWD_V4_DQ_BYTES, l2_evict_last());
-          else
-            bulk_reduce_add(chunk, s_dq + w * BWD_V4_DQ_BYTES, BWD_V4_DQ_BYTES);
+          bulk_reduce_add(dst + (long long)qb * Br * HEAD_DIM + (SHARED_DQ ? w * BWD_V4_DQ_BYTES / 4 : 0),
+                          s_dq + w * BWD_V4_DQ_BYTES, BWD_V4_DQ_BYTES);
           bulk_commit();
           if (ordered && (!SHARED_DQ || w == w1)) bulk_wait<0>();  // (the same floats next, or the count)
         }

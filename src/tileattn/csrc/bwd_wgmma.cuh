@@ -7,10 +7,6 @@
 // and query row 8 (i / 4) + 2t + (i % 2) of the Q block, for both S^T = K Q^T and dP^T = V dO^T.
 #pragma once
 
-#ifndef TILEATTN_BWD_L2_HINTS
-#define TILEATTN_BWD_L2_HINTS 0
-#endif
-
 #include "bwd_common.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -135,15 +131,9 @@ __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, 
                                             const float* lse_bh, const float* Di_bh, int kv_start, int q_first,
                                             int n_blocks, int Nq, int h, int hk, int b, int lane, int h_lo = 0,
                                             int hk_lo = 0, int rot = 0) {
-  // Experiment (TILEATTN_BWD_L2_HINTS, off): K and V read once (evict_first), Q and dO read again
-  // by the head's other K/V blocks (evict_last).
-  unsigned long long once = 0, again = 0;
-  if constexpr (TILEATTN_BWD_L2_HINTS) once = l2_evict_first(), again = l2_evict_last();
-  const unsigned long long* kv_hint = TILEATTN_BWD_L2_HINTS ? &once : nullptr;
-  const unsigned long long* q_hint = TILEATTN_BWD_L2_HINTS ? &again : nullptr;
   if (lane == 0) {
-    tma_tile_load<HEAD_DIM>(tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b, kv_hint);
-    tma_tile_load<HEAD_DIM>(tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b, kv_hint);
+    tma_tile_load<HEAD_DIM>(tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b);
+    tma_tile_load<HEAD_DIM>(tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b);
     if constexpr (SPLIT) {
       tma_tile_load<HEAD_DIM>(tmaps, 1, s_k + Bc * HEAD_DIM * 2, bar_kv, Bc, kv_start, hk_lo, b);
       tma_tile_load<HEAD_DIM>(tmaps, 2, s_v + Bc * HEAD_DIM * 2, bar_kv, Bc, kv_start, hk_lo, b);
@@ -164,8 +154,8 @@ __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, 
     const int st = n % STAGES, q_start = q_first + q_block(n, rot, n_blocks) * Br;
     if (n >= STAGES) mbar_wait(bar_empty(st), ((n / STAGES) & 1) ^ 1);
     if (lane == 0) {
-      tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b, q_hint);
-      tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b, q_hint);
+      tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
+      tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
       if constexpr (SPLIT) {
         tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st) + Br * HEAD_DIM * 2, bar_full(st), Br, q_start, h_lo, b);
         tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st) + Br * HEAD_DIM * 2, bar_full(st), Br, q_start, h_lo, b);

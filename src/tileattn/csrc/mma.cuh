@@ -375,27 +375,6 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const void* tmap, int 
       : "memory");
 }
 
-// tma_load_4d with an L2 cache policy (createpolicy: l2_evict_last / l2_evict_first below).
-__device__ __forceinline__ void tma_load_4d_hint(unsigned dst, const void* tmap, int c0, int c1, int c2, int c3,
-                                                 unsigned bar, unsigned long long policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-      "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(policy)
-      : "memory");
-}
-// L2 cache policies for the copy engine: keep lines that other thread blocks read again soon
-// (evict_last), or let lines read once go first (evict_first).
-__device__ __forceinline__ unsigned long long l2_evict_last() {
-  unsigned long long p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ unsigned long long l2_evict_first() {
-  unsigned long long p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-
 // A bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory to
 // shared memory at dst, completion counted on mbarrier bar: no tensor map, so any row of any
 // strided or paged tensor can be a source.
@@ -420,13 +399,6 @@ __device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned byt
 __device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsigned bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
                "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_reduce_add_hint(float* dst, unsigned src, unsigned bytes,
-                                                     unsigned long long policy) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;\n" ::"l"(
-                   dst),
-               "r"(src), "r"(bytes), "l"(policy)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -458,19 +430,15 @@ __device__ __forceinline__ void cp_async_mbar_arrive(unsigned bar) {
 // with the narrow last panel's box.  head: the map's head index.
 template <int COLS>
 __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, unsigned dst, unsigned bar, int rows,
-                                              int first_row, int head, int batch,
-                                              const unsigned long long* policy = nullptr) {
+                                              int first_row, int head, int batch) {
   using Panels = SwizzledTile<8, COLS>;  // the panels depend on the columns only
   static_assert(Panels::NPANELS <= COLS / 64 + 1, "TMA: at most one narrow panel (32 or 16 columns)");
   mbar_arrive_expect_tx(bar, rows * COLS * 2);
 #pragma unroll
   for (int p = 0; p < Panels::NPANELS; ++p) {
     const int W = Panels::panel_width(p), c0 = Panels::panel_chunk0(p);
-    if (policy)
-      tma_load_4d_hint(dst + rows * c0 * 16, tmaps->desc[map + (W == 8 ? 0 : 3)], c0 * 8, first_row, head, batch,
-                       bar, *policy);
-    else
-      tma_load_4d(dst + rows * c0 * 16, tmaps->desc[map + (W == 8 ? 0 : 3)], c0 * 8, first_row, head, batch, bar);
+    tma_load_4d(dst + rows * c0 * 16, tmaps->desc[map + (W == 8 ? 0 : 3)], c0 * 8,
+                first_row, head, batch, bar);
   }
 }
 
