@@ -150,8 +150,9 @@ _BWD_NAMES = [n for n, _ in BWD_ARGS]
 _BH_OFFSET, _TAIL_FROM, _TAIL_SEGMENTS = (_BWD_NAMES.index(n) for n in ("bh_offset", "tail_from", "tail_segments"))
 # A tail part takes at least _TAIL_PART_Q_BLOCKS Q blocks, and only K/V blocks of at least
 # _TAIL_Q_BLOCKS are split: at N=1024 (8 or 16 Q blocks a K/V block) the tail measured 1-3% slower
-# than none on an H200, with parts of one or two Q blocks and of four (bench/NOTES.md); the second
-# launch and its zeroed tiles cost about what a short block's wave saves.
+# than none on an H200 as a second launch, with parts of one or two Q blocks and of four, and
+# inside the main launch 4% slower at D=64, the same at D=128 (bench/NOTES.md): the parts' extra
+# prologues and dK / dV adds cost about what a short block's wave saves.
 _TAIL_PART_Q_BLOCKS, _TAIL_Q_BLOCKS = 4, 32
 
 

@@ -453,8 +453,8 @@ class KernelEntry:
     # Dense calls only, launched as min(SMs, units) CTAs that walk csrc/common.cuh's
     # persistent_tile order (a unit: a tile, causal a pair), reading B * H from bh_count.
     persistent: bool = False
-    # Backward rungs whose last partial wave of K/V blocks runs as a second launch of split blocks
-    # (bwd_common.cuh's bwd_work, backward._tail_plan).
+    # Backward rungs whose last partial wave of K/V blocks runs as split blocks after the others in
+    # the same launch (bwd_common.cuh's bwd_work, backward._tail_plan).
     tail_split: bool = False
 
     def runs_on(self, arch: int) -> bool:

@@ -88,11 +88,11 @@ __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
 // launch of a 1-D grid: its first tail_from = B*H*Tc - r thread blocks take the K/V blocks of the
 // plain order before its last r, and the r * S after them split each of those r over S thread
 // blocks, each over a contiguous 1/S of its Q blocks.  The hardware starts thread blocks in
-// linear order, so the parts start as the SMs free up at the end and fill the last wave.  (As a
-// second launch they measured the same gain less the launch gap: bench/NOTES.md.)  Their dQ adds
-// go where they would have; dK and dV are sums over the Q blocks, so each part adds its own into
-// tail_accum and the last to finish writes the block's gradients (bwd_tail_finish), or with GQA
-// all add into the zeroed accumulators as usual.  Without a causal mask only (the causal blocks'
+// linear order, so the parts start as the SMs free up at the end and fill the last wave (as a
+// second launch they ran only once the first had drained).  Their dQ adds go where they would
+// have; dK and dV are sums over the Q blocks, so each part adds its own into tail_accum and the
+// last to finish writes the block's gradients (bwd_tail_finish), or with GQA all add into the
+// zeroed accumulators as usual.  Without a causal mask only (the causal blocks'
 // lengths differ, and bwd_tile's groups already start the longest first); the host passes
 // tail_segments = 0 otherwise, and a call of more than one chunk of heads has no tail.
 template <bool CAUSAL, int Bc>

@@ -56,7 +56,7 @@ __device__ __forceinline__ void bwd_store_dkdv(const float (&dK)[N], const float
 // A tail part's end of a K/V block (bwd_common.cuh's bwd_work), where the rung writes the
 // gradients itself (dk_out): each part adds its dK and dV into the block's float32 tile of
 // tail_accum (r tiles of [dK | dV], Bc keys x D each, [key][column], then r counts, all zeroed by
-// the host) through bwd_store_dkdv's GQA path (red adds; TailTile's arguments make its index
+// bwd_preprocess) through bwd_store_dkdv's GQA path (red adds; TailTile's arguments make its index
 // (key - kv_start) D + column), and the part that finishes last reads the sums back and writes
 // the gradients (bwd_tail_finish).
 struct TailTile {
