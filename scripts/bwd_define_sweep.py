@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 from triton.testing import do_bench
 
-from tileattn import _nvrtc, api, versions
+from tileattn import _nvrtc, api, bench, versions
 from tileattn.backward import attention_backward
 from tileattn.versions import BWD_DQ_CONVERT, BWD_PREPROCESS, BWD_VERSIONS
 
@@ -74,11 +74,10 @@ def main():
                 api.entry_kernel.cache_clear()
                 with torch.no_grad():
                     out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
-                qkv = [t.detach().requires_grad_() for t in (q, k, v)]
-                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                    o = torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal)
-                    grad = lambda: torch.autograd.grad(o, qkv, dO, retain_graph=True)
-                    cudnn = do_bench(grad, warmup=25, rep=100, return_mode="median")
+                qkv = [t.detach().requires_grad_() for t in (q, k, v)]  # cuDNN as the bwd suite's peer
+                o = bench._peer_fn("sdpa_cudnn", *qkv, causal)()
+                grad = lambda: torch.autograd.grad(o, qkv, dO, retain_graph=True)
+                cudnn = do_bench(grad, warmup=25, rep=100, return_mode="median")
                 times = {name: [] for name in variants}
                 for _ in range(args.rounds):
                     for name, defines in variants.items():

@@ -47,9 +47,9 @@ def backward_cases(only=()) -> int:
             (2, 4, 2, 33, 130, 64, "bottom_right", False),
             (1, 2, 2, 130, 33, 64, "bottom_right", entry.deterministic),
         ]
-        tail = [(1, 2, 2, 4100, 200, D, None, False) for D in dims]  # 4 K/V blocks of >= 32 Q blocks
-        tail += [(1, 4, 2, 4100, 200, 128, None, False)]  # GQA: the parts add into the accumulators
-        if entry.tail_split:  # (backward._tail_plan); --tail-only: these alone
+        if entry.tail_split:  # (backward._tail_plan) 4 K/V blocks of >= 32 Q blocks; --tail-only: these alone
+            tail = [(1, 2, 2, 4100, 200, D, None, False) for D in dims]
+            tail += [(1, 4, 2, 4100, 200, 128, None, False)]  # GQA: the parts add into the accumulators
             shapes = tail if "--tail-only" in sys.argv else shapes + tail
         for dtype in entry.dtypes:
             dt = getattr(torch, dtype)

@@ -92,9 +92,9 @@ __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
 // second launch they ran only once the first had drained).  Their dQ adds go where they would
 // have; dK and dV are sums over the Q blocks, so each part adds its own into tail_accum and the
 // last to finish writes the block's gradients (bwd_tail_finish), or with GQA all add into the
-// zeroed accumulators as usual.  Without a causal mask only (the causal blocks'
-// lengths differ, and bwd_tile's groups already start the longest first); the host passes
-// tail_segments = 0 otherwise, and a call of more than one chunk of heads has no tail.
+// zeroed accumulators as usual.  Without a causal mask only (the causal blocks' lengths differ,
+// and bwd_tile's groups already start the longest first); the host passes tail_segments = 0
+// otherwise, and a call of more than one chunk of heads has no tail.
 template <bool CAUSAL, int Bc>
 __device__ __forceinline__ BwdTile bwd_work(int bh_offset, int Nk, int tail_from, int tail_segments) {
   if constexpr (!CAUSAL) {
