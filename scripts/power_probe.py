@@ -1,0 +1,136 @@
+"""Probe: clocks and power while a backward runs, ours beside cuDNN's, at the bwd suite's N=8192
+shapes (B=4, H=16).  Why: at D=128 bwd_v5's kernel took 9.04 ms in one profiled call right after a
+synchronize and 10.46 ms as do_bench's median of back-to-back calls (bench/NOTES.md), a gap as
+large as the margin the issue asks for.  If the card lowers its SM clock under sustained tensor
+work (power cap), a backward's speed in the benchmark is set by its energy per call as much as by
+its cycles, and the two kernels may run at different clocks.
+
+For each implementation and shape: (1) calls after 1 s of idle, each timed alone with events;
+(2) back-to-back calls for --seconds, each timed with events, reported as the median of the
+first 5 and of the rest; nvidia-smi samples the SM clock, power draw and the clock-event reasons
+every 50 ms throughout, and each phase prints the samples' medians over its window.
+
+    python scripts/power_probe.py [--headdim 128] [--dtype float16 bfloat16] [--seconds 3]
+"""
+
+import argparse
+import csv
+import io
+import statistics
+import subprocess
+import time
+
+import torch
+
+from tileattn import api, bench
+from tileattn.backward import attention_backward
+
+FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "power_brake"}
+
+
+def smi_start(path):
+    global FIELDS
+    probe = subprocess.run(["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader"], capture_output=True)
+    if probe.returncode != 0:  # older drivers name the reasons "throttle"
+        FIELDS = FIELDS.replace("clocks_event_reasons", "clocks_throttle_reasons")
+    f = open(path, "w")
+    return subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits", "-lms", "50"], stdout=f
+    ), f
+
+
+def smi_window(path, t0, t1):
+    """Median SM clock, power and the OR of the event reasons over samples in [t0, t1] (host time)."""
+    rows = []
+    for r in csv.reader(io.StringIO(open(path).read())):
+        if len(r) < 5:
+            continue
+        try:
+            ts = time.mktime(time.strptime(r[0].strip().split(".")[0], "%Y/%m/%d %H:%M:%S"))
+            ts += float("0." + r[0].strip().split(".")[1]) if "." in r[0] else 0.0
+            rows.append((ts, float(r[1]), float(r[2]), float(r[3]), int(r[4].strip(), 16)))
+        except ValueError:
+            continue
+    sel = [x for x in rows if t0 <= x[0] <= t1]
+    if not sel:
+        return "no samples"
+    bits = 0
+    for x in sel:
+        bits |= x[4]
+    why = ",".join(n for b, n in REASONS.items() if bits & b) or "-"
+    return (
+        f"{len(sel)} samples: SM {statistics.median(x[1] for x in sel):.0f} MHz "
+        f"(min {min(x[1] for x in sel):.0f}), {statistics.median(x[2] for x in sel):.0f} W, "
+        f"{max(x[3] for x in sel):.0f} C, reasons {why}"
+    )
+
+
+def timed(fn):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    return a, b
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--headdim", type=int, nargs="+", default=[128])
+    ap.add_argument("--dtype", nargs="+", default=["float16", "bfloat16"])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--log", default="/tmp/smi.csv")
+    args = ap.parse_args()
+    proc, f = smi_start(args.log)
+    time.sleep(1.0)
+    B, H, N = 4, 16, 8192
+    try:
+        for dtype in args.dtype:
+            dt = getattr(torch, dtype)
+            for D in args.headdim:
+                q, k, v, dO = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(4))
+                mode = "top_left" if args.causal else None
+                with torch.no_grad():
+                    out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
+                qkv = [t.detach().requires_grad_() for t in (q, k, v)]
+                o = bench._peer_fn("sdpa_cudnn", *qkv, args.causal)()
+                fns = {
+                    "bwd_v5": lambda: attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5"),
+                    "cudnn": lambda: torch.autograd.grad(o, qkv, dO, retain_graph=True),
+                }
+                for fn in fns.values():  # warm-up: compile, handles, allocator
+                    fn()
+                torch.cuda.synchronize()
+                for rnd in range(2):
+                    for name, fn in fns.items():
+                        tag = f"{dtype} D={D}{' causal' if args.causal else ''} {name} round {rnd}"
+                        idle = []
+                        for _ in range(3):
+                            time.sleep(1.0)
+                            ev = timed(fn)
+                            torch.cuda.synchronize()
+                            idle.append(ev[0].elapsed_time(ev[1]))
+                        t0 = time.time()
+                        evs = []
+                        while time.time() - t0 < args.seconds:
+                            evs.append(timed(fn))
+                            if len(evs) % 8 == 0:
+                                evs[-8][1].synchronize()  # keep the host within ~8 calls of the device
+                        torch.cuda.synchronize()
+                        t1 = time.time()
+                        ms = [a.elapsed_time(b) for a, b in evs]
+                        print(
+                            f"{tag}: after idle {' '.join(f'{x:.3f}' for x in idle)} ms; sustained "
+                            f"first 5 {statistics.median(ms[:5]):.3f}, rest {statistics.median(ms[5:]):.3f} ms "
+                            f"({len(ms)} calls)"
+                        )
+                        print(f"    smi over the sustained phase (last 2/3): {smi_window(args.log, t0 + (t1 - t0) / 3, t1)}")
+                        time.sleep(0.3)
+    finally:
+        proc.terminate()
+        f.close()
+
+
+if __name__ == "__main__":
+    main()
