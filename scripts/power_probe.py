@@ -74,6 +74,17 @@ def timed(fn):
     return a, b
 
 
+def sustained(fn, seconds):
+    """ms of each of back-to-back calls of fn over `seconds`, each timed with events."""
+    t0, evs = time.time(), []
+    while time.time() - t0 < seconds:
+        evs.append(timed(fn))
+        if len(evs) % 8 == 0:
+            evs[-8][1].synchronize()  # keep the host within ~8 calls of the device
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in evs]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--headdim", type=int, nargs="+", default=[128])
@@ -81,6 +92,12 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--log", default="/tmp/smi.csv")
+    ap.add_argument(
+        "--protocols",
+        action="store_true",
+        help="instead: per round, each implementation timed as a back-to-back loop (no L2 flush) and "
+        "by bench._time(steady=True) (do_bench, L2 flushed), ours also with inputs that require grad",
+    )
     args = ap.parse_args()
     proc, f = smi_start(args.log)
     time.sleep(1.0)
@@ -96,12 +113,29 @@ def main():
                 qkv = [t.detach().requires_grad_() for t in (q, k, v)]
                 o = bench._peer_fn("sdpa_cudnn", *qkv, args.causal)()
                 fns = {
-                    "bwd_v5": lambda: attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5"),
+                    "bwd_v5": lambda: attention_backward(
+                        q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5"
+                    ),
                     "cudnn": lambda: torch.autograd.grad(o, qkv, dO, retain_graph=True),
                 }
+                qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                fns["bwd_v5 (inputs require grad)"] = lambda: attention_backward(
+                    qg, kg, vg, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5"
+                )
                 for fn in fns.values():  # warm-up: compile, handles, allocator
                     fn()
                 torch.cuda.synchronize()
+                if args.protocols:
+                    for rnd in range(3):
+                        for name, fn in fns.items():
+                            loop = sustained(fn, 2.0)
+                            suite = bench._time(fn, steady=True)
+                            print(
+                                f"{dtype} D={D}{' causal' if args.causal else ''} round {rnd} {name}: "
+                                f"loop {statistics.median(loop[5:]):.3f} ms, bench._time steady {suite:.3f} ms"
+                            )
+                    continue
+                del fns["bwd_v5 (inputs require grad)"]
                 for rnd in range(2):
                     for name, fn in fns.items():
                         tag = f"{dtype} D={D}{' causal' if args.causal else ''} {name} round {rnd}"
@@ -112,20 +146,15 @@ def main():
                             torch.cuda.synchronize()
                             idle.append(ev[0].elapsed_time(ev[1]))
                         t0 = time.time()
-                        evs = []
-                        while time.time() - t0 < args.seconds:
-                            evs.append(timed(fn))
-                            if len(evs) % 8 == 0:
-                                evs[-8][1].synchronize()  # keep the host within ~8 calls of the device
-                        torch.cuda.synchronize()
+                        ms = sustained(fn, args.seconds)
                         t1 = time.time()
-                        ms = [a.elapsed_time(b) for a, b in evs]
                         print(
                             f"{tag}: after idle {' '.join(f'{x:.3f}' for x in idle)} ms; sustained "
                             f"first 5 {statistics.median(ms[:5]):.3f}, rest {statistics.median(ms[5:]):.3f} ms "
                             f"({len(ms)} calls)"
                         )
-                        print(f"    smi over the sustained phase (last 2/3): {smi_window(args.log, t0 + (t1 - t0) / 3, t1)}")
+                        window = smi_window(args.log, t0 + (t1 - t0) / 3, t1)
+                        print(f"    smi over the sustained phase (last 2/3): {window}")
                         time.sleep(0.3)
     finally:
         proc.terminate()
