@@ -698,3 +698,22 @@ def test_backward_packed_qkv_and_many_heads(dtype, D):
         expected = reference_grads(q, k, v, dO, D**-0.5, "top_left", "bnhd")
         torch_grads = reference_grads(q, k, v, dO, D**-0.5, "top_left", "bnhd", q.dtype)
         _assert_within_torch_error(got, expected, torch_grads, dtype, what=f"B={B} H={H} ")
+
+
+@pytest.mark.gpu
+def test_backward_suite_times_every_implementation_in_rounds(monkeypatch):
+    """bench.backward_suite on one small case (soak and windows shortened): every implementation
+    gets a row with its rounds' times and their median, and ours carry ratios to each peer."""
+    import statistics
+
+    from tileattn import bench
+
+    monkeypatch.setattr(bench, "_SOAK_S", 0.01)
+    monkeypatch.setattr(bench, "_STEADY_REP_MS", 5)
+    rows = bench.backward_suite([bench.Case(1, 2, 200, 64, "bfloat16", True)], rungs=["bwd_v5"])
+    by_impl = {r["impl"]: r for r in rows}
+    assert {"bwd_v5", "bwd_v5_deterministic", "sdpa_cudnn", "sdpa_flash"} <= set(by_impl), sorted(by_impl)
+    for r in rows:
+        assert len(r["ms_rounds"]) == bench._BWD_ROUNDS and r["ms"] == statistics.median(r["ms_rounds"]), r
+    ours = by_impl["bwd_v5"]
+    assert ours["rel_err"] < 1e-2 and ours["vs_sdpa_flash"] > 0, ours
