@@ -9,8 +9,14 @@ For each implementation and shape: (1) calls after 1 s of idle, each timed alone
 (2) back-to-back calls for --seconds, each timed with events, reported as the median of the
 first 5 and of the rest; nvidia-smi samples the SM clock, power draw and the clock-event reasons
 every 50 ms throughout, and each phase prints the samples' medians over its window.
+--protocols instead times each, in three rounds, as such a loop and by bench._time(steady=True),
+ours also with inputs that require grad (as the bench suite passes them).
 
-    python scripts/power_probe.py [--headdim 128] [--dtype float16 bfloat16] [--seconds 3]
+    python scripts/power_probe.py [--headdim 128] [--dtype float16 bfloat16] [--seconds 3] [--causal]
+
+What it found (479dedb, bench/results/sweeps/power_probe_479dedb.log): every sustained phase at
+the 700-W limit, 1665-1770 MHz; ours and cuDNN's at about the same cycles a call, ours at a
+15-30 MHz higher clock (bench/NOTES.md, "The backward at the power limit").
 """
 
 import argparse

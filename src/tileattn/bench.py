@@ -135,6 +135,10 @@ def rel_err(out: torch.Tensor, q, k, v, causal: bool) -> float:
     return ((out[sl].double() - ref).norm() / ref.norm()).item()
 
 
+_SOAK_S, _STEADY_REP_MS = 0.5, 1000  # _time(steady=True)
+_BWD_ROUNDS = 2  # interleaved rounds of the backward suite's timings
+
+
 def _time(fn, steady: bool = False) -> float:
     """Median ms of fn over do_bench's runs.  steady: first keep the card busy with fn for
     _SOAK_S, then time over _STEADY_REP_MS.  Why: under sustained tensor-core work an H200 sits at
@@ -153,10 +157,6 @@ def _time(fn, steady: bool = False) -> float:
             fn()
         torch.cuda.synchronize()
     return do_bench(fn, warmup=0, rep=_STEADY_REP_MS, return_mode="median")
-
-
-_SOAK_S, _STEADY_REP_MS = 0.5, 1000
-_BWD_ROUNDS = 2
 
 
 def _timed_row(base: dict, build, rate: str, per_ms: float, error=None) -> dict:
