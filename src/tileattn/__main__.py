@@ -230,6 +230,7 @@ def cmd_bench(args) -> int:
 
     from . import bench
 
+    bench.STEADY = args.steady
     total_rc = 0
     bwd_cases = _narrow(bench.BWD_CASES, args)
     bwd_rungs = [v for v in args.versions or BWD_VERSIONS if v in BWD_VERSIONS]  # (the forward's are ignored)
@@ -428,6 +429,12 @@ def main(argv=None) -> int:
     b.add_argument("--batch", type=int, help="override the suite's batch size")
     b.add_argument("--heads", type=int, help="override the suite's number of heads")
     b.add_argument("--no-peers", action="store_true")
+    b.add_argument(
+        "--steady",
+        action="store_true",
+        help="time every row at the card's power-limited steady clock (0.5-s soak, 1-s window; "
+        "~1.5 s a row): the bwd suite always does",
+    )
     b.add_argument("--out-dir", default="bench/results")
     f = sub.add_parser("fuzz", help="hypothesis-drawn cases vs float64 (GPU; NumPy loop nest without one)")
     f.add_argument("--cases", type=int, default=1000)

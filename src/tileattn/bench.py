@@ -137,10 +137,11 @@ def rel_err(out: torch.Tensor, q, k, v, causal: bool) -> float:
 
 _SOAK_S, _STEADY_REP_MS = 0.5, 1000  # _time(steady=True)
 _BWD_ROUNDS = 2  # interleaved rounds of the backward suite's timings
+STEADY = False  # `bench --steady`: every suite's timings steady (the backward suite's always are)
 
 
-def _time(fn, steady: bool = False) -> float:
-    """Median ms of fn over do_bench's runs.  steady: first keep the card busy with fn for
+def _time(fn, steady: bool | None = None) -> float:
+    """Median ms of fn over do_bench's runs.  steady (default: STEADY): first keep the card busy with fn for
     _SOAK_S, then time over _STEADY_REP_MS.  Why: under sustained tensor-core work an H200 sits at
     its 700-W power limit, and its clock controller takes ~0.5 s to get there from a pause (the
     clock dips to ~1400-1500 MHz on the way) and then swings by ~150 MHz about once a second
@@ -149,7 +150,7 @@ def _time(fn, steady: bool = False) -> float:
     whole swing, and each implementation is timed at the clock its own power draw allows."""
     from triton.testing import do_bench
 
-    if not steady:
+    if not (STEADY if steady is None else steady):
         return do_bench(fn, warmup=25, rep=100, return_mode="median")
     end = time.perf_counter() + _SOAK_S
     while time.perf_counter() < end:
