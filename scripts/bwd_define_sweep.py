@@ -8,16 +8,16 @@ cuDNN's backward (SDPA) on the same inputs, at the bwd suite's shapes (B = 32768
 
 Each --variant is NAME=MACRO[,MACRO...] (MACRO: NAME or NAME=VALUE; empty: the plain build).  All
 builds are compiled first, in parallel; each row prints every variant's best median over the
-rounds and its ratio to cuDNN.  bench/results/sweeps/bwd_v5_stagger_sweep_00d8d1d.log came from
-an earlier form of this script, whose "sp" variants set TILEATTN_BWD_STAGGER_SPREAD=1 (starting
-points n_blocks / S apart, now the only form; without it they were one Q block apart).
+rounds and its ratio to cuDNN, each timed at the power limit's steady clock (bench._time).
+bench/results/sweeps/bwd_v5_stagger_sweep_00d8d1d.log came from an earlier form of this script
+(100-ms windows), whose "sp" variants set TILEATTN_BWD_STAGGER_SPREAD=1 (starting points
+n_blocks / S apart, now the only form; without it they were one Q block apart).
 """
 
 import argparse
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
-from triton.testing import do_bench
 
 from tileattn import _nvrtc, api, bench, versions
 from tileattn.backward import attention_backward
@@ -77,14 +77,14 @@ def main():
                 qkv = [t.detach().requires_grad_() for t in (q, k, v)]  # cuDNN as the bwd suite's peer
                 o = bench._peer_fn("sdpa_cudnn", *qkv, causal)()
                 grad = lambda: torch.autograd.grad(o, qkv, dO, retain_graph=True)
-                cudnn = do_bench(grad, warmup=25, rep=100, return_mode="median")
+                cudnn = bench._time(grad, steady=True)
                 times = {name: [] for name in variants}
                 for _ in range(args.rounds):
                     for name, defines in variants.items():
                         _nvrtc.EXPERIMENT_DEFINES[:] = defines
                         api.entry_kernel.cache_clear()  # (loaded kernels are keyed without the macros)
                         run = lambda: attention_backward(q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", args.rung)
-                        times[name].append(do_bench(run, warmup=25, rep=100, return_mode="median"))
+                        times[name].append(bench._time(run, steady=True))
                 row = " ".join(f"{n} {min(t):.3f} ({cudnn / min(t):.3f}x)" for n, t in times.items())
                 best = min(times, key=lambda n: min(times[n]))
                 print(f"N={N} {dt} D={D} causal={causal} cudnn {cudnn:.3f} ms | {row} | best {best}", flush=True)

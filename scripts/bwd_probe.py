@@ -1,7 +1,8 @@
 """Probe: the backward rungs (by default the 16-bit bwd_v2 .. bwd_v5 at bf16 B=4 H=16; with
---dtype float32 the FP32 ones at H=8) at N=8192, D=64 and 128, causal and not, timed with triton's
-do_bench (median), with each rung's largest dQ difference from the first as a sanity check (a
-build that leaves something out on purpose shows it here).
+--dtype float32 the FP32 ones at H=8) at N=8192, D=64 and 128, causal and not, timed at the power
+limit's steady clock (bench._time: a soak, then do_bench's median over 1 s), with each rung's
+largest dQ difference from the first as a sanity check (a build that leaves something out on
+purpose shows it here).
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined, as
 scripts/variants_probe.py (an experiment's switch in the CUDA sources); `--tile RUNG:D=Br,Bc` runs
@@ -18,7 +19,6 @@ import argparse
 import dataclasses
 
 import torch
-from triton.testing import do_bench
 
 from tileattn import _nvrtc, api, backward, bench
 from tileattn.backward import attention_backward
@@ -64,11 +64,8 @@ for D in args.headdim:
         for peer in PEERS:  # autograd through SDPA's backend (the bwd suite's peers), its forward run once
             qkv = [t.detach().requires_grad_() for t in (q, k, v)]
             o = bench._peer_fn(peer, *qkv, causal)()
-            times[peer] = do_bench(
-                lambda o=o, qkv=qkv: torch.autograd.grad(o, qkv, dO, retain_graph=True),
-                warmup=25,
-                rep=200,
-                return_mode="median",
+            times[peer] = bench._time(
+                lambda o=o, qkv=qkv: torch.autograd.grad(o, qkv, dO, retain_graph=True), steady=True
             )
             print(f"D={D} causal={causal} {peer}: {times[peer]:.2f} ms {flops / times[peer] / 1e9:.0f} TFLOP/s")
         for name in args.versions:
@@ -78,7 +75,7 @@ for D in args.headdim:
             )
             dq = run()[0].float()
             base = dq if base is None else base
-            ms = do_bench(run, warmup=25, rep=200, return_mode="median")
+            ms = bench._time(run, steady=True)
             diff = (dq - base).abs().max().item()
             ratios = "".join(f", {t / ms:.2f}x {peer}" for peer, t in times.items())
             print(

@@ -41,8 +41,8 @@ for D in args.headdim:
             flops = 4 * B * H * N * N * D / (2 if causal else 1)
             call = lambda: flash_attn_func(qt, kt, vt, causal=causal, version=args.version)
             err = bench.rel_err(call().transpose(1, 2), q, k, v, causal)
-            ours = bench._time(call)
-            peer = bench._time(bench._peer_fn(args.peer, q, k, v, causal))
+            ours = bench._time(call, steady=True)
+            peer = bench._time(bench._peer_fn(args.peer, q, k, v, causal), steady=True)
             print(
                 f"D={D} N={N} B={B} causal={causal:d}: ours {ours:.4f} ms ({flops / ours / 1e9:.0f} TF/s), "
                 f"{args.peer} {peer:.4f} ms ({flops / peer / 1e9:.0f}); ratio {peer / ours:.3f}, err {err:.2e}",
