@@ -46,7 +46,11 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // on Blackwell; Zadouri et al. 2025).  Error (relative, float32 Horner, NumPy over 20,001 points):
 // degree 4 2.7e-6, degree 3 7.5e-5 (fp16's half ulp is 2.4e-4, bf16's 2.0e-3).  x below -126.5
 // gives +0, as ex2.approx.ftz flushes it; x = -inf gives +0; x must stay below 128 (a softmax
-// weight's exponent is at most lazy_rescale_log2()).  NaN gives 0, not NaN.
+// weight's exponent is at most lazy_rescale_log2()).  NaN gives 0, not NaN.  Used only behind
+// v3_3_wgmma.cu's experiment switch TILEATTN_EXP2_FMA.  Measured before on the FP8 rung (every 4th
+// weight, degree 3; bench/NOTES.md "v3.5"): 3% slower at D=128, 17% at D=64 without a mask, so
+// the FP32 pipe's issue slots, not the SFU, were binding there; a softcap's second SFU
+// instruction a score is the case still to measure.
 #ifndef TILEATTN_EXP2_FMA_DEGREE
 #define TILEATTN_EXP2_FMA_DEGREE 4
 #endif
