@@ -40,10 +40,10 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // 2^x on the FMA and integer pipes, without the SFU: x = n + f with n = round(x) (the 1.5 * 2^23
 // addition leaves n in t's low mantissa bits), 2^f on [-0.5, 0.5] by a minimax polynomial in
 // Horner form, and 2^n built in the exponent field.  Why: the SFU returns 16 results a clock per
-// SM, and at D=64 the tensor core finishes a score's two products (S, then P V: 256 FLOPs) in the
+// SM (the CUDA C++ Programming Guide's throughput table, compute capability 9.0), and at D=64 the tensor core finishes a score's two products (S, then P V: 256 FLOPs) in the
 // same 1/16 clock, so the exponentials alone keep pace with the MMAs and a softcap's tanh doubles
-// them; computing some of them here moves that work to the FP32 pipe (FlashAttention-4 does this
-// on Blackwell; Zadouri et al. 2025).  Error (relative, float32 Horner, NumPy over 20,001 points):
+// them; computing some of them here moves that work to the FP32 pipe (FlashAttention-4 computes
+// part of its exponentials this way on Blackwell).  Error (relative, float32 Horner, NumPy over 20,001 points):
 // degree 4 2.7e-6, degree 3 7.5e-5 (fp16's half ulp is 2.4e-4, bf16's 2.0e-3).  x below -126.5
 // gives +0, as ex2.approx.ftz flushes it; x = -inf gives +0; x must stay below 128 (a softmax
 // weight's exponent is at most lazy_rescale_log2()).  NaN gives 0, not NaN.  Used only behind
