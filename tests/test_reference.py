@@ -326,39 +326,3 @@ def test_packed_tile_schedule_covers_every_block_once(lens, causal, start, extra
         mine = [i for s, i in blocks if s == b]
         assert mine == sorted(mine, reverse=causal)
 
-
-def test_exp2_fma_polynomials_as_softmax_cuh_states():
-    """softmax.cuh's exp2_fma (2^x on the FP32 pipe: round, a minimax polynomial, the exponent
-    field) modelled in float32 with the coefficients read from the header: relative error within
-    the comment's figures (degree 4: 2.7e-6, degree 3: 7.5e-5) over the weights' range, and +0 for
-    -inf and below -126.5, as ex2.approx.ftz gives."""
-    import re
-    from pathlib import Path
-
-    import tileattn
-
-    src = (Path(tileattn.__file__).parent / "csrc" / "softmax.cuh").read_text()
-    body = src[src.index("float exp2_fma(float x)") :]
-    body = body[: body.index("\n}\n")]
-    deg4, deg3 = (
-        [np.float32(c) for c in re.findall(r"(-?\d+\.\d+)f", poly)]
-        for poly in body.split("DEGREE == 4")[-1].split(";")[0].split(":")
-    )
-    f32 = np.float32
-
-    def model(x, coeffs):  # coeffs: innermost first, as Horner in the header
-        x = np.maximum(x.astype(f32), f32(-127.0))
-        t = (x + f32(12582912.0)).astype(f32)
-        f = (x - (t - f32(12582912.0))).astype(f32)
-        p = coeffs[0]
-        for c in coeffs[1:]:
-            p = (p * f + c).astype(f32)
-        e = ((t.view(np.int32) + np.int32(127 - 0x4B400000)) << 23).view(f32)
-        return (p * e).astype(f32)
-
-    x = np.linspace(-126.0, 9.0, 400_001).astype(f32)
-    for coeffs, bound in ((deg4, 2.8e-6), (deg3, 7.6e-5)):
-        assert len(coeffs) in (4, 5)
-        rel = np.abs(model(x, coeffs).astype(np.float64) / np.exp2(x.astype(np.float64)) - 1).max()
-        assert rel < bound, (len(coeffs) - 1, rel)
-        assert not model(np.array([-np.inf, -127.0, -126.6], dtype=f32), coeffs).any()

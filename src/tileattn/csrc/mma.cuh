@@ -454,8 +454,7 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
 // LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
-// EXP2_FMA > 0: every EXP2_FMA-th pair of weights by exp2_fma (softmax.cuh) instead of the SFU.
-template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false, int EXP2_FMA = 0>
+template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
@@ -488,10 +487,7 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
   }
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
-    if (EXP2_FMA > 0 && (i / 2) % EXP2_FMA == EXP2_FMA - 1)
-      S[i] = exp2_fma(fmaf(S[i], scale_log2, -m_base[(i % 4) / 2]));
-    else
-      S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
+    S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
     l_i[(i % 4) / 2] += S[i];
   }
 }

@@ -37,37 +37,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// 2^x on the FMA and integer pipes, without the SFU: x = n + f with n = round(x) (the 1.5 * 2^23
-// addition leaves n in t's low mantissa bits), 2^f on [-0.5, 0.5] by a minimax polynomial in
-// Horner form, and 2^n built in the exponent field.  Why: the SFU returns 16 results a clock per
-// SM (the CUDA C++ Programming Guide's throughput table, compute capability 9.0), and at D=64 the tensor core finishes a score's two products (S, then P V: 256 FLOPs) in the
-// same 1/16 clock, so the exponentials alone keep pace with the MMAs and a softcap's tanh doubles
-// them; computing some of them here moves that work to the FP32 pipe (FlashAttention-4 computes
-// part of its exponentials this way on Blackwell).  Error (relative, float32 Horner, NumPy over 20,001 points):
-// degree 4 2.7e-6, degree 3 7.5e-5 (fp16's half ulp is 2.4e-4, bf16's 2.0e-3).  x below -126.5
-// gives +0, as ex2.approx.ftz flushes it; x = -inf gives +0; x must stay below 128 (a softmax
-// weight's exponent is at most lazy_rescale_log2()).  NaN gives 0, not NaN.  Used only behind
-// v3_3_wgmma.cu's experiment switch TILEATTN_EXP2_FMA.  Measured before on the FP8 rung (every 4th
-// weight, degree 3; bench/NOTES.md "v3.5"): 3% slower at D=128, 17% at D=64 without a mask, so
-// the FP32 pipe's issue slots, not the SFU, were binding there; a softcap's second SFU
-// instruction a score is the case still to measure.
-#ifndef TILEATTN_EXP2_FMA_DEGREE
-#define TILEATTN_EXP2_FMA_DEGREE 4
-#endif
-template <int DEGREE = TILEATTN_EXP2_FMA_DEGREE>
-__device__ __forceinline__ float exp2_fma(float x) {
-  static_assert(DEGREE == 3 || DEGREE == 4, "the two fitted polynomials");
-  x = fmaxf(x, -127.0f);
-  const float t = x + 12582912.0f;  // 1.5 * 2^23: t = 1.5 * 2^23 + round(x), exactly
-  const float f = x - (t - 12582912.0f);
-  const float p = DEGREE == 4
-                      ? fmaf(fmaf(fmaf(fmaf(0.009570069f, f, 0.05591781f), f, 0.24024744f), f, 0.69312185f), f,
-                             0.99999928f)
-                      : fmaf(fmaf(fmaf(0.05517132f, f, 0.24261054f), f, 0.69326097f), f, 0.99992812f);
-  // t's bits are 0x4B400000 + n; (n + 127) << 23 is 2^n's, and +0 for n = -127.
-  return p * __int_as_float((__float_as_int(t) + (127 - 0x4B400000)) << 23);
-}
-
 // The scale in the log2 domain, folded into the exponent: 2^(s S - m), so S is never scaled on
 // its own (one FFMA per score instead of FMUL + FADD).  That needs s > 0, so that the row max of
 // the raw scores gives the row max of the scaled ones: the kernels take softmax_scale >= 0

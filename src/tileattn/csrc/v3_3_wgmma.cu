@@ -33,10 +33,6 @@
 #include "mma.cuh"  // pack2, mbarriers, tma_load_4d
 #include "wgmma.cuh"
 
-#ifndef TILEATTN_EXP2_FMA
-#define TILEATTN_EXP2_FMA 0
-#endif
-
 namespace tileattn {
 
 constexpr int V3_3_WG = 128;              // threads per warpgroup
@@ -318,9 +314,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     };
     if (PERSISTENT && Tc == 0) mbar_arrive(q_empty);  // no S at all
 
-    // TILEATTN_EXP2_FMA (an experiment switch, default 0: off): every N-th pair of a block's
-    // weights on the FP32 pipe (softmax.cuh's exp2_fma), the rest on the SFU.  Not FP8 (P is e4m3).
-    constexpr int EXP2_FMA = FP8 ? 0 : TILEATTN_EXP2_FMA;
     ScoreVariants var{};
     // ALiBi under the causal mask (every visible key at or left of the row) as one FFMA a score
     // (fragment_alibi_keys) instead of fragment_variants's FADD and FFMA: measured on an H200
@@ -348,10 +341,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
       if constexpr (ALIBI_KEYS) {
         const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true, !FP8, EXP2_FMA>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+        fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
                                                         q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
-        fragment_online_softmax<CAUSAL, NS, false, !FP8, EXP2_FMA>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+        fragment_online_softmax<CAUSAL, NS, false, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
                                                          q_start, row_a, t, seq_k, offset);
       }
     };
