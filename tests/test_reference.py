@@ -325,4 +325,3 @@ def test_packed_tile_schedule_covers_every_block_once(lens, causal, start, extra
     for b in range(len(lens)):
         mine = [i for s, i in blocks if s == b]
         assert mine == sorted(mine, reverse=causal)
-
