@@ -21,7 +21,9 @@ the 700-W limit, 1665-1770 MHz; ours and cuDNN's at about the same cycles a call
 
 import argparse
 import csv
-import io
+import datetime
+import functools
+import operator
 import statistics
 import subprocess
 import time
@@ -36,39 +38,36 @@ REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "h
 
 
 def smi_start(path):
-    global FIELDS
-    probe = subprocess.run(["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader"], capture_output=True)
+    """nvidia-smi sampling FIELDS every 50 ms into path: (the process, the open file)."""
+    fields = FIELDS
+    probe = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True)
     if probe.returncode != 0:  # older drivers name the reasons "throttle"
-        FIELDS = FIELDS.replace("clocks_event_reasons", "clocks_throttle_reasons")
+        fields = fields.replace("clocks_event_reasons", "clocks_throttle_reasons")
     f = open(path, "w")
     return subprocess.Popen(
-        ["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits", "-lms", "50"], stdout=f
+        ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "50"], stdout=f
     ), f
 
 
 def smi_window(path, t0, t1):
     """Median SM clock, power and the OR of the event reasons over samples in [t0, t1] (host time)."""
-    rows = []
-    for r in csv.reader(io.StringIO(open(path).read())):
-        if len(r) < 5:
-            continue
+    sel = []
+    for r in csv.reader(open(path)):
         try:
-            ts = time.mktime(time.strptime(r[0].strip().split(".")[0], "%Y/%m/%d %H:%M:%S"))
-            ts += float("0." + r[0].strip().split(".")[1]) if "." in r[0] else 0.0
-            rows.append((ts, float(r[1]), float(r[2]), float(r[3]), int(r[4].strip(), 16)))
-        except ValueError:
+            ts = datetime.datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            sample = (float(r[1]), float(r[2]), float(r[3]), int(r[4].strip(), 16))
+        except (ValueError, IndexError):  # (a line cut short when the sampler was stopped)
             continue
-    sel = [x for x in rows if t0 <= x[0] <= t1]
+        if t0 <= ts <= t1:
+            sel.append(sample)
     if not sel:
         return "no samples"
-    bits = 0
-    for x in sel:
-        bits |= x[4]
+    clock, watts, temp, reasons = zip(*sel)
+    bits = functools.reduce(operator.or_, reasons)
     why = ",".join(n for b, n in REASONS.items() if bits & b) or "-"
     return (
-        f"{len(sel)} samples: SM {statistics.median(x[1] for x in sel):.0f} MHz "
-        f"(min {min(x[1] for x in sel):.0f}), {statistics.median(x[2] for x in sel):.0f} W, "
-        f"{max(x[3] for x in sel):.0f} C, reasons {why}"
+        f"{len(sel)} samples: SM {statistics.median(clock):.0f} MHz (min {min(clock):.0f}), "
+        f"{statistics.median(watts):.0f} W, {max(temp):.0f} C, reasons {why}"
     )
 
 

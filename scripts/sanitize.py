@@ -26,10 +26,10 @@ gen = torch.Generator(device="cuda").manual_seed(1)
 failures = 0
 
 
-def backward_cases(only=()) -> int:
+def backward_cases(only=(), tail_only=False) -> int:
     """Each backward rung at its smallest, 64 and largest head dim, Nq = Nk = 67 (not a multiple of
     any tile), causal and not; GQA 2:1 with Nq < Nk; rows that see no key; deterministic mode;
-    where the rung has one, shapes that take the tail."""
+    where the rung has one, shapes that take the tail (tail_only: those alone)."""
     from tileattn import api
     from tileattn.backward import attention_backward
     from tileattn.versions import BWD_VERSIONS
@@ -47,10 +47,10 @@ def backward_cases(only=()) -> int:
             (2, 4, 2, 33, 130, 64, "bottom_right", False),
             (1, 2, 2, 130, 33, 64, "bottom_right", entry.deterministic),
         ]
-        if entry.tail_split:  # (backward._tail_plan) 4 K/V blocks of >= 32 Q blocks; --tail-only: these alone
+        if entry.tail_split:  # (backward._tail_plan) 4 K/V blocks of >= 32 Q blocks
             tail = [(1, 2, 2, 4100, 200, D, None, False) for D in dims]
             tail += [(1, 4, 2, 4100, 200, 128, None, False)]  # GQA: the parts add into the accumulators
-            shapes = tail if "--tail-only" in sys.argv else shapes + tail
+            shapes = tail if tail_only else shapes + tail
         for dtype in entry.dtypes:
             dt = getattr(torch, dtype)
             for B, H, H_kv, Nq, Nk, D, causal, det in shapes:
@@ -82,7 +82,8 @@ if "--serving" in sys.argv:
 
     sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "-k", SERVING_SAMPLE, *SERVING_TESTS]))
 if "--backward" in sys.argv:
-    failures = backward_cases([a for a in sys.argv[sys.argv.index("--backward") + 1 :] if not a.startswith("--")])
+    rungs = [a for a in sys.argv[sys.argv.index("--backward") + 1 :] if not a.startswith("--")]
+    failures = backward_cases(rungs, tail_only="--tail-only" in sys.argv)
     print(f"sanitize cases: {failures} failed")
     sys.exit(1 if failures else 0)
 for name, v in VERSIONS.items():

@@ -689,9 +689,14 @@ def backward_suite(cases=BWD_CASES, rungs=None, progress=None) -> list[dict]:
                 case_rows.append(dict(impl=name, **base, ms=None, tflops=None, error=f"{type(e).__name__}: {e}"[:200]))
         for _ in range(_BWD_ROUNDS):
             for r in case_rows:
-                if r["impl"] in outs:
-                    bwd, out = impls[r["impl"]][1], outs[r["impl"]]
+                if r["impl"] not in outs:
+                    continue
+                bwd, out = impls[r["impl"]][1], outs[r["impl"]]
+                try:
                     r["ms_rounds"].append(_time(lambda: bwd(out), steady=True))  # noqa: B023 (called here)
+                except Exception as e:  # (as above: the row records why, the suite keeps going)
+                    r.update(ms_rounds=[], tflops=None, error=f"{type(e).__name__}: {e}"[:200])
+                    del outs[r["impl"]]
         for r in case_rows:
             if r.get("ms_rounds"):
                 r["ms"] = statistics.median(r["ms_rounds"])
