@@ -610,23 +610,28 @@ __device__ __forceinline__ void fragment_store_rows(const float (&acc)[HEAD_DIM 
 }
 
 // fragment_store_rows for a warp's 16 rows of 16-bit O (rows row_a - g .. + 15), through shared
-// memory: the warp writes O / l into `stage` (16 rows of HEAD_DIM values at O_STAGE_PITCH bytes,
-// 16 bytes more than a row so that stmatrix's eight 16-byte rows of a matrix fall in distinct
-// banks), then lane r < 16 copies row r to global memory with one bulk copy (the async proxy)
-// when it is below Nq.  In place of HEAD_DIM / 4 four-byte stores a thread, which measured as
-// long-scoreboard and lg_throttle stalls at short sequences (bench/NOTES.md); the copies run on
-// while the warp goes on to its next tile.  Requires o and o_sn 16-byte aligned (the caller
-// checks).  Before it writes the stage, the warp waits for its last call's copies to have read
-// it; the caller waits for them once more before the CTA exits (o_stage_drain).
+// memory: the warp writes O / l into `stage` (16 rows of O_STAGE_COLS values at O_STAGE_PITCH
+// bytes, 16 bytes more than a row so that stmatrix's eight 16-byte rows of a matrix fall in
+// distinct banks), then lane r < 16 copies row r to global memory with one bulk copy (the async
+// proxy) when it is below Nq.  In place of HEAD_DIM / 4 four-byte stores a thread, which measured
+// as long-scoreboard and lg_throttle stalls at short sequences (bench/NOTES.md); the copies run on
+// while the warp goes on to its next tile.  A stage narrower than the head (D = 256: 128 columns,
+// all that fits beside v3.6's 192 KB) takes the row in passes, each waiting for the last pass's
+// copies to have read the stage.  Requires o and o_sn 16-byte aligned (the caller checks).  Before
+// it writes the stage, the warp waits for its last call's copies to have read it; the caller waits
+// for them once more before the CTA exits (o_stage_drain).
 template <int HEAD_DIM>
-constexpr int O_STAGE_PITCH = HEAD_DIM * 2 + 16;
+constexpr int O_STAGE_COLS = HEAD_DIM > 128 ? 128 : HEAD_DIM;
+template <int HEAD_DIM>
+constexpr int O_STAGE_PITCH = O_STAGE_COLS<HEAD_DIM> * 2 + 16;
 template <typename T, int HEAD_DIM>
 __device__ __forceinline__ void fragment_store_rows_bulk(const float (&acc)[HEAD_DIM / 2], const float (&m_i)[2],
                                                          const float (&l_i)[2], int row_a, int lane, int Nq, T* o,
                                                          long long o_sn, float* lse, unsigned stage) {
   static_assert(sizeof(T) == 2 && HEAD_DIM % 16 == 0, "16-bit O, whole stmatrix.x4 column pairs");
   constexpr float LN2 = 0.6931471805599453f;
-  constexpr int PITCH = O_STAGE_PITCH<HEAD_DIM>;
+  constexpr int COLS = O_STAGE_COLS<HEAD_DIM>, PITCH = O_STAGE_PITCH<HEAD_DIM>;
+  static_assert(HEAD_DIM % COLS == 0 && COLS % 16 == 0, "whole passes of stmatrix.x4 column pairs");
   const int t = lane % 4;
   float inv_l[2];
 #pragma unroll
@@ -636,27 +641,30 @@ __device__ __forceinline__ void fragment_store_rows_bulk(const float (&acc)[HEAD
     const int row = row_a + 8 * h;
     if (t == 0 && lse && row < Nq) lse[row] = row_lse(m_i[h] * LN2, l);
   }
-  if (lane < 16) bulk_wait_read<0>();
-  __syncwarp();
   // stmatrix.x4 n: matrices (rows 0-7, 8-15) x (columns 16 n .. 16 n + 7, + 8 .. + 15), i.e. n8
   // tiles 2n, 2n + 1 of acc; lane 8 i + r addresses row r + 8 (i % 2), column 16 n + 8 (i / 2).
   const unsigned my_row = stage + (lane % 8 + 8 * (lane / 8 % 2)) * PITCH + (lane / 16) * 16;
-#pragma unroll
-  for (int n = 0; n < HEAD_DIM / 16; ++n) {
-    unsigned r[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tile = 2 * n + i / 2, h = i % 2;
-      r[i] = pack2<T>(acc[4 * tile + 2 * h] * inv_l[h], acc[4 * tile + 2 * h + 1] * inv_l[h]);
-    }
-    stmatrix_x4(my_row + n * 32, r);
-  }
-  fence_proxy_async_smem();  // the stage's generic-proxy writes, before the bulk copies read them
-  __syncwarp();
   const int row = row_a - lane / 4 + lane;
-  if (lane < 16 && row < Nq) {
-    bulk_store(o + row * o_sn, stage + lane * PITCH, HEAD_DIM * 2);
-    bulk_commit();
+#pragma unroll
+  for (int pass = 0; pass < HEAD_DIM / COLS; ++pass) {
+    if (lane < 16) bulk_wait_read<0>();
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < COLS / 16; ++n) {
+      unsigned r[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tile = pass * COLS / 8 + 2 * n + i / 2, h = i % 2;
+        r[i] = pack2<T>(acc[4 * tile + 2 * h] * inv_l[h], acc[4 * tile + 2 * h + 1] * inv_l[h]);
+      }
+      stmatrix_x4(my_row + n * 32, r);
+    }
+    fence_proxy_async_smem();  // the stage's generic-proxy writes, before the bulk copies read them
+    __syncwarp();
+    if (lane < 16 && row < Nq) {
+      bulk_store(o + row * o_sn + pass * COLS, stage + lane * PITCH, COLS * 2);
+      bulk_commit();
+    }
   }
 }
 

@@ -57,12 +57,13 @@ __host__ __device__ constexpr int v3_3_consumer_regs(int Br) {
 // runs each, bench/results/sweeps/o_stage_probe_7d5840b.log): D = 128 N = 1024 +4-7% (causal
 // +6-7%), N = 4096 -2..+3% (causal +2-3%), N = 8192 +1.5% (causal +2..+7%).  At D = 64 it measured
 // +1% without a mask and -3% causal at N = 1024 (v3.6's ping-pong), so D = 64 keeps the direct
-// stores; at D = 256 the 66 KB more do not fit beside v3.6's 192 KB.
+// stores.  At D = 256 a whole row's stage (66 KB) does not fit beside v3.6's 192 KB; a 128-column
+// one (34 KB, 226.1 of the 227 KB) does, and takes a row in two passes (O_STAGE_COLS).
 __host__ __device__ constexpr bool v3_3_stages_o(bool persistent, int elem_bytes, int head_dim) {
 #ifdef TILEATTN_O_DIRECT
   return false;
 #else
-  return persistent && elem_bytes == 2 && head_dim == 128;
+  return persistent && elem_bytes == 2 && (head_dim == 128 || head_dim == 256);
 #endif
 }
 // The persistent kernels' shared memory: Q, 2 stages of K and V, 10 mbarriers (KVBarriers<2> and
