@@ -262,12 +262,14 @@ def cmd_bench(args) -> int:
                 }[suite_name]()
             if suite_name == "story":
                 bench.add_ratios(rows)
-            # Only bwd takes the narrowing arguments: record the command that reproduces each.
+            # Only bwd takes the narrowing arguments: record the command that reproduces each (and
+            # --steady, which changes every other special suite's timings; bwd's are always steady).
             result = dict(
                 **bench.environment(),
                 suite=suite_name,
                 command=f"python -m tileattn bench --suite {suite_name}"
-                + (" " + " ".join(_narrowing_args(args)) if suite_name == "bwd" else "").rstrip(),
+                + (" " + " ".join(_narrowing_args(args)) if suite_name == "bwd" else "").rstrip()
+                + (" --steady" if args.steady and suite_name != "bwd" else ""),
                 rows=rows,
             )
             chart = bench.save(result, out)
