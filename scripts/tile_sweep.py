@@ -1,6 +1,6 @@
 """Time one rung at other (Br, Bc) tiles than the registered ones, beside one peer (sdpa_flash), to choose
 tiles by measurement.  Usage (on a GPU):
-    python scripts/tile_sweep.py v3.1 64:128x64,128x128 128:128x32,128x64 [--dtype bfloat16] [--seqlen 8192]
+    python scripts/tile_sweep.py v3.1 64:128x64,128x128 128:128x32,128x64 [--dtype bfloat16] [--seqlen 8192] [--steady]
 Prints one line per (tile, shape) and writes JSON to $OUT/tile_sweep.json when OUT is set."""
 
 import argparse
@@ -21,7 +21,9 @@ def main():
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--peer", default="sdpa_flash", help="the peer to time beside and divide by")
+    ap.add_argument("--steady", action="store_true", help="time at the steady clock (bench --steady)")
     args = ap.parse_args()
+    bench.STEADY = args.steady
     base = versions.VERSIONS[args.version]
     rows = []
     for spec in args.specs:
