@@ -58,7 +58,10 @@ __host__ __device__ constexpr int v3_3_consumer_regs(int Br) {
 // +6-7%), N = 4096 -2..+3% (causal +2-3%), N = 8192 +1.5% (causal +2..+7%).  At D = 64 it measured
 // +1% without a mask and -3% causal at N = 1024 (v3.6's ping-pong), so D = 64 keeps the direct
 // stores.  At D = 256 a whole row's stage (66 KB) does not fit beside v3.6's 192 KB; a 128-column
-// one (34 KB, 226.1 of the 227 KB) does, and takes a row in two passes (O_STAGE_COLS).
+// one (34 KB, 226.1 of the 227 KB) does, and takes a row in two passes (O_STAGE_COLS).  Measured
+// against the direct stores at D = 256 (the same probe, two runs each at the steady clock,
+// bench/results/sweeps/o_stage_d256_probe_3dbf066.log): N = 1024 +8-9% (causal +9-12%), N = 4096
+// +2-3% (causal +4%), N = 8192 within 0.5%.
 __host__ __device__ constexpr bool v3_3_stages_o(bool persistent, int elem_bytes, int head_dim) {
 #ifdef TILEATTN_O_DIRECT
   return false;

@@ -18,8 +18,8 @@
 // Measured on an H200 (bf16 and fp16, H=16, B*N = 32768, `bench --suite mma` at 2826a65, against
 // the same run): 1.01-1.21x the faster of v3.3 and v3.4 at every shape, 1.12-1.21x at N=1024;
 // 0.81-1.00x cuDNN.  The default at D = 128 and 256, and at D = 64 for causal calls under 2048
-// query rows (v3.7 takes the rest of D = 64).  At D = 256, (Br, Bc) = (128, 64) as v3.3's: 196 KB of
-// shared memory, one CTA per SM either way.
+// query rows (v3.7 takes the rest of D = 64).  At D = 256, (Br, Bc) = (128, 64) as v3.3's: 192 KB of
+// Q and K/V stages and 34 KB of O's stage, one CTA per SM either way.
 #include "v3_3_wgmma.cu"
 
 namespace tileattn {
