@@ -226,3 +226,43 @@ def test_v2_4_three_products(name, D):
     else:
         assert sass.count("UTMALDG") == 2 * 2 * D // 64
         assert sass.count("LDG.E.128") == 2 * D // 16 and sass.count("STS.128") == 2 * D // 16
+
+
+@pytest.mark.parametrize("name,D", [("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
+def test_tail_split_experiment_compiles(name, D, monkeypatch):
+    """The split tail (TILEATTN_DEFINES=TILEATTN_TAIL_SPLIT=8, csrc/v3_3_wgmma.cu TailSplit): the
+    non-causal persistent kernels compile with it without stack or spills and with their wgmma
+    unserialised, and gain the pieces' count (an atomic add) and merge vote (BAR.RED); the
+    default build has neither."""
+    e = VERSIONS[name]
+    default = _nvrtc.sass(compiled(name, D, False, "sm_90a"))  # (before the define: compiled() is cached)
+    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_TAIL_SPLIT=8"])
+    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, False), "sm_90a", announce=False)
+    res = cubin.resources
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+    assert not cubin.wgmma_serialized
+    sass = _nvrtc.sass(cubin)
+    assert re.search(r"\bBAR\.RED", sass) and re.search(r"\b(ATOMG|RED)\.E\.ADD", sass)
+    assert not re.search(r"\bBAR\.RED", default) and not re.search(r"\b(ATOMG|RED)\.E\.ADD", default)
+
+
+@pytest.mark.parametrize("ctas", [132, 114, 78, 8])
+def test_tail_split_arithmetic(ctas):
+    """api._tail_split (the host's copy of the kernel's tail_split): the last round is split only
+    when it leaves at least half the CTAs idle, into at most 8 pieces a tile and one CTA a piece,
+    and the kernel's piece bounds (Tc p / S .. Tc (p + 1) / S) cover each tile's K/V blocks once,
+    empty pieces included when Tc < S."""
+    from tileattn.api import _tail_split
+
+    for total in range(1, 5 * ctas):
+        full, pieces = _tail_split(total, ctas, 8)
+        r = total % ctas
+        if pieces == 0:
+            assert full == total and (total <= ctas or r == 0 or 2 * r > ctas)
+            continue
+        assert full == total - r and 2 <= pieces <= 8 and r * pieces <= ctas and 2 * r <= ctas
+    for Tc in range(0, 40):
+        for pieces in range(2, 9):
+            bounds = [(Tc * p // pieces, Tc * (p + 1) // pieces) for p in range(pieces)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == Tc
+            assert all(a[1] == b[0] and a[0] <= a[1] for a, b in zip(bounds, bounds[1:]))

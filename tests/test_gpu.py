@@ -177,6 +177,48 @@ def test_persistent_many_tiles_per_cta(version, D, Nq, Nk, causal):
     _check(Case(version, B=3, H=37, Nq=Nq, Nk=Nk, D=D, causal=causal, dtype="bfloat16"))
 
 
+_TAIL_SPLIT_SCRIPT = r"""
+import math, sys, torch
+from tileattn import api, _nvrtc
+from tileattn.testing import reference
+G = _nvrtc.sm_count(0)
+bad = []
+for version, D, Br in (("v3.6", 128, 128), ("v3.6", 256, 128), ("v3.7", 64, 192)):
+    # (B, H, Nq): one head of G + 3 Q blocks, the last partial (3 tail tiles); G + 1 heads of one
+    # block each (the tail tile in the last head)
+    for B, H, Nq in ((1, 1, Br * (G + 2) + 5), (1, G + 1, Br - 7)):
+        for Nk in (300, 2000):  # 300: fewer K/V blocks than pieces, so some pieces are empty
+            q = torch.randn(B, H, Nq, D, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(B, H, Nk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            out = torch.full_like(q, math.nan)
+            lse = torch.full((B, H, Nq), math.nan, device="cuda")
+            api._CALLS.clear()
+            o, lse = api._attention(q, k, v, None, None, version, out_layout="bhnd", out=out, lse=lse)
+            split = [c.tail_numel for c in api._CALLS.values()]
+            ref, ref_lse = reference(q, k, v, 1.0 / math.sqrt(D), None)
+            err = ((o.double() - ref).norm() / ref.norm()).item()
+            lse_err = (lse.double() - ref_lse).abs().max().item()
+            print(version, D, B, H, Nq, Nk, "split", split, "err", err, "lse", lse_err)
+            if not (split and split[0] > 0) or not err < 1e-2 or not lse_err < 1e-2:
+                bad.append((version, D, B, H, Nq, Nk))
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_tail_split_experiment_matches_float64():
+    """The split tail (an experiment: TILEATTN_DEFINES=TILEATTN_TAIL_SPLIT=8, csrc/v3_3_wgmma.cu
+    TailSplit) in a process of its own (the define is read at import): shapes whose last round
+    of tiles is split into pieces by K/V blocks, merged by the last piece to arrive, against
+    float64, O and lse poisoned with NaN before the launch; pieces with no K/V block (Nk=300 at
+    Bc=128: 3 blocks for 8 pieces) included."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TILEATTN_DEFINES="TILEATTN_TAIL_SPLIT=8")
+    run = subprocess.run([sys.executable, "-c", _TAIL_SPLIT_SCRIPT], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 @pytest.mark.parametrize("version,D", [("v3.6", 128), ("v3.6", 256)])
 def test_o_stage_falls_back_on_unaligned_out(version, D):
     """v3.6 at D = 128 and 256 copies O out of a shared-memory stage by bulk copies, which take 16-byte

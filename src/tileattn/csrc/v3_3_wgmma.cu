@@ -82,7 +82,78 @@ struct V33Tile {
   int bh, qb, q0, k0, seq_q, seq_k, offset;
   int q_start, j_lo, Tc;  // rows q_start ..; K/V blocks j_lo .. j_lo + Tc - 1
   bool empty;             // nothing to do (a packed tile past its sequence's blocks)
+  int piece = -1, slot = 0;  // TailSplit: which piece of its tile (-1: the whole tile), its workspace slot
 };
+
+// The persistent walk's split tail, an experiment (TILEATTN_DEFINES=TILEATTN_TAIL_SPLIT=S_MAX;
+// non-causal 16-bit dense calls of v3.6 and v3.7, the host's workspace on).  T tiles of equal
+// work on G CTAs leave a last round of r = T % G tiles, and G - r CTAs idle for a tile's time:
+// with the mma suite's 4096 tiles on 132 SMs, 31 rounds and 4 tiles, 3% of the call.  When
+// r <= G / 2 those r tiles are split by K/V blocks into S = min(S_MAX, G / r) pieces, a CTA
+// each; a piece writes its unnormalised O with m_i and l_i to the workspace, and the last piece
+// of a tile to finish (a counter per tile, zeroed by the host) merges them and stores O and lse
+// (tail_piece_merge).  api._tail_split is the host's copy of this arithmetic.
+#ifndef TILEATTN_TAIL_SPLIT
+#define TILEATTN_TAIL_SPLIT 0
+#endif
+struct TailSplit {
+  int full, pieces;  // tiles walked whole; pieces per tail tile (0: no split)
+};
+__device__ __forceinline__ TailSplit tail_split(int total, int max_pieces, bool on) {
+  const int G = gridDim.x, r = total % G;
+  if (!on || max_pieces < 2 || total <= G || r == 0 || 2 * r > G) return {total, 0};
+  return {total - r, min(max_pieces, G / r)};
+}
+constexpr int TAIL_HEADER = 128;  // the workspace's first floats: one int counter per tail tile
+constexpr int TAIL_BARRIER = 5;   // the consumers' named barrier (1..3: per warpgroup, 3 and 4: ping-pong)
+
+// A piece's result, this consumer thread's share: its record (acc, then m_i and l_i: NO + 4
+// floats, thread ct of NT) into workspace slot `slot`; then, in the CTA whose piece is the last
+// of its tile to arrive, the tile's other records merged into acc, m_i, l_i (each thread reads
+// its own fragment's records: the same layout it wrote).  Returns whether this CTA holds the
+// merged tile, to store it.  m_i is in the exponent's log2 units, the same in every piece.
+template <int NT, int NO>
+__device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[2], float (&l_i)[2], float* workspace,
+                                                 int slot, int pieces, int ct) {
+  constexpr int REC = NO + 4;
+  static_assert(NO % 4 == 0, "float4 records");
+  float* mine = workspace + TAIL_HEADER + (static_cast<long long>(slot) * NT + ct) * REC;
+#pragma unroll
+  for (int i = 0; i < NO; i += 4)
+    *reinterpret_cast<float4*>(mine + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+  *reinterpret_cast<float4*>(mine + NO) = make_float4(m_i[0], m_i[1], l_i[0], l_i[1]);
+  __threadfence();  // this thread's record, before the count below can say it is there
+  named_barrier_sync<NT>(TAIL_BARRIER);
+  bool last = false;
+  if (ct == 0) last = atomicAdd(reinterpret_cast<int*>(workspace) + slot / pieces, 1) == pieces - 1;
+  if (!named_barrier_or<NT>(TAIL_BARRIER, last)) return false;
+  __threadfence();  // the other pieces' records, after their count
+  const int first = slot / pieces * pieces;
+  for (int s = first; s < first + pieces; ++s) {
+    if (s == slot) continue;
+    const float* rec = workspace + TAIL_HEADER + (static_cast<long long>(s) * NT + ct) * REC;
+    const float4 ml = __ldcg(reinterpret_cast<const float4*>(rec + NO));
+    const float ms[2] = {ml.x, ml.y}, ls[2] = {ml.z, ml.w};
+    float fa[2], fb[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // a row that saw no key in one of the two keeps the other's
+      const float m = fmaxf(m_i[h], ms[h]);
+      fa[h] = m_i[h] == TILEATTN_NEG_INF ? 0.0f : exp2f(m_i[h] - m);
+      fb[h] = ms[h] == TILEATTN_NEG_INF ? 0.0f : exp2f(ms[h] - m);
+      l_i[h] = l_i[h] * fa[h] + ls[h] * fb[h];
+      m_i[h] = m;
+    }
+#pragma unroll
+    for (int i = 0; i < NO; i += 4) {  // values 4n, 4n + 1: row g (h = 0); 4n + 2, 4n + 3: row g + 8
+      const float4 a = __ldcg(reinterpret_cast<const float4*>(rec + i));
+      acc[i] = fmaf(acc[i], fa[0], a.x * fb[0]);
+      acc[i + 1] = fmaf(acc[i + 1], fa[0], a.y * fb[0]);
+      acc[i + 2] = fmaf(acc[i + 2], fa[1], a.z * fb[1]);
+      acc[i + 3] = fmaf(acc[i + 3], fa[1], a.w * fb[1]);
+    }
+  }
+  return true;
+}
 
 // f(tile, c0, i) for each tile of this CTA: c0 = its K/V blocks before the tile, i = its tiles
 // before it.  PERSISTENT: in units of U consecutive tiles (causal: persistent_tile's pairs of a
@@ -92,18 +163,30 @@ struct V33Tile {
 // loop-carried sum as varying across the warp and moves the stage arithmetic of every K/V block
 // (descriptors, barrier addresses) from the uniform datapath into vector registers, 24 R2UR more
 // per block at D=64 (4% of the loop's instructions); a shuffle's result it knows to be uniform.
+// tail (PERSISTENT, U = 1 only): the tiles from tail.full on are taken as pieces, CTA x taking
+// piece x % S of tail tile x / S.
 template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
-                                                  bool warp_uniform) {
+                                                  bool warp_uniform, const TailSplit& tail) {
   if constexpr (PERSISTENT) {
     constexpr int U = CAUSAL ? 2 : 1;
     int c0 = 0, i = 0;
-    for (int unit = blockIdx.x; unit * U < total; unit += gridDim.x) {
-      for (int tile = unit * U; tile < min(total, unit * U + U); ++tile, ++i) {
+    for (int unit = blockIdx.x; unit * U < tail.full; unit += gridDim.x) {
+      for (int tile = unit * U; tile < min(tail.full, unit * U + U); ++tile, ++i) {
         const auto w = tile_at(tile);
         f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
         c0 += w.Tc;
       }
+    }
+    if (tail.pieces > 0 && static_cast<int>(blockIdx.x) < (total - tail.full) * tail.pieces) {
+      auto w = tile_at(tail.full + blockIdx.x / tail.pieces);
+      const int piece = blockIdx.x % tail.pieces;
+      const int lo = w.Tc * piece / tail.pieces, hi = w.Tc * (piece + 1) / tail.pieces;  // may be empty
+      w.j_lo += lo;
+      w.Tc = hi - lo;
+      w.piece = piece;
+      w.slot = blockIdx.x;
+      f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
     }
   } else {
     f(w0, 0, 0);
@@ -150,6 +233,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // over Tr * bh_count tiles (v3_3_for_my_tiles); dense calls only (the host launches packed
   // sequences on the non-persistent kernels, so cu_seqlens is null here).
   const int Tr = (Nq + Br - 1) / Br;
+  // TailSplit (an experiment, off unless TILEATTN_TAIL_SPLIT is defined and the host passes a workspace).
+  constexpr bool TAIL = PERSISTENT && !CAUSAL && !FP8 && !VARIANTS && TILEATTN_TAIL_SPLIT > 0;
+  const TailSplit tail = TAIL ? tail_split(Tr * bh_count, TILEATTN_TAIL_SPLIT, workspace != nullptr)
+                              : TailSplit{Tr * bh_count, 0};
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
     if constexpr (PERSISTENT) {
@@ -226,7 +313,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(bars.stage(c)), bars.v_full(c), Bc, row, hk_, tma_b);
       }
     };
-    v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, produce_tile, false);
+    v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, produce_tile, false, tail);
     return;
   }
 
@@ -463,6 +550,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       mbar_arrive(bars.v_empty(c0 + Tc - 1));
     }
 
+    if constexpr (TAIL) {  // a piece: its tile's last to arrive merges the others' and stores O
+      if (w.piece >= 0 &&
+          !tail_piece_merge<CONSUMERS * V3_3_WG>(acc, m_i, l_i, workspace, w.slot, tail.pieces, threadIdx.x - V3_3_WG))
+        return;
+    }
     if (ALIBI_KEYS && var.alibi) {  // fragment_alibi_keys's row constant, out of lse (O does not see it)
 #pragma unroll
       for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
@@ -486,7 +578,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
     }
   };
-  v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true);
+  v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true, tail);
   if constexpr (STAGE_O) {  // the last tile's copies read the stage: it must outlive them
     if (lane < 16) bulk_wait_read<0>();
   }
