@@ -228,7 +228,7 @@ def test_v2_4_three_products(name, D):
         assert sass.count("LDG.E.128") == 2 * D // 16 and sass.count("STS.128") == 2 * D // 16
 
 
-@pytest.mark.parametrize("name,D", [("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
+@pytest.mark.parametrize("name,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
 def test_tail_split_experiment_compiles(name, D, monkeypatch):
     """The split tail (TILEATTN_DEFINES=TILEATTN_TAIL_SPLIT=8, csrc/v3_3_wgmma.cu TailSplit): the
     non-causal persistent kernels compile with it without stack or spills and with their wgmma
@@ -249,18 +249,19 @@ def test_tail_split_experiment_compiles(name, D, monkeypatch):
 @pytest.mark.parametrize("ctas", [132, 114, 78, 8])
 def test_tail_split_arithmetic(ctas):
     """api._tail_split (the host's copy of the kernel's tail_split): the last round is split only
-    when it leaves at least half the CTAs idle, into at most 8 pieces a tile and one CTA a piece,
-    and the kernel's piece bounds (Tc p / S .. Tc (p + 1) / S) cover each tile's K/V blocks once,
-    empty pieces included when Tc < S."""
+    when it leaves at least half the CTAs idle, into at most 8 pieces a tile, no more pieces than
+    K/V blocks, and one CTA a piece; and the kernel's piece bounds (Tc p / S .. Tc (p + 1) / S)
+    cover each tile's K/V blocks once."""
     from tileattn.api import _tail_split
 
-    for total in range(1, 5 * ctas):
-        full, pieces = _tail_split(total, ctas, 8)
-        r = total % ctas
-        if pieces == 0:
-            assert full == total and (total <= ctas or r == 0 or 2 * r > ctas)
-            continue
-        assert full == total - r and 2 <= pieces <= 8 and r * pieces <= ctas and 2 * r <= ctas
+    for blocks in (1, 2, 3, 8, 64):
+        for total in range(1, 5 * ctas):
+            full, pieces = _tail_split(total, ctas, blocks, 8)
+            r = total % ctas
+            if pieces == 0:
+                assert full == total and (total <= ctas or r == 0 or 2 * r > ctas or blocks < 2)
+                continue
+            assert full == total - r and 2 <= pieces <= min(8, blocks) and r * pieces <= ctas and 2 * r <= ctas
     for Tc in range(0, 40):
         for pieces in range(2, 9):
             bounds = [(Tc * p // pieces, Tc * (p + 1) // pieces) for p in range(pieces)]

@@ -89,7 +89,7 @@ struct V33Tile {
 // non-causal 16-bit dense calls of v3.6 and v3.7, the host's workspace on).  T tiles of equal
 // work on G CTAs leave a last round of r = T % G tiles, and G - r CTAs idle for a tile's time:
 // with the mma suite's 4096 tiles on 132 SMs, 31 rounds and 4 tiles, 3% of the call.  When
-// r <= G / 2 those r tiles are split by K/V blocks into S = min(S_MAX, G / r) pieces, a CTA
+// r <= G / 2 those r tiles are split by K/V blocks into S = min(S_MAX, G / r, Tc) pieces, a CTA
 // each; a piece writes its unnormalised O with m_i and l_i to the workspace, and the last piece
 // of a tile to finish (a counter per tile, zeroed by the host) merges them and stores O and lse
 // (tail_piece_merge).  api._tail_split is the host's copy of this arithmetic.
@@ -99,10 +99,11 @@ struct V33Tile {
 struct TailSplit {
   int full, pieces;  // tiles walked whole; pieces per tail tile (0: no split)
 };
-__device__ __forceinline__ TailSplit tail_split(int total, int max_pieces, bool on) {
+__device__ __forceinline__ TailSplit tail_split(int total, int blocks, int max_pieces, bool on) {
   const int G = gridDim.x, r = total % G;
-  if (!on || max_pieces < 2 || total <= G || r == 0 || 2 * r > G) return {total, 0};
-  return {total - r, min(max_pieces, G / r)};
+  const int pieces = r == 0 ? 0 : min(min(max_pieces, G / r), blocks);  // blocks: every tile's K/V blocks
+  if (!on || total <= G || pieces < 2) return {total, 0};
+  return {total - r, pieces};
 }
 constexpr int TAIL_HEADER = 128;  // the workspace's first floats: one int counter per tail tile
 constexpr int TAIL_BARRIER = 5;   // the consumers' named barrier (1..3: per warpgroup, 3 and 4: ping-pong)
@@ -122,12 +123,19 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
   for (int i = 0; i < NO; i += 4)
     *reinterpret_cast<float4*>(mine + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
   *reinterpret_cast<float4*>(mine + NO) = make_float4(m_i[0], m_i[1], l_i[0], l_i[1]);
-  __threadfence();  // this thread's record, before the count below can say it is there
+  // Release: every thread's record, then (after the barrier) thread 0's fence orders all of them,
+  // as the CTA's, before its count; acquire: the last count's fence before the barrier that
+  // hands the answer on, so every thread's reads below come after the other pieces' records.
+  __threadfence();
   named_barrier_sync<NT>(TAIL_BARRIER);
   bool last = false;
-  if (ct == 0) last = atomicAdd(reinterpret_cast<int*>(workspace) + slot / pieces, 1) == pieces - 1;
+  if (ct == 0) {
+    __threadfence();
+    last = atomicAdd(reinterpret_cast<int*>(workspace) + slot / pieces, 1) == pieces - 1;
+    if (last) __threadfence();
+  }
   if (!named_barrier_or<NT>(TAIL_BARRIER, last)) return false;
-  __threadfence();  // the other pieces' records, after their count
+  __threadfence();
   const int first = slot / pieces * pieces;
   for (int s = first; s < first + pieces; ++s) {
     if (s == slot) continue;
@@ -235,7 +243,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   const int Tr = (Nq + Br - 1) / Br;
   // TailSplit (an experiment, off unless TILEATTN_TAIL_SPLIT is defined and the host passes a workspace).
   constexpr bool TAIL = PERSISTENT && !CAUSAL && !FP8 && !VARIANTS && TILEATTN_TAIL_SPLIT > 0;
-  const TailSplit tail = TAIL ? tail_split(Tr * bh_count, TILEATTN_TAIL_SPLIT, workspace != nullptr)
+  const TailSplit tail = TAIL ? tail_split(Tr * bh_count, (Nk + Bc - 1) / Bc, TILEATTN_TAIL_SPLIT, workspace != nullptr)
                               : TailSplit{Tr * bh_count, 0};
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
@@ -264,7 +272,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     w.q_start = w.qb * Br;
     w.empty = w.q_start >= w.seq_q;  // dense: a Q block past Nq (never launched); packed: none
     // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
-    // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0.
+    // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0
+    // (but in a split tail's piece: v3_3_for_my_tiles).
     int kv_lo = 0, kv_hi = CAUSAL ? min(w.seq_k, max(0, w.q_start + Br + w.offset)) : w.seq_k;
     if (VARIANTS) {
       if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, w.q_start + Br + w.offset + window_right));
