@@ -189,7 +189,7 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
     if (tail.pieces > 0 && static_cast<int>(blockIdx.x) < (total - tail.full) * tail.pieces) {
       auto w = tile_at(tail.full + blockIdx.x / tail.pieces);
       const int piece = blockIdx.x % tail.pieces;
-      const int lo = w.Tc * piece / tail.pieces, hi = w.Tc * (piece + 1) / tail.pieces;  // may be empty
+      const int lo = w.Tc * piece / tail.pieces, hi = w.Tc * (piece + 1) / tail.pieces;  // >= 1 block: pieces <= Tc
       w.j_lo += lo;
       w.Tc = hi - lo;
       w.piece = piece;
