@@ -267,3 +267,22 @@ def test_tail_split_arithmetic(ctas):
             bounds = [(Tc * p // pieces, Tc * (p + 1) // pieces) for p in range(pieces)]
             assert bounds[0][0] == 0 and bounds[-1][1] == Tc
             assert all(a[1] == b[0] and a[0] <= a[1] for a, b in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_window_order_experiment_compiles(D, monkeypatch):
+    """The window order (TILEATTN_DEFINES=TILEATTN_WINDOW_ORDER=1, csrc/common.cuh window_units):
+    the persistent variants kernel under a causal mask compiles with it without stack or spills,
+    its wgmma unserialised; the plain v3.6 kernel is not touched by it."""
+    from tileattn.versions import KERNEL_ENTRIES
+
+    e = KERNEL_ENTRIES["v3.6_variants"]
+    plain = _nvrtc.sass(compiled("v3.6", D, True, "sm_90a"))  # (before the define: compiled() is cached)
+    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_WINDOW_ORDER=1"])
+    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, True), "sm_90a", announce=False)
+    res = cubin.resources
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+    assert not cubin.wgmma_serialized
+    v = VERSIONS["v3.6"]
+    switched = _nvrtc.compile_kernel(v.file, v.name_expression("bfloat16", D, True), "sm_90a", announce=False)
+    assert _nvrtc.sass(switched) == plain

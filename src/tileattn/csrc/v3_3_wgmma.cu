@@ -172,11 +172,31 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
 // (descriptors, barrier addresses) from the uniform datapath into vector registers, 24 R2UR more
 // per block at D=64 (4% of the loop's instructions); a shuffle's result it knows to be uniform.
 // tail (PERSISTENT, U = 1 only): the tiles from tail.full on are taken as pieces, CTA x taking
-// piece x % S of tail tile x / S.
-template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
+// piece x % S of tail tile x / S.  WINDOW_ORDER (PERSISTENT, CAUSAL; the variants kernel under
+// TILEATTN_WINDOW_ORDER): units of one or two tiles from window_unit_tiles when window_f >= 0
+// (tile_at then reads linear indices), else persistent_tile's pairs, in one loop (so the tile's
+// body is inlined once).
+#ifndef TILEATTN_WINDOW_ORDER
+#define TILEATTN_WINDOW_ORDER 0
+#endif
+template <bool PERSISTENT, bool CAUSAL, bool WINDOW_ORDER = false, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
-                                                  bool warp_uniform, const TailSplit& tail) {
-  if constexpr (PERSISTENT) {
+                                                  bool warp_uniform, const TailSplit& tail, int Tr = 1,
+                                                  int window_f = -1) {
+  if constexpr (PERSISTENT && CAUSAL && WINDOW_ORDER) {
+    int c0 = 0, i = 0;
+    const WindowUnits wu = window_units(Tr, window_f);
+    const int units = window_f >= 0 ? total / Tr * wu.per_head : (total + 1) / 2;
+    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+      const int2 t = window_f >= 0 ? window_unit_tiles(unit, Tr, wu)
+                                   : make_int2(2 * unit, 2 * unit + 1 < total ? 2 * unit + 1 : -1);
+      for (int x = 0; x < (t.y < 0 ? 1 : 2); ++x, ++i) {
+        const auto w = tile_at(x == 0 ? t.x : t.y);
+        f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
+        c0 += w.Tc;
+      }
+    }
+  } else if constexpr (PERSISTENT) {
     constexpr int U = CAUSAL ? 2 : 1;
     int c0 = 0, i = 0;
     for (int unit = blockIdx.x; unit * U < tail.full; unit += gridDim.x) {
@@ -245,10 +265,14 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr bool TAIL = PERSISTENT && !CAUSAL && !FP8 && !VARIANTS && TILEATTN_TAIL_SPLIT > 0;
   const TailSplit tail = TAIL ? tail_split(Tr * bh_count, (Nk + Bc - 1) / Bc, TILEATTN_TAIL_SPLIT, workspace != nullptr)
                               : TailSplit{Tr * bh_count, 0};
+  // TILEATTN_WINDOW_ORDER (an experiment): a causal left window's order (common.cuh window_units),
+  // f its short Q blocks a head; -1: persistent_tile's order.
+  constexpr bool WINDOW_ORDER = PERSISTENT && CAUSAL && VARIANTS && TILEATTN_WINDOW_ORDER;
+  const int window_f = WINDOW_ORDER && window_left >= 0 ? max(0, (window_left - causal_offset + Br - 1) / Br) : -1;
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
     if constexpr (PERSISTENT) {
-      const TileIndex ti = persistent_tile<CAUSAL>(tile, Tr, bh_count);
+      const TileIndex ti = window_f >= 0 ? TileIndex{tile / Tr, tile % Tr} : persistent_tile<CAUSAL>(tile, Tr, bh_count);
       w.bh = ti.bh;
       w.qb = ti.q_block;
     } else {
@@ -322,7 +346,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(bars.stage(c)), bars.v_full(c), Bc, row, hk_, tma_b);
       }
     };
-    v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, produce_tile, false, tail);
+    v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, produce_tile, false, tail, Tr,
+                                                        window_f);
     return;
   }
 
@@ -587,7 +612,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
     }
   };
-  v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true, tail);
+  v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, consume_tile, true, tail, Tr,
+                                                      window_f);
   if constexpr (STAGE_O) {  // the last tile's copies read the stage: it must outlive them
     if (lane < 16) bulk_wait_read<0>();
   }
