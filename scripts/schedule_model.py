@@ -6,7 +6,7 @@ suite's shapes, for v3.6's tile (128 x 128) and v3.7's (192 x 128), v3.7 in both
 Tr: a head's middle block paired in place with the next head's longest (the first order, since
 replaced) and persistent_tile's middles last.  No GPU: the numbers are the schedule's, not the kernel's.
 
-    python scripts/schedule_model.py [--sms 132]
+    python scripts/schedule_model.py [--sms 132] [--window 4096]
 """
 
 import argparse
@@ -39,10 +39,34 @@ def makespan_over_ideal(N: int, bh_count: int, Br: int, Bc: int, causal: bool, m
     return max(load) / (sum(tiles) / sms), max(load)
 
 
+def window_over_ideal(N: int, bh_count: int, window: int, window_order: bool, sms: int, Br: int = 128) -> float:
+    """The variants kernel under a causal left window of `window` keys (Br = Bc = 128): the busiest
+    CTA over the ideal with persistent_tile's pairs, or with the window order (TILEATTN_WINDOW_ORDER:
+    reference.window_unit_schedule)."""
+    from tileattn.reference import window_unit_schedule
+
+    Tr, w = math.ceil(N / Br), window // Br
+    cost = lambda r: min(r + 1, w + 1)  # K/V blocks Q block r runs
+    if window_order:
+        units = [sum(cost(r) for _, r in u) for u in window_unit_schedule(Tr, bh_count, math.ceil(window / Br))]
+    else:
+        tiles = [cost(q_block(t, Tr, bh_count, True, True)[1]) for t in range(Tr * bh_count)]
+        units = [sum(tiles[u : u + 2]) for u in range(0, len(tiles), 2)]
+    ctas = min(sms, len(units))
+    return max(sum(units[c::ctas]) for c in range(ctas)) / (sum(units) / sms)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--window", type=int, default=0, help="also the variants kernel under this causal window")
     a = ap.parse_args()
+    if a.window:
+        print("| N | B x H | pairs | window order |")
+        print("|---|---|---|---|")
+        for N, BH in ((8192, 32), (8192, 64), (32768, 16), (4096, 128)):
+            pairs, order = (window_over_ideal(N, BH, a.window, o, a.sms) for o in (False, True))
+            print(f"| {N} | {BH} | {pairs:.3f} | {order:.3f} |")
     print("| N | B | causal | v3.6 (128x128) | v3.7 (192x128) | v3.7, middles last | v3.7 / v3.6 busiest CTA |")
     print("|---|---|---|---|---|---|---|")
     for N in (1024, 2048, 4096, 8192, 32768):
