@@ -74,10 +74,7 @@ def main():
                 api.entry_kernel.cache_clear()
                 with torch.no_grad():
                     out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
-                qkv = [t.detach().requires_grad_() for t in (q, k, v)]  # cuDNN as the bwd suite's peer
-                o = bench._peer_fn("sdpa_cudnn", *qkv, causal)()
-                grad = lambda: torch.autograd.grad(o, qkv, dO, retain_graph=True)
-                cudnn = bench._time(grad, steady=True)
+                cudnn = bench._time(bench._peer_backward("sdpa_cudnn", q, k, v, dO, causal), steady=True)
                 times = {name: [] for name in variants}
                 for _ in range(args.rounds):
                     for name, defines in variants.items():

@@ -62,11 +62,7 @@ for D in args.headdim:
         flops = 2.5 * bench.Case(B, H, N, D, args.dtype, causal).flops  # 5 products of the forward's 2
         base, times = None, {}
         for peer in PEERS:  # autograd through SDPA's backend (the bwd suite's peers), its forward run once
-            qkv = [t.detach().requires_grad_() for t in (q, k, v)]
-            o = bench._peer_fn(peer, *qkv, causal)()
-            times[peer] = bench._time(
-                lambda o=o, qkv=qkv: torch.autograd.grad(o, qkv, dO, retain_graph=True), steady=True
-            )
+            times[peer] = bench._time(bench._peer_backward(peer, q, k, v, dO, causal), steady=True)
             print(f"D={D} causal={causal} {peer}: {times[peer]:.2f} ms {flops / times[peer] / 1e9:.0f} TFLOP/s")
         for name in args.versions:
             p = "tf32" if BWD_VERSIONS[name].precision == "tf32" else None

@@ -115,13 +115,11 @@ def main():
                 mode = "top_left" if args.causal else None
                 with torch.no_grad():
                     out, lse = api._call(q, k, v, None, mode, "bhnd", None, None, "scale", True)
-                qkv = [t.detach().requires_grad_() for t in (q, k, v)]
-                o = bench._peer_fn("sdpa_cudnn", *qkv, args.causal)()
                 fns = {
                     "bwd_v5": lambda: attention_backward(
                         q, k, v, out, lse, dO, D**-0.5, mode, "bhnd", version="bwd_v5"
                     ),
-                    "cudnn": lambda: torch.autograd.grad(o, qkv, dO, retain_graph=True),
+                    "cudnn": bench._peer_backward("sdpa_cudnn", q, k, v, dO, args.causal),
                 }
                 qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
                 fns["bwd_v5 (inputs require grad)"] = lambda: attention_backward(

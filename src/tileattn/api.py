@@ -923,12 +923,10 @@ class _Launch:
         if lse is None and self.with_lse:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         workspace = 0
-        if self.workspace_numel:
-            workspace_t = torch.empty(self.workspace_numel, dtype=torch.float32, device=q.device)
-            workspace = workspace_t.data_ptr()
-        elif self.tail_numel:  # (no rung takes both)
-            workspace_t = torch.empty(self.tail_numel, dtype=torch.float32, device=q.device)
-            workspace_t[:_TAIL_HEADER].zero_()  # the counters
+        if self.workspace_numel or self.tail_numel:  # (no rung takes both)
+            workspace_t = torch.empty(self.workspace_numel or self.tail_numel, dtype=torch.float32, device=q.device)
+            if self.tail_numel:
+                workspace_t[:_TAIL_HEADER].zero_()  # the split tail's counters
             workspace = workspace_t.data_ptr()
         args = self.args.copy()
         args[0:6] = q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace

@@ -123,6 +123,14 @@ def _peer_fn(name: str, q, k, v, causal: bool):
     return fn
 
 
+def _peer_backward(name: str, q, k, v, dO, causal: bool):
+    """A peer's backward alone, as the bwd suite times it (the probes' cuDNN and FA2): autograd
+    through the peer's forward, run once here on detached copies of q, k, v; returns the call."""
+    qkv = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = _peer_fn(name, *qkv, causal)()
+    return lambda: torch.autograd.grad(o, qkv, dO, retain_graph=True)
+
+
 _REF_HEADS = (slice(0, 1), slice(0, 2))  # the (batch, head) slices errors are measured on: heads (0, 0), (0, 1)
 
 

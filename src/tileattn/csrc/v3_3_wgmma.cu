@@ -144,12 +144,11 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
     const float ms[2] = {ml.x, ml.y}, ls[2] = {ml.z, ml.w};
     float fa[2], fb[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // a row that saw no key in one of the two keeps the other's
-      const float m = fmaxf(m_i[h], ms[h]);
-      fa[h] = m_i[h] == TILEATTN_NEG_INF ? 0.0f : exp2f(m_i[h] - m);
-      fb[h] = ms[h] == TILEATTN_NEG_INF ? 0.0f : exp2f(ms[h] - m);
-      l_i[h] = l_i[h] * fa[h] + ls[h] * fb[h];
-      m_i[h] = m;
+    for (int h = 0; h < 2; ++h) {  // the record's max as a block's (softmax.cuh; -inf on either side gives 0)
+      float m_base;
+      fa[h] = online_rescale(m_i[h], l_i[h], ms[h], m_base);
+      fb[h] = exp2_ftz(ms[h] - m_base);
+      l_i[h] = fmaf(ls[h], fb[h], l_i[h]);
     }
 #pragma unroll
     for (int i = 0; i < NO; i += 4) {  // values 4n, 4n + 1: row g (h = 0); 4n + 2, 4n + 3: row g + 8
