@@ -246,6 +246,33 @@ def test_tail_split_experiment_compiles(name, D, monkeypatch):
     assert not re.search(r"\bBAR\.RED", default) and not re.search(r"\b(ATOMG|RED)\.E\.ADD", default)
 
 
+@pytest.mark.parametrize(
+    "name,D,causal",
+    [("v3.7", 64, True), ("v3.7", 64, False), ("v3.6", 256, True), ("v3.6", 128, True), ("v3.3", 128, True)],
+)
+def test_wg_skip_experiment_compiles(name, D, causal, monkeypatch):
+    """The warpgroups' own blocks (TILEATTN_DEFINES=TILEATTN_WG_SKIP=1, csrc/v3_3_wgmma.cu WG_SKIP):
+    the rungs it changes compile with it with their wgmma unserialised and differ from the default
+    build; without stack or spills, but for v3.7's causal build (160 registers a thread), which
+    spills the persistent loop's two counters (16 bytes, once a tile; the K/V loop, between the
+    first and the last HGMMA, has no local-memory access): an experiment's build, which must
+    lose them before it can be the default."""
+    e = VERSIONS[name]
+    default = _nvrtc.sass(compiled(name, D, causal, "sm_90a"))  # (before the define: compiled() is cached)
+    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_WG_SKIP=1"])
+    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, causal), "sm_90a", announce=False)
+    res, sass = cubin.resources, _nvrtc.sass(cubin)
+    assert not cubin.wgmma_serialized
+    assert sass != default
+    if (name, causal) == ("v3.7", True):
+        assert res["spill_stores"] <= 16, res
+        lines = sass.splitlines()
+        mma = [i for i, line in enumerate(lines) if "HGMMA" in line]
+        assert not any(re.search(r"\b(LDL|STL)\b", line) for line in lines[mma[0] : mma[-1]])
+    else:
+        assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+
+
 @pytest.mark.parametrize("ctas", [132, 114, 78, 8])
 def test_tail_split_arithmetic(ctas):
     """api._tail_split (the host's copy of the kernel's tail_split): the last round is split only

@@ -232,6 +232,91 @@ def test_tail_split_experiment_matches_float64():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+# The warpgroups' own blocks (an experiment: TILEATTN_DEFINES=TILEATTN_WG_SKIP=1, csrc/v3_3_wgmma.cu
+# WG_SKIP): calls whose tiles leave a consumer warpgroup idle (rows past the end) or one block
+# short of the tile's last (causal at Br = 192 or Bc = 64), through every kernel of the body.
+# run(seed) -> outputs; the default build's are saved, the switched build's must equal them bit
+# for bit (the skipped blocks are those whose every score the warpgroup masks) and float64's
+# within the usual tolerance.
+_WG_SKIP_SCRIPT = r"""
+import math, sys, torch
+import tileattn
+from tileattn.testing import cu_seqlens, reference
+
+def dense(version, D, B, H, Nq, Nk, causal, **kw):
+    def run(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q, k, v = (torch.randn(B, n, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for n in (Nq, Nk, Nk))
+        o, lse = tileattn.flash_attn_func(q, k, v, causal=causal, version=version, return_lse=True, **kw)
+        if kw:  # the variants: their own reference is test_variants's; here bit-identity only
+            return [o, lse], None
+        ref, _ = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 1.0 / math.sqrt(D),
+                           {True: "bottom_right", False: None}.get(causal, causal))
+        return [o, lse], ((o.transpose(1, 2).double() - ref).norm() / ref.norm()).item()
+    return (version, D, Nq, Nk, causal, kw), run
+
+def packed(D, lens, causal):
+    def run(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q, k, v = (torch.randn(sum(lens), 4, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        cu = cu_seqlens(lens)
+        o, lse = tileattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal, return_lse=True)
+        return [o, lse], None
+    return ("varlen", D, lens, causal), run
+
+CASES = [
+    dense("v3.7", 64, 3, 5, 1024, 1024, "top_left"), dense("v3.7", 64, 3, 5, 1024, 1024, False),
+    dense("v3.7", 64, 2, 3, 1000, 1100, True), dense("v3.7", 64, 2, 3, 1100, 700, True),
+    dense("v3.7", 64, 1, 37, 200, 200, "top_left"),
+    dense("v3.6", 256, 2, 3, 900, 900, "top_left"), dense("v3.6", 256, 2, 3, 900, 900, False),
+    dense("v3.6", 256, 2, 3, 300, 2000, True), dense("v3.6", 128, 2, 3, 900, 900, "top_left"),
+    dense("v3.3", 128, 2, 3, 900, 900, "top_left"), dense("v3.3", 256, 2, 3, 333, 333, "top_left"),
+    dense(None, 128, 2, 3, 1000, 1000, True, window_size=(256, 0)),
+    dense(None, 64, 2, 3, 900, 900, False, window_size=(100, 100)),
+    packed(64, [1, 100, 300, 64, 1000, 129], True), packed(128, [1, 100, 300, 64, 1000, 129], False),
+]
+mode, path = sys.argv[1], sys.argv[2]
+outs = [run(1000 + i) for i, (_, run) in enumerate(CASES)]
+if mode == "save":
+    torch.save([[t.cpu() for t in o] for o, _ in outs], path)
+    sys.exit(0)
+saved, bad = torch.load(path), []
+for (label, _), (o, err), ref in zip(CASES, outs, saved):
+    same = all(torch.equal(a.cpu(), b) for a, b in zip(o, ref))
+    print(label, "bit-identical" if same else "DIFFERS", "err", err)
+    if not same or (err is not None and not err < 1e-2):
+        bad.append(label)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_wg_skip_experiment_is_bit_identical(tmp_path):
+    """The warpgroups' own blocks (an experiment: TILEATTN_DEFINES=TILEATTN_WG_SKIP=1) change no
+    output bit: the default build's O and lse on calls that exercise it (v3.7 and v3.6 at D=256
+    causal, partial last tiles, bottom-right with rows that see no key, a causal window, packed
+    sequences), then the switched build's in a process of its own (the define is read when a
+    kernel is compiled), and float64's for the dense calls."""
+    import subprocess
+    import sys
+
+    from tileattn import _nvrtc
+
+    cc = _nvrtc.device_arch(0)
+    if cc[0] * 10 + cc[1] != 90:
+        pytest.skip("v3.6 and v3.7 are sm_90a rungs")
+    path = str(tmp_path / "default.pt")
+    env = {k: v for k, v in os.environ.items() if k != "TILEATTN_DEFINES"}
+    for mode, defines in (("save", None), ("check", "TILEATTN_WG_SKIP=1")):
+        run = subprocess.run(
+            [sys.executable, "-c", _WG_SKIP_SCRIPT, mode, path],
+            env=dict(env, TILEATTN_DEFINES=defines) if defines else env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+
+
 @pytest.mark.parametrize("version,D", [("v3.6", 128), ("v3.6", 256)])
 def test_o_stage_falls_back_on_unaligned_out(version, D):
     """v3.6 at D = 128 and 256 copies O out of a shared-memory stage by bulk copies, which take 16-byte

@@ -178,6 +178,18 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
 #ifndef TILEATTN_WINDOW_ORDER
 #define TILEATTN_WINDOW_ORDER 0
 #endif
+// The warpgroups' own blocks, an experiment (TILEATTN_DEFINES=TILEATTN_WG_SKIP=1; every 16-bit rung
+// of this body but the ping-pong's, whose warpgroups must take the same number of turns): a consumer
+// warpgroup runs S, softmax and P V only on the K/V blocks that some row of its own 64 sees, and
+// only waits for and releases the others.  Under the causal mask a tile's first rows see fewer
+// blocks than its last wherever Br > Bc or Br = 192 (v3.7: of a tile's 3 Tc warpgroup-blocks,
+// 72 instead of 96 a head at N = 1024, the same work as v3.6's 128-row tiles), and a tile
+// reaching past the sequence's end leaves whole warpgroups idle (v3.7's sixth tile at N = 1024:
+// two of its three).  The skipped blocks are those whose every score the warpgroup would mask,
+// so O and lse are unchanged.
+#ifndef TILEATTN_WG_SKIP
+#define TILEATTN_WG_SKIP 0
+#endif
 template <bool PERSISTENT, bool CAUSAL, bool WINDOW_ORDER = false, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
                                                   bool warp_uniform, const TailSplit& tail, int Tr = 1,
@@ -198,6 +210,17 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
   } else if constexpr (PERSISTENT) {
     constexpr int U = CAUSAL ? 2 : 1;
     int c0 = 0, i = 0;
+#if TILEATTN_WG_SKIP
+    // The same order on one counter: under WG_SKIP, v3.7's causal build spills the loop's counters
+    // at the tile's start and end (tests/test_compile.py), 16 bytes here and 20 with nested loops.
+    for (;; ++i) {
+      const int tile = (static_cast<int>(blockIdx.x) + i / U * static_cast<int>(gridDim.x)) * U + i % U;
+      if (tile >= tail.full) break;  // tiles grow with i
+      const auto w = tile_at(tile);
+      f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
+      c0 += w.Tc;
+    }
+#else
     for (int unit = blockIdx.x; unit * U < tail.full; unit += gridDim.x) {
       for (int tile = unit * U; tile < min(tail.full, unit * U + U); ++tile, ++i) {
         const auto w = tile_at(tile);
@@ -205,6 +228,7 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
         c0 += w.Tc;
       }
     }
+#endif
     if (tail.pieces > 0 && static_cast<int>(blockIdx.x) < (total - tail.full) * tail.pieces) {
       auto w = tile_at(tail.full + blockIdx.x / tail.pieces);
       const int piece = blockIdx.x % tail.pieces;
@@ -267,7 +291,15 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // TILEATTN_WINDOW_ORDER (an experiment): a causal left window's order (common.cuh window_units),
   // f its short Q blocks a head; -1: persistent_tile's order.
   constexpr bool WINDOW_ORDER = PERSISTENT && CAUSAL && VARIANTS && TILEATTN_WINDOW_ORDER;
+  constexpr bool WG_SKIP = !PINGPONG && !FP8 && TILEATTN_WG_SKIP;  // (FP8's tiles have no block to skip)
   const int window_f = WINDOW_ORDER && window_left >= 0 ? max(0, (window_left - causal_offset + Br - 1) / Br) : -1;
+  // The end of the keys that rows .. row_end - 1 see (the causal mask, a window's right edge, the
+  // sequence's end).
+  auto keys_end = [&](int row_end, int seq_k, int offset) {
+    int kv_hi = CAUSAL ? min(seq_k, max(0, row_end + offset)) : seq_k;
+    if (VARIANTS && !CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, row_end + offset + window_right));
+    return kv_hi;
+  };
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
     if constexpr (PERSISTENT) {
@@ -296,7 +328,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     w.empty = w.q_start >= w.seq_q;  // dense: a Q block past Nq (never launched); packed: none
     // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
     // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0
-    // (but in a split tail's piece: v3_3_for_my_tiles).
+    // (but in a split tail's piece: v3_3_for_my_tiles).  (kv_hi is keys_end's, written out: through
+    // the lambda the default build's instructions moved.)
     int kv_lo = 0, kv_hi = CAUSAL ? min(w.seq_k, max(0, w.q_start + Br + w.offset)) : w.seq_k;
     if (VARIANTS) {
       if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, w.q_start + Br + w.offset + window_right));
@@ -432,11 +465,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 #pragma unroll
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
     mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
-    // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1) is done.
-    auto release_q = [&](int n) {
-      if (PERSISTENT && n == Tc - 1) mbar_arrive(q_empty);
-    };
     if (PERSISTENT && Tc == 0) mbar_arrive(q_empty);  // no S at all
+    // The causal mask's test of a whole block (fragment_online_softmax) from this warpgroup's
+    // first row under WG_SKIP: a block may cross the tile's diagonal and not its rows'.
+    const int mask_row0 = WG_SKIP ? q_start + cwg * 64 : q_start;
 
     ScoreVariants var{};
     // ALiBi under the causal mask (every visible key at or left of the row) as one FFMA a score
@@ -466,10 +498,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if constexpr (ALIBI_KEYS) {
         const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
         fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
-                                                        q_start, row_a, t, seq_k, offset, alibi_offset);
+                                                        mask_row0, row_a, t, seq_k, offset, alibi_offset);
       } else {
         fragment_online_softmax<CAUSAL, NS, false, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
-                                                         q_start, row_a, t, seq_k, offset);
+                                                         mask_row0, row_a, t, seq_k, offset);
       }
     };
     // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
@@ -513,10 +545,34 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     };
     if (PINGPONG && cwg == 1 && Tc > 0) named_barrier_arrive<2 * V3_3_WG>(3);
 
+    // WG_SKIP: whether this warpgroup needs none of the tile's blocks (idle: its rows lie past the
+    // sequence's end or see no key), or all but the last (skip_last); it only waits for and
+    // releases the blocks it skips (skip_block), since the barriers count every consumer thread.
+    // It still waits for each full barrier first: an arrival on an empty barrier counts toward its
+    // current phase, so it may not run ahead of it.  (Two or more trailing blocks are computed as
+    // before, masked: with Br - 64 <= Bc only a tile that ends past the sequence gets there.)
+    bool idle = false, skip_last = false;
+    if constexpr (WG_SKIP) {
+      const int row_lo = q_start + cwg * 64;
+      // its blocks 0 .. n_hi - 1
+      const int n_hi = (keys_end(min(seq_q, row_lo + 64), seq_k, offset) + Bc - 1) / Bc - j_lo;
+      idle = row_lo >= seq_q || n_hi <= 0;
+      skip_last = !idle && n_hi == Tc - 1;
+    }
+    // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1 - skip_last) is done.
+    auto release_q = [&](int n) {
+      if (PERSISTENT && (WG_SKIP ? n + skip_last : n) == Tc - 1) mbar_arrive(q_empty);
+    };
+    auto skip_block = [&](int n) {
+      bars.wait_k_full(c0 + n);
+      mbar_arrive(bars.k_empty(c0 + n));
+      bars.wait_v_full(c0 + n);
+      mbar_arrive(bars.v_empty(c0 + n));
+    };
     // Intra-warpgroup pipelining: S_{j+1} = Q K_{j+1}^T and P_j V_j are issued together, and the
     // softmax of block j+1 runs on the CUDA cores while the tensor core does P_j V_j.  p and acc
     // belong to the in-flight P V until its wait (fence_operands keeps their registers pinned).
-    if (Tc > 0) {
+    if (Tc > 0 && !idle) {
       {
         float S[NS];
         bars.wait_k_full(c0);
@@ -530,7 +586,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         softmax(S, 0);
         to_p_and_rescale(S);
       }
-      for (int j = 0; j + 1 < Tc; ++j) {  // straight-line body: ptxas tracks the two groups
+      int j = 0;
+      for (; j + 1 < Tc; ++j) {  // straight-line body: ptxas tracks the two groups
+        // (WG_SKIP: one block early by a break, the last block being where j stops; a loop bound
+        // other than Tc held one more register through the loop and spilled in v3.7.)
+        if (WG_SKIP && skip_last && j + 2 == Tc) break;
         float S[NS];
         bars.wait_k_full(c0 + j + 1);
         my_turn();
@@ -557,16 +617,20 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         mbar_arrive(bars.v_empty(c0 + j));
         to_p_and_rescale(S);
       }
-      bars.wait_v_full(c0 + Tc - 1);
+      // This warpgroup's last block (the default build's expressions as they were, so that its
+      // instructions are unchanged).
+      const int c_last = WG_SKIP ? c0 + j : c0 + Tc - 1;
+      bars.wait_v_full(c_last);
       if (!FP8 && cu_seqlens_q) {
         // Packed sequences: the last tile's rows past the sequence's keys hold the next sequence's
         // values or whatever the buffer holds past cu_seqlens_k[B] (NaN included); P is 0 there,
         // but 0 x NaN is NaN, so each consumer warpgroup zeroes those rows of every 64-column
         // panel (row r: bytes [r 128, r 128 + 128) of its panel) before its P V reads them.  Only
         // the last tile can reach past the keys; the dense path's copy engine zero-fills instead.
-        const int first = seq_k - (j_lo + Tc - 1) * Bc;  // rows first .. Bc - 1
+        // (Under WG_SKIP a warpgroup whose last block is not the tile's has first >= Bc.)
+        const int first = seq_k - (WG_SKIP ? (j_lo + j) * Bc : (j_lo + Tc - 1) * Bc);  // rows first .. Bc - 1
         if (first < Bc) {
-          unsigned char* v_tile = smem + (s_v(bars.stage(c0 + Tc - 1)) - s_q);
+          unsigned char* v_tile = smem + (s_v(bars.stage(c_last)) - s_q);
           for (int i = threadIdx.x % V3_3_WG; i < (HEAD_DIM / 64) * (Bc - first) * 8; i += V3_3_WG) {
             const int panel = i / ((Bc - first) * 8), chunk = i % ((Bc - first) * 8);
             *reinterpret_cast<uint4*>(v_tile + panel * Bc * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
@@ -576,11 +640,15 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         }
       }
       my_turn();
-      issue_pv(c0 + Tc - 1);
+      issue_pv(c_last);
       your_turn(true);
       wgmma_wait<0>();
       fence_operands(acc);
-      mbar_arrive(bars.v_empty(c0 + Tc - 1));
+      mbar_arrive(bars.v_empty(c_last));
+      if (WG_SKIP && j + 1 < Tc) skip_block(Tc - 1);
+    } else if (WG_SKIP && Tc > 0) {  // idle
+      if (PERSISTENT) mbar_arrive(q_empty);
+      for (int n = 0; n < Tc; ++n) skip_block(n);
     }
 
     if constexpr (TAIL) {  // a piece: its tile's last to arrive merges the others' and stores O

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The forward's experiments behind defines, each against the default build in the same call (one
+# H200, ~7 minutes): first their GPU tests (each runs its switched build in a process of its own),
+# then scripts/fwd_probe.py / variants_probe.py once per build, so that every ratio to cuDNN is
+# read beside the default's of the same call (bench/NOTES.md "Next session").
+#
+#   bash scripts/experiments.sh [tests] [wg_skip] [tail_split] [window_order]   (default: all)
+#
+#   TILEATTN_WG_SKIP      a consumer warpgroup skips the K/V blocks its own rows do not see
+#                         (v3.7 at D=64, v3.6 at D=256 causal; partial last tiles everywhere)
+#   TILEATTN_TAIL_SPLIT   the persistent walk's last round split by K/V blocks (non-causal)
+#   TILEATTN_WINDOW_ORDER the variants kernel's order under a causal left window
+#
+# Installs nothing; prints each probe's lines as they come.  Set TILEATTN_COMMIT as for
+# device_run.sh.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
+parts=${*:-tests wg_skip tail_split window_order}
+has() { [[ " $parts " == *" $1 "* ]]; }
+rc=0
+run() {  # run DEFINES CMD...: one process under the defines ("" = the default build)
+  echo "== ${1:-default}: ${*:2}"
+  TILEATTN_DEFINES="$1" "${@:2}" || rc=1
+}
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
+if has tests; then
+  run "" python3 -m pytest -q -m gpu tests/test_gpu.py -k "wg_skip or tail_split" -p no:cacheprovider
+  run "TILEATTN_WINDOW_ORDER=1" python3 -m pytest -q -m gpu tests/test_variants.py -k window -p no:cacheprovider
+fi
+if has wg_skip; then
+  # D=64: v3.7 with and without the skip, and v3.6 (the default for causal calls under
+  # versions.SHORT_CAUSAL_ROWS rows) beside them; D=256: the default (v3.6) with and without.
+  for defines in "" "TILEATTN_WG_SKIP=1"; do
+    run "$defines" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.7
+    run "$defines" python3 scripts/fwd_probe.py --headdim 256 --seqlen 1024 4096
+  done
+  run "" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.6
+fi
+if has tail_split; then
+  for defines in "" "TILEATTN_TAIL_SPLIT=8" "" "TILEATTN_TAIL_SPLIT=8"; do  # twice each, interleaved
+    run "$defines" python3 scripts/fwd_probe.py --headdim 128 256 --seqlen 1024 4096 8192
+  done
+fi
+if has window_order; then
+  run "" python3 scripts/variants_probe.py
+  run "" python3 scripts/variants_probe.py --define TILEATTN_WINDOW_ORDER=1
+fi
+exit $rc
