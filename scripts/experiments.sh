@@ -4,10 +4,11 @@
 # then scripts/fwd_probe.py / variants_probe.py once per build, so that every ratio to cuDNN is
 # read beside the default's of the same call (bench/NOTES.md "Next session").
 #
-#   bash scripts/experiments.sh [tests] [wg_skip] [tail_split] [window_order]   (default: all)
+#   bash scripts/experiments.sh [tests] [wg_skip] [pingpong] [tail_split] [window_order]   (default: all)
 #
 #   TILEATTN_WG_SKIP      a consumer warpgroup skips the K/V blocks its own rows do not see
 #                         (v3.7 at D=64, v3.6 at D=256 causal; partial last tiles everywhere)
+#   TILEATTN_PINGPONG_128 v3.6's ping-pong consumers at D=128 too
 #   TILEATTN_TAIL_SPLIT   the persistent walk's last round split by K/V blocks (non-causal)
 #   TILEATTN_WINDOW_ORDER the variants kernel's order under a causal left window
 #
@@ -17,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
-parts=${*:-tests wg_skip tail_split window_order}
+parts=${*:-tests wg_skip pingpong tail_split window_order}
 has() { [[ " $parts " == *" $1 "* ]]; }
 rc=0
 run() {  # run DEFINES CMD...: one process under the defines ("" = the default build)
@@ -27,7 +28,7 @@ run() {  # run DEFINES CMD...: one process under the defines ("" = the default b
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
 if has tests; then
-  run "" python3 -m pytest -q -m gpu tests/test_gpu.py -k "wg_skip or tail_split" -p no:cacheprovider
+  run "" python3 -m pytest -q -m gpu tests/test_gpu.py -k "experiment" -p no:cacheprovider
   run "TILEATTN_WINDOW_ORDER=1" python3 -m pytest -q -m gpu tests/test_variants.py -k window -p no:cacheprovider
 fi
 if has wg_skip; then
@@ -38,6 +39,11 @@ if has wg_skip; then
     run "$defines" python3 scripts/fwd_probe.py --headdim 256 --seqlen 1024 4096
   done
   run "" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.6
+fi
+if has pingpong; then
+  for defines in "" "TILEATTN_PINGPONG_128=1"; do
+    run "$defines" python3 scripts/fwd_probe.py --headdim 128 --seqlen 1024 4096
+  done
 fi
 if has tail_split; then
   for defines in "" "TILEATTN_TAIL_SPLIT=8" "" "TILEATTN_TAIL_SPLIT=8"; do  # twice each, interleaved

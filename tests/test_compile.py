@@ -273,6 +273,21 @@ def test_wg_skip_experiment_compiles(name, D, causal, monkeypatch):
         assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_pingpong_128_experiment_compiles(causal, monkeypatch):
+    """v3.6's ping-pong at D=128 (TILEATTN_DEFINES=TILEATTN_PINGPONG_128=1, csrc/v3_6_persistent.cu):
+    spill-free, its wgmma unserialised, with the turns' named barriers (bar.sync / bar.arrive
+    3 and 4) that the default D=128 build lacks."""
+    e = VERSIONS["v3.6"]
+    default = _nvrtc.sass(compiled("v3.6", 128, causal, "sm_90a"))  # (before the define: compiled() is cached)
+    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_PINGPONG_128=1"])
+    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", 128, causal), "sm_90a", announce=False)
+    res, sass = cubin.resources, _nvrtc.sass(cubin)
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+    assert not cubin.wgmma_serialized
+    assert sass.count("BAR.ARV") > default.count("BAR.ARV")
+
+
 @pytest.mark.parametrize("ctas", [132, 114, 78, 8])
 def test_tail_split_arithmetic(ctas):
     """api._tail_split (the host's copy of the kernel's tail_split): the last round is split only

@@ -232,13 +232,13 @@ def test_tail_split_experiment_matches_float64():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-# The warpgroups' own blocks (an experiment: TILEATTN_DEFINES=TILEATTN_WG_SKIP=1, csrc/v3_3_wgmma.cu
-# WG_SKIP): calls whose tiles leave a consumer warpgroup idle (rows past the end) or one block
-# short of the tile's last (causal at Br = 192 or Bc = 64), through every kernel of the body.
-# run(seed) -> outputs; the default build's are saved, the switched build's must equal them bit
-# for bit (the skipped blocks are those whose every score the warpgroup masks) and float64's
-# within the usual tolerance.
-_WG_SKIP_SCRIPT = r"""
+# Experiments that must not change an output bit: WG_SKIP (csrc/v3_3_wgmma.cu: the skipped blocks
+# hold only scores the warpgroup masks) and v3.6's ping-pong at D=128 (the same arithmetic in
+# another issue order).  Calls whose tiles leave a consumer warpgroup idle (rows past the end) or
+# one block short of the tile's last (causal at Br = 192 or Bc = 64), through every kernel of
+# v3.3's body.  run(seed) -> outputs; the default build's are saved, the switched build's must
+# equal them bit for bit, and float64's within the usual tolerance.
+_BIT_IDENTICAL_SCRIPT = r"""
 import math, sys, torch
 import tileattn
 from tileattn.testing import cu_seqlens, reference
@@ -270,6 +270,7 @@ CASES = [
     dense("v3.7", 64, 1, 37, 200, 200, "top_left"),
     dense("v3.6", 256, 2, 3, 900, 900, "top_left"), dense("v3.6", 256, 2, 3, 900, 900, False),
     dense("v3.6", 256, 2, 3, 300, 2000, True), dense("v3.6", 128, 2, 3, 900, 900, "top_left"),
+    dense("v3.6", 128, 3, 37, 1023, 1023, False), dense("v3.6", 128, 3, 37, 1023, 300, True),
     dense("v3.3", 128, 2, 3, 900, 900, "top_left"), dense("v3.3", 256, 2, 3, 333, 333, "top_left"),
     dense(None, 128, 2, 3, 1000, 1000, True, window_size=(256, 0)),
     dense(None, 64, 2, 3, 900, 900, False, window_size=(100, 100)),
@@ -290,12 +291,14 @@ sys.exit(1 if bad else 0)
 """
 
 
-def test_wg_skip_experiment_is_bit_identical(tmp_path):
-    """The warpgroups' own blocks (an experiment: TILEATTN_DEFINES=TILEATTN_WG_SKIP=1) change no
-    output bit: the default build's O and lse on calls that exercise it (v3.7 and v3.6 at D=256
-    causal, partial last tiles, bottom-right with rows that see no key, a causal window, packed
-    sequences), then the switched build's in a process of its own (the define is read when a
-    kernel is compiled), and float64's for the dense calls."""
+@pytest.mark.parametrize("defines", ["TILEATTN_WG_SKIP=1", "TILEATTN_PINGPONG_128=1"])
+def test_experiment_is_bit_identical(defines, tmp_path):
+    """Experiments that change no output bit (TILEATTN_DEFINES=...: WG_SKIP, the warpgroups' own
+    blocks; PINGPONG_128, v3.6's ping-pong at D=128): the default build's O and lse on calls that
+    exercise them (v3.7 and v3.6 at D=256 causal, partial last tiles, bottom-right with rows that
+    see no key, several tiles a CTA, a causal window, packed sequences), then the switched
+    build's in a process of its own (the define is read when a kernel is compiled), and
+    float64's for the dense calls."""
     import subprocess
     import sys
 
@@ -306,10 +309,10 @@ def test_wg_skip_experiment_is_bit_identical(tmp_path):
         pytest.skip("v3.6 and v3.7 are sm_90a rungs")
     path = str(tmp_path / "default.pt")
     env = {k: v for k, v in os.environ.items() if k != "TILEATTN_DEFINES"}
-    for mode, defines in (("save", None), ("check", "TILEATTN_WG_SKIP=1")):
+    for mode, switch in (("save", None), ("check", defines)):
         run = subprocess.run(
-            [sys.executable, "-c", _WG_SKIP_SCRIPT, mode, path],
-            env=dict(env, TILEATTN_DEFINES=defines) if defines else env,
+            [sys.executable, "-c", _BIT_IDENTICAL_SCRIPT, mode, path],
+            env=dict(env, TILEATTN_DEFINES=switch) if switch else env,
             capture_output=True,
             text=True,
             timeout=600,
