@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The forward's experiments behind defines, each against the default build in the same call (one
-# H200, ~7 minutes): first their GPU tests (each runs its switched build in a process of its own),
-# then scripts/fwd_probe.py / variants_probe.py once per build, so that every ratio to cuDNN is
-# read beside the default's of the same call (bench/NOTES.md "Next session").
+# H200): first their GPU tests (each runs its switched build in a process of its own), then
+# scripts/fwd_probe.py / variants_probe.py once per build, so that every ratio to cuDNN is read
+# beside the default's of the same call (bench/NOTES.md "Next session").  All of it runs past a
+# call's 10 minutes: split it, e.g. `tests` (~5 min), `wg_skip carry pingpong` (~4 min),
+# `tail_split window_order` (~5 min).
 #
-#   bash scripts/experiments.sh [tests] [wg_skip] [pingpong] [tail_split] [window_order]   (default: all)
+#   bash scripts/experiments.sh [tests] [wg_skip] [carry] [pingpong] [tail_split] [window_order]   (default: all)
 #
 #   TILEATTN_WG_SKIP      a consumer warpgroup skips the K/V blocks its own rows do not see
 #                         (v3.7 at D=64, v3.6 at D=256 causal; partial last tiles everywhere)
+#   TILEATTN_CARRY        the next tile's first block under this tile's last P V (v3.6 at D=128 /
+#                         256, v3.7)
 #   TILEATTN_PINGPONG_128 v3.6's ping-pong consumers at D=128 too
 #   TILEATTN_TAIL_SPLIT   the persistent walk's last round split by K/V blocks (non-causal)
 #   TILEATTN_WINDOW_ORDER the variants kernel's order under a causal left window
@@ -18,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
-parts=${*:-tests wg_skip pingpong tail_split window_order}
+parts=${*:-tests wg_skip carry pingpong tail_split window_order}
 has() { [[ " $parts " == *" $1 "* ]]; }
 rc=0
 run() {  # run DEFINES CMD...: one process under the defines ("" = the default build)
@@ -39,6 +43,12 @@ if has wg_skip; then
     run "$defines" python3 scripts/fwd_probe.py --headdim 256 --seqlen 1024 4096
   done
   run "" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.6
+fi
+if has carry; then
+  for defines in "" "TILEATTN_CARRY=1"; do
+    run "$defines" python3 scripts/fwd_probe.py --headdim 128 256 --seqlen 1024 4096
+    run "$defines" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.7
+  done
 fi
 if has pingpong; then
   for defines in "" "TILEATTN_PINGPONG_128=1"; do

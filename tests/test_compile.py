@@ -273,6 +273,24 @@ def test_wg_skip_experiment_compiles(name, D, causal, monkeypatch):
         assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
 
 
+@pytest.mark.parametrize("name,D", [("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_carry_experiment_compiles(name, D, causal, monkeypatch):
+    """The next tile's first block under the last P V (TILEATTN_DEFINES=TILEATTN_CARRY=1,
+    csrc/v3_3_wgmma.cu CARRY): spill-free with its wgmma unserialised (P crosses the tile boundary
+    in the operand registers; the O stores run while P is still in S's registers, which an
+    earlier order could not fit: 160 to 6276 bytes of spills, serialised), and not the default
+    build."""
+    e = VERSIONS[name]
+    default = _nvrtc.sass(compiled(name, D, causal, "sm_90a"))  # (before the define: compiled() is cached)
+    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_CARRY=1"])
+    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, causal), "sm_90a", announce=False)
+    res = cubin.resources
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+    assert not cubin.wgmma_serialized
+    assert _nvrtc.sass(cubin) != default
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_pingpong_128_experiment_compiles(causal, monkeypatch):
     """v3.6's ping-pong at D=128 (TILEATTN_DEFINES=TILEATTN_PINGPONG_128=1, csrc/v3_6_persistent.cu):

@@ -233,8 +233,9 @@ def test_tail_split_experiment_matches_float64():
 
 
 # Experiments that must not change an output bit: WG_SKIP (csrc/v3_3_wgmma.cu: the skipped blocks
-# hold only scores the warpgroup masks) and v3.6's ping-pong at D=128 (the same arithmetic in
-# another issue order).  Calls whose tiles leave a consumer warpgroup idle (rows past the end) or
+# hold only scores the warpgroup masks), CARRY (the next tile's first block computed earlier, by
+# the same instructions) and v3.6's ping-pong at D=128 (the same arithmetic in another issue
+# order).  Calls whose tiles leave a consumer warpgroup idle (rows past the end) or
 # one block short of the tile's last (causal at Br = 192 or Bc = 64), through every kernel of
 # v3.3's body.  run(seed) -> outputs; the default build's are saved, the switched build's must
 # equal them bit for bit, and float64's within the usual tolerance.
@@ -291,14 +292,15 @@ sys.exit(1 if bad else 0)
 """
 
 
-@pytest.mark.parametrize("defines", ["TILEATTN_WG_SKIP=1", "TILEATTN_PINGPONG_128=1"])
+@pytest.mark.parametrize("defines", ["TILEATTN_WG_SKIP=1", "TILEATTN_CARRY=1", "TILEATTN_PINGPONG_128=1"])
 def test_experiment_is_bit_identical(defines, tmp_path):
     """Experiments that change no output bit (TILEATTN_DEFINES=...: WG_SKIP, the warpgroups' own
-    blocks; PINGPONG_128, v3.6's ping-pong at D=128): the default build's O and lse on calls that
-    exercise them (v3.7 and v3.6 at D=256 causal, partial last tiles, bottom-right with rows that
-    see no key, several tiles a CTA, a causal window, packed sequences), then the switched
-    build's in a process of its own (the define is read when a kernel is compiled), and
-    float64's for the dense calls."""
+    blocks; CARRY, the next tile's first block under the last P V; PINGPONG_128, v3.6's ping-pong
+    at D=128): the default build's O and lse on calls that exercise them (v3.7 and v3.6 at D=256
+    causal, partial last tiles, bottom-right with rows and tiles that see no key, tiles of one
+    K/V block, several tiles a CTA, a causal window, packed sequences), then the switched build's
+    in a process of its own (the define is read when a kernel is compiled), and float64's for the
+    dense calls."""
     import subprocess
     import sys
 

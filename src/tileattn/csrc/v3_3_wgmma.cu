@@ -190,6 +190,18 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
 #ifndef TILEATTN_WG_SKIP
 #define TILEATTN_WG_SKIP 0
 #endif
+// The next tile's first block under this one's last P V, an experiment
+// (TILEATTN_DEFINES=TILEATTN_CARRY=1; the persistent 16-bit rungs without the ping-pong, the
+// variants or the split tail: v3.6 at D = 128 / 256, v3.7).  A consumer warpgroup's tile starts
+// with S_0 and its softmax, the tensor core idle while the softmax runs, and ends with the last
+// P V and the epilogue, the CUDA cores idle but for the stores; at N = 1024 (4.5 to 8 K/V blocks
+// a tile) that is about one block's time in six.  Here the last P V of tile i is issued right
+// after the S_0 of tile i + 1 (as the loop issues S_{j+1} with P_j V_j), the softmax of that
+// block runs under the P V, then tile i's O is stored, and tile i + 1 starts at its second block
+// with m_i, l_i and P carried over.
+#ifndef TILEATTN_CARRY
+#define TILEATTN_CARRY 0
+#endif
 template <bool PERSISTENT, bool CAUSAL, bool WINDOW_ORDER = false, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
                                                   bool warp_uniform, const TailSplit& tail, int Tr = 1,
@@ -224,7 +236,21 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
     for (int unit = blockIdx.x; unit * U < tail.full; unit += gridDim.x) {
       for (int tile = unit * U; tile < min(tail.full, unit * U + U); ++tile, ++i) {
         const auto w = tile_at(tile);
+#if TILEATTN_CARRY
+        // The CTA's next tile's first row and K/V blocks (Tc = 0: none), for the consumers' carry.
+        const int next_unit = unit + static_cast<int>(gridDim.x);
+        const int next = tile + 1 < min(tail.full, unit * U + U) ? tile + 1
+                         : next_unit * U < tail.full             ? next_unit * U
+                                                                 : -1;
+        int2 wn = make_int2(0, 0);
+        if (warp_uniform && next >= 0) {
+          const auto t = tile_at(next);
+          wn = make_int2(t.q_start, t.Tc);
+        }
+        f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i, wn);
+#else
         f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
+#endif
         c0 += w.Tc;
       }
     }
@@ -292,6 +318,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // f its short Q blocks a head; -1: persistent_tile's order.
   constexpr bool WINDOW_ORDER = PERSISTENT && CAUSAL && VARIANTS && TILEATTN_WINDOW_ORDER;
   constexpr bool WG_SKIP = !PINGPONG && !FP8 && TILEATTN_WG_SKIP;  // (FP8's tiles have no block to skip)
+  constexpr bool CARRY = PERSISTENT && !PINGPONG && !FP8 && !VARIANTS && !TAIL && !WG_SKIP && TILEATTN_CARRY;
   const int window_f = WINDOW_ORDER && window_left >= 0 ? max(0, (window_left - causal_offset + Br - 1) / Br) : -1;
   // The end of the keys that rows .. row_end - 1 see (the causal mask, a window's right edge, the
   // sequence's end).
@@ -349,7 +376,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
     // One tile.  c0: this CTA's K/V blocks before it (stage c0 + n of block n); i: its tiles before it.
-    auto produce_tile = [&](const V33Tile& w, const int c0, const int i) {
+    auto produce_tile = [&](const V33Tile& w, const int c0, const int i, int2 /*next*/ = int2{}) {
       const int h_ = w.bh % H, hk_ = h_ / h_per_kv;
       const int tma_b = cu_seqlens_q ? 0 : w.bh / H;  // packed tensors are one "batch" to the copy engine
       if (PERSISTENT && i > 0) mbar_wait(q_empty, (i - 1) & 1);  // the consumers are done with the last Q
@@ -445,9 +472,16 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     wgmma_commit();
   };
 
+  // CARRY: whether the tile about to start had its first block done by the tile before (its S_0,
+  // softmax into m_c / l_c, P in p; its Q waited for, K_0 released), and that softmax's state.
+  bool carried = false;
+  float m_c[2], l_c[2];
+
   // One tile.  c0: this CTA's K/V blocks before it (the stages and barriers count c0 + n); i: its
-  // tiles before it (Q's phase).
-  auto consume_tile = [&](const V33Tile& w, const int c0, const int i) {
+  // tiles before it (Q's phase); next: the CTA's next tile's q_start and Tc (CARRY; Tc = 0: none).
+  auto consume_tile = [&](const V33Tile& w, const int c0, const int i, const int2 next = int2{}) {
+    const bool was_carried = CARRY && carried;
+    carried = false;
     const int bh = w.bh, b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
     const int q_start = w.q_start, q0 = w.q0, seq_q = w.seq_q, seq_k = w.seq_k, offset = w.offset;
     const int j_lo = w.j_lo, Tc = w.Tc;
@@ -460,11 +494,13 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const float score_scale = FP8 ? softmax_scale * ds[0] * ds[1] : softmax_scale;
     const bool fp8_negate = FP8 && score_scale < 0.0f;
     const float plain_scale_log2 = folded_scale_log2(FP8 ? fabsf(score_scale) : softmax_scale);
-    float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
-    float l_i[2] = {0.0f, 0.0f};
+    float m_i[2] = {was_carried ? m_c[0] : TILEATTN_NEG_INF, was_carried ? m_c[1] : TILEATTN_NEG_INF};
+    float l_i[2] = {was_carried ? l_c[0] : 0.0f, was_carried ? l_c[1] : 0.0f};
+    if (!was_carried) {  // (a carried tile's acc was zeroed, its Q waited for, by the tile before)
 #pragma unroll
-    for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
-    mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
+      for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
+      mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
+    }
     if (PERSISTENT && Tc == 0) mbar_arrive(q_empty);  // no S at all
     // The causal mask's test of a whole block (fragment_online_softmax) from this warpgroup's
     // first row under WG_SKIP: a block may cross the tile's diagonal and not its rows'.
@@ -509,7 +545,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // FP8: k32 step c takes S's n8 tiles 4c .. 4c + 3; register r (rows g / g + 8 as r % 2) holds
     // keys 2t, 2t + 1 of tile 4c + 2 (r / 2) and of the next tile, where the A layout expects keys
     // 4t .. 4t + 3 (16 further for r / 2 = 1): the host permutes V^T's keys to match (v3_5_fp8.cu).
-    auto to_p_and_rescale = [&](const float (&S)[NS]) {
+    auto to_p = [&](const float (&S)[NS]) {
       if constexpr (FP8) {
 #pragma unroll
         for (int c = 0; c < Bc / 32; ++c)
@@ -525,6 +561,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
           p[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
         }
       }
+    };
+    auto to_p_and_rescale = [&](const float (&S)[NS]) {
+      to_p(S);
       // O's rescale, skipped (a warp-uniform branch) when no row of the warp was rebased: under the
       // lazy rebase (lazy_rescale_log2(), softmax.cuh) that is most blocks past a row's first.
       if (__any_sync(0xffffffffu, scale_old[0] != 1.0f || scale_old[1] != 1.0f)) {
@@ -544,6 +583,27 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (PINGPONG && !(last && cwg == 1)) named_barrier_arrive<2 * V3_3_WG>(3 + (1 - cwg));
     };
     if (PINGPONG && cwg == 1 && Tc > 0) named_barrier_arrive<2 * V3_3_WG>(3);
+    // The epilogue: O = acc / l_i and lse from m_i, l_i, into this tile's rows.
+    auto store_tile = [&](float (&m_i)[2], float (&l_i)[2]) {
+      // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
+      float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
+      if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
+#pragma unroll
+        for (int i = 0; i < NO; ++i) acc[i] *= ds[2];
+        __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
+        fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
+      } else {
+        T* o_rows = hs.o + q0 * o_sn;
+        bool staged = false;  // O's stage takes 16-byte aligned rows (the bulk copy's requirement)
+        if constexpr (STAGE_O) {
+          if (((reinterpret_cast<unsigned long long>(o_rows) | (o_sn * sizeof(T))) & 15) == 0) {
+            fragment_store_rows_bulk<T, HEAD_DIM>(acc, m_i, l_i, row_a, lane, seq_q, o_rows, o_sn, lse_rows, o_stage);
+            staged = true;
+          }
+        }
+        if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
+      }
+    };
 
     // WG_SKIP: whether this warpgroup needs none of the tile's blocks (idle: its rows lie past the
     // sequence's end or see no key), or all but the last (skip_last); it only waits for and
@@ -573,7 +633,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // softmax of block j+1 runs on the CUDA cores while the tensor core does P_j V_j.  p and acc
     // belong to the in-flight P V until its wait (fence_operands keeps their registers pinned).
     if (Tc > 0 && !idle) {
-      {
+      if (!was_carried) {
         float S[NS];
         bars.wait_k_full(c0);
         my_turn();
@@ -639,6 +699,34 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
           named_barrier_sync<V3_3_WG>(1 + cwg);  // this warpgroup's stores
         }
       }
+      if constexpr (CARRY) {
+        if (next.y > 0) {  // (dense: its j_lo is 0, its seq_k and offset this tile's)
+          float S[NS];
+          mbar_wait(bars.q, (i + 1) & 1);  // the next tile's Q (released by every warpgroup's last S)
+          bars.wait_k_full(c0 + Tc);
+          issue_s(S, c0 + Tc);
+          issue_pv(c_last);
+          wgmma_wait<1>();  // the next tile's S_0 done, this tile's last P V may still run
+          fence_operands(S);
+          mbar_arrive(bars.k_empty(c0 + Tc));
+          if (next.y == 1) mbar_arrive(q_empty);  // the next tile's last S
+          float scale_0[2];  // (its O starts at zero: nothing to rescale)
+          m_c[0] = m_c[1] = TILEATTN_NEG_INF;
+          l_c[0] = l_c[1] = 0.0f;
+          fragment_online_softmax<CAUSAL, NS, false, true>(S, m_c, l_c, scale_0, scale_log2, 0, Bc, next.x,
+                                                           next.x + cwg * 64 + warp * 16 + g, t, seq_k, offset);
+          wgmma_wait<0>();
+          fence_operands(acc);
+          fence_operands(p);
+          mbar_arrive(bars.v_empty(c_last));
+          store_tile(m_i, l_i);  // (before to_p: P kept in S's registers, not in the operand registers p)
+#pragma unroll
+          for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
+          to_p(S);
+          carried = true;
+          return;
+        }
+      }
       my_turn();
       issue_pv(c_last);
       your_turn(true);
@@ -660,24 +748,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 #pragma unroll
       for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
     }
-    // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
-    float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
-    if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
-#pragma unroll
-      for (int i = 0; i < NO; ++i) acc[i] *= ds[2];
-      __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
-      fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
-    } else {
-      T* o_rows = hs.o + q0 * o_sn;
-      bool staged = false;  // O's stage takes 16-byte aligned rows (the bulk copy's requirement)
-      if constexpr (STAGE_O) {
-        if (((reinterpret_cast<unsigned long long>(o_rows) | (o_sn * sizeof(T))) & 15) == 0) {
-          fragment_store_rows_bulk<T, HEAD_DIM>(acc, m_i, l_i, row_a, lane, seq_q, o_rows, o_sn, lse_rows, o_stage);
-          staged = true;
-        }
-      }
-      if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
-    }
+    store_tile(m_i, l_i);
   };
   v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, consume_tile, true, tail, Tr,
                                                       window_f);
