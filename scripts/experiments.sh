@@ -3,7 +3,7 @@
 # H200): first their GPU tests (each runs its switched build in a process of its own), then
 # scripts/fwd_probe.py / variants_probe.py once per build, so that every ratio to cuDNN is read
 # beside the default's of the same call (bench/NOTES.md "Next session").  All of it runs past a
-# call's 10 minutes: split it, e.g. `tests` (~5 min), `wg_skip carry pingpong` (~4 min),
+# call's 10 minutes: split it, e.g. `tests` (~5 min), `wg_skip carry pingpong` (~6 min),
 # `tail_split window_order` (~5 min).
 #
 #   bash scripts/experiments.sh [tests] [wg_skip] [carry] [pingpong] [tail_split] [window_order]   (default: all)
@@ -12,6 +12,7 @@
 #                         (v3.7 at D=64, v3.6 at D=256 causal; partial last tiles everywhere)
 #   TILEATTN_CARRY        the next tile's first block under this tile's last P V (v3.6 at D=128 /
 #                         256, v3.7)
+#   TILEATTN_Q_PREFETCH   the next tile's Q fetched into L2 while this tile runs (persistent rungs)
 #   TILEATTN_PINGPONG_128 v3.6's ping-pong consumers at D=128 too
 #   TILEATTN_TAIL_SPLIT   the persistent walk's last round split by K/V blocks (non-causal)
 #   TILEATTN_WINDOW_ORDER the variants kernel's order under a causal left window
@@ -45,7 +46,7 @@ if has wg_skip; then
   run "" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.6
 fi
 if has carry; then
-  for defines in "" "TILEATTN_CARRY=1"; do
+  for defines in "" "TILEATTN_Q_PREFETCH=1" "TILEATTN_CARRY=1" "TILEATTN_CARRY=1 TILEATTN_Q_PREFETCH=1"; do
     run "$defines" python3 scripts/fwd_probe.py --headdim 128 256 --seqlen 1024 4096
     run "$defines" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.7
   done

@@ -277,18 +277,22 @@ def test_wg_skip_experiment_compiles(name, D, causal, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True])
 def test_carry_experiment_compiles(name, D, causal, monkeypatch):
     """The next tile's first block under the last P V (TILEATTN_DEFINES=TILEATTN_CARRY=1,
-    csrc/v3_3_wgmma.cu CARRY): spill-free with its wgmma unserialised (P crosses the tile boundary
-    in the operand registers; the O stores run while P is still in S's registers, which an
-    earlier order could not fit: 160 to 6276 bytes of spills, serialised), and not the default
-    build."""
+    csrc/v3_3_wgmma.cu CARRY) and the next Q fetched into L2 (TILEATTN_Q_PREFETCH=1), each and
+    both: spill-free with the wgmma unserialised (P crosses the tile boundary in the operand
+    registers; the O stores run while P is still in S's registers, which an earlier order could
+    not fit: 160 to 6276 bytes of spills, serialised), and not the default build."""
     e = VERSIONS[name]
     default = _nvrtc.sass(compiled(name, D, causal, "sm_90a"))  # (before the define: compiled() is cached)
-    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_CARRY=1"])
-    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, causal), "sm_90a", announce=False)
-    res = cubin.resources
-    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
-    assert not cubin.wgmma_serialized
-    assert _nvrtc.sass(cubin) != default
+    for defines in (["TILEATTN_CARRY=1"], ["TILEATTN_Q_PREFETCH=1"], ["TILEATTN_CARRY=1", "TILEATTN_Q_PREFETCH=1"]):
+        monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", defines)
+        cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, causal), "sm_90a", announce=False)
+        res, sass = cubin.resources, _nvrtc.sass(cubin)
+        assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, (defines, res)
+        assert not cubin.wgmma_serialized, defines
+        assert sass != default
+        # Q_PREFETCH: one L2 prefetch a 64-column panel of Q (UTMAPF), which the default build lacks
+        prefetch = "TILEATTN_Q_PREFETCH=1" in defines
+        assert sass.count("UTMAPF") == (D // 64 if prefetch else 0) and "UTMAPF" not in default
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -292,15 +292,17 @@ sys.exit(1 if bad else 0)
 """
 
 
-@pytest.mark.parametrize("defines", ["TILEATTN_WG_SKIP=1", "TILEATTN_CARRY=1", "TILEATTN_PINGPONG_128=1"])
+@pytest.mark.parametrize(
+    "defines", ["TILEATTN_WG_SKIP=1", "TILEATTN_CARRY=1 TILEATTN_Q_PREFETCH=1", "TILEATTN_PINGPONG_128=1"]
+)
 def test_experiment_is_bit_identical(defines, tmp_path):
     """Experiments that change no output bit (TILEATTN_DEFINES=...: WG_SKIP, the warpgroups' own
-    blocks; CARRY, the next tile's first block under the last P V; PINGPONG_128, v3.6's ping-pong
-    at D=128): the default build's O and lse on calls that exercise them (v3.7 and v3.6 at D=256
-    causal, partial last tiles, bottom-right with rows and tiles that see no key, tiles of one
-    K/V block, several tiles a CTA, a causal window, packed sequences), then the switched build's
-    in a process of its own (the define is read when a kernel is compiled), and float64's for the
-    dense calls."""
+    blocks; CARRY, the next tile's first block under the last P V, with Q_PREFETCH, the next Q
+    fetched into L2; PINGPONG_128, v3.6's ping-pong at D=128): the default build's O and lse on
+    calls that exercise them (v3.7 and v3.6 at D=256 causal, partial last tiles, bottom-right
+    with rows and tiles that see no key, tiles of one K/V block, several tiles a CTA, a causal
+    window, packed sequences), then the switched build's in a process of its own (the define is
+    read when a kernel is compiled), and float64's for the dense calls."""
     import subprocess
     import sys
 

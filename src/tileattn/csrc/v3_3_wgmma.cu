@@ -202,6 +202,18 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
 #ifndef TILEATTN_CARRY
 #define TILEATTN_CARRY 0
 #endif
+// The next tile's Q fetched into L2 while this tile runs, an experiment
+// (TILEATTN_DEFINES=TILEATTN_Q_PREFETCH=1; the persistent 16-bit rungs): the producer may load
+// the next Q into shared memory only once every consumer warpgroup has done its last S, and at
+// N = 1024 what covers that copy's latency (~1-2 us from memory for 16-64 KB) is one softmax,
+// one P V and the stores, about one K/V block (~1.2 us at D = 128); CARRY leaves only the
+// softmax.  From L2 the copy is several times shorter.
+#ifndef TILEATTN_Q_PREFETCH
+#define TILEATTN_Q_PREFETCH 0
+#endif
+#if TILEATTN_WG_SKIP && TILEATTN_CARRY
+#error "TILEATTN_WG_SKIP and TILEATTN_CARRY are exclusive (either one's kernels are built without the other)"
+#endif
 template <bool PERSISTENT, bool CAUSAL, bool WINDOW_ORDER = false, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
                                                   bool warp_uniform, const TailSplit& tail, int Tr = 1,
@@ -236,18 +248,14 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
     for (int unit = blockIdx.x; unit * U < tail.full; unit += gridDim.x) {
       for (int tile = unit * U; tile < min(tail.full, unit * U + U); ++tile, ++i) {
         const auto w = tile_at(tile);
-#if TILEATTN_CARRY
-        // The CTA's next tile's first row and K/V blocks (Tc = 0: none), for the consumers' carry.
+#if TILEATTN_CARRY || TILEATTN_Q_PREFETCH
+        // The CTA's next tile (V33Tile{}: none, seq_q = 0), for the consumers' carry and the
+        // producer's prefetch.
         const int next_unit = unit + static_cast<int>(gridDim.x);
         const int next = tile + 1 < min(tail.full, unit * U + U) ? tile + 1
                          : next_unit * U < tail.full             ? next_unit * U
                                                                  : -1;
-        int2 wn = make_int2(0, 0);
-        if (warp_uniform && next >= 0) {
-          const auto t = tile_at(next);
-          wn = make_int2(t.q_start, t.Tc);
-        }
-        f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i, wn);
+        f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i, next >= 0 ? tile_at(next) : V33Tile{});
 #else
         f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
 #endif
@@ -376,7 +384,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
     // One tile.  c0: this CTA's K/V blocks before it (stage c0 + n of block n); i: its tiles before it.
-    auto produce_tile = [&](const V33Tile& w, const int c0, const int i, int2 /*next*/ = int2{}) {
+    auto produce_tile = [&](const V33Tile& w, const int c0, const int i, const V33Tile& next = V33Tile{}) {
       const int h_ = w.bh % H, hk_ = h_ / h_per_kv;
       const int tma_b = cu_seqlens_q ? 0 : w.bh / H;  // packed tensors are one "batch" to the copy engine
       if (PERSISTENT && i > 0) mbar_wait(q_empty, (i - 1) & 1);  // the consumers are done with the last Q
@@ -397,6 +405,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         return;
       }
       tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
+      if (PERSISTENT && TILEATTN_Q_PREFETCH && next.seq_q > 0)  // (dense: the next Q's rows from q_start)
+        tma_tile_prefetch_l2<HEAD_DIM>(tmaps, 0, next.q_start, next.bh % H, next.bh / H);
       for (int n = 0; n < w.Tc; ++n) {
         const int row = w.k0 + (w.j_lo + n) * Bc, c = c0 + n;
         bars.wait_k_empty(c);
@@ -478,8 +488,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   float m_c[2], l_c[2];
 
   // One tile.  c0: this CTA's K/V blocks before it (the stages and barriers count c0 + n); i: its
-  // tiles before it (Q's phase); next: the CTA's next tile's q_start and Tc (CARRY; Tc = 0: none).
-  auto consume_tile = [&](const V33Tile& w, const int c0, const int i, const int2 next = int2{}) {
+  // tiles before it (Q's phase); next: the CTA's next tile (CARRY; seq_q = Tc = 0: none).
+  auto consume_tile = [&](const V33Tile& w, const int c0, const int i, const V33Tile& next = V33Tile{}) {
     const bool was_carried = CARRY && carried;
     carried = false;
     const int bh = w.bh, b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
@@ -700,7 +710,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         }
       }
       if constexpr (CARRY) {
-        if (next.y > 0) {  // (dense: its j_lo is 0, its seq_k and offset this tile's)
+        if (next.Tc > 0) {  // (dense: its j_lo is 0, its seq_k and offset this tile's; the softmax
+          // below takes that for granted, as CARRY excludes the variants, FP8 and the split tail)
           float S[NS];
           mbar_wait(bars.q, (i + 1) & 1);  // the next tile's Q (released by every warpgroup's last S)
           bars.wait_k_full(c0 + Tc);
@@ -709,12 +720,12 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
           wgmma_wait<1>();  // the next tile's S_0 done, this tile's last P V may still run
           fence_operands(S);
           mbar_arrive(bars.k_empty(c0 + Tc));
-          if (next.y == 1) mbar_arrive(q_empty);  // the next tile's last S
+          if (next.Tc == 1) mbar_arrive(q_empty);  // the next tile's last S
           float scale_0[2];  // (its O starts at zero: nothing to rescale)
           m_c[0] = m_c[1] = TILEATTN_NEG_INF;
           l_c[0] = l_c[1] = 0.0f;
-          fragment_online_softmax<CAUSAL, NS, false, true>(S, m_c, l_c, scale_0, scale_log2, 0, Bc, next.x,
-                                                           next.x + cwg * 64 + warp * 16 + g, t, seq_k, offset);
+          fragment_online_softmax<CAUSAL, NS, false, true>(S, m_c, l_c, scale_0, scale_log2, 0, Bc, next.q_start,
+                                                           next.q_start + cwg * 64 + warp * 16 + g, t, seq_k, offset);
           wgmma_wait<0>();
           fence_operands(acc);
           fence_operands(p);
