@@ -237,6 +237,7 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
 #if TILEATTN_WG_SKIP
     // The same order on one counter: under WG_SKIP, v3.7's causal build spills the loop's counters
     // at the tile's start and end (tests/test_compile.py), 16 bytes here and 20 with nested loops.
+    // (Under the define it is every persistent kernel's loop, those WG_SKIP leaves alone too.)
     for (;; ++i) {
       const int tile = (static_cast<int>(blockIdx.x) + i / U * static_cast<int>(gridDim.x)) * U + i % U;
       if (tile >= tail.full) break;  // tiles grow with i
@@ -620,7 +621,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // releases the blocks it skips (skip_block), since the barriers count every consumer thread.
     // It still waits for each full barrier first: an arrival on an empty barrier counts toward its
     // current phase, so it may not run ahead of it.  (Two or more trailing blocks are computed as
-    // before, masked: with Br - 64 <= Bc only a tile that ends past the sequence gets there.)
+    // before, masked: with Br - 64 <= Bc, as in every registered tile, only a tile that ends past
+    // the sequence gets there; v3.7 at Bc = 64, a sweep's tile, more often.)
     bool idle = false, skip_last = false;
     if constexpr (WG_SKIP) {
       const int row_lo = q_start + cwg * 64;
