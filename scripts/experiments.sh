@@ -4,9 +4,9 @@
 # scripts/fwd_probe.py / variants_probe.py once per build, so that every ratio to cuDNN is read
 # beside the default's of the same call (bench/NOTES.md "Next session").  All of it runs past a
 # call's 10 minutes: split it, e.g. `tests` (~5 min), `wg_skip carry pingpong` (~6 min),
-# `tail_split window_order` (~5 min).
+# `tail_split variants` (~5 min).
 #
-#   bash scripts/experiments.sh [tests] [wg_skip] [carry] [pingpong] [tail_split] [window_order]   (default: all)
+#   bash scripts/experiments.sh [tests] [wg_skip] [carry] [pingpong] [tail_split] [variants]   (default: all)
 #
 #   TILEATTN_WG_SKIP      a consumer warpgroup skips the K/V blocks its own rows do not see
 #                         (v3.7 at D=64, v3.6 at D=256 causal; partial last tiles everywhere)
@@ -16,6 +16,7 @@
 #   TILEATTN_PINGPONG_128 v3.6's ping-pong consumers at D=128 too
 #   TILEATTN_TAIL_SPLIT   the persistent walk's last round split by K/V blocks (non-causal)
 #   TILEATTN_WINDOW_ORDER the variants kernel's order under a causal left window
+#   TILEATTN_SOFTCAP_RAW_MAX  the softcap's row max on the raw scores (variants kernels)
 #
 # Installs nothing; prints each probe's lines as they come.  Set TILEATTN_COMMIT as for
 # device_run.sh.
@@ -23,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
-parts=${*:-tests wg_skip carry pingpong tail_split window_order}
+parts=${*:-tests wg_skip carry pingpong tail_split variants}
 has() { [[ " $parts " == *" $1 "* ]]; }
 rc=0
 run() {  # run DEFINES CMD...: one process under the defines ("" = the default build)
@@ -35,6 +36,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,nohe
 if has tests; then
   run "" python3 -m pytest -q -m gpu tests/test_gpu.py -k "experiment" -p no:cacheprovider
   run "TILEATTN_WINDOW_ORDER=1" python3 -m pytest -q -m gpu tests/test_variants.py -k window -p no:cacheprovider
+  run "TILEATTN_SOFTCAP_RAW_MAX=1" python3 -m pytest -q -m gpu tests/test_variants.py -k softcap -p no:cacheprovider
 fi
 if has wg_skip; then
   # D=64: v3.7 with and without the skip, and v3.6 (the default for causal calls under
@@ -61,8 +63,9 @@ if has tail_split; then
     run "$defines" python3 scripts/fwd_probe.py --headdim 128 256 --seqlen 1024 4096 8192
   done
 fi
-if has window_order; then
+if has variants; then
   run "" python3 scripts/variants_probe.py
   run "" python3 scripts/variants_probe.py --define TILEATTN_WINDOW_ORDER=1
+  run "" python3 scripts/variants_probe.py --define TILEATTN_SOFTCAP_RAW_MAX=1
 fi
 exit $rc

@@ -295,6 +295,26 @@ def test_carry_experiment_compiles(name, D, causal, monkeypatch):
         assert sass.count("UTMAPF") == (D // 64 if prefetch else 0) and "UTMAPF" not in default
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap_raw_max_experiment_compiles(D, causal, monkeypatch):
+    """The softcap's row max on the raw scores (TILEATTN_DEFINES=TILEATTN_SOFTCAP_RAW_MAX=1,
+    mma.cuh fragment_online_softmax_capped) in v3.6's variants kernel: spill-free, its wgmma
+    unserialised, with the path's own tanh (a block's two loops, masked and not) beside the
+    default build's."""
+    from tileattn.versions import KERNEL_ENTRIES
+
+    e = KERNEL_ENTRIES["v3.6_variants"]
+    expr = e.name_expression("bfloat16", D, causal)
+    default = _nvrtc.sass(_nvrtc.compile_kernel(e.file, expr, "sm_90a", announce=False))
+    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_SOFTCAP_RAW_MAX=1"])
+    cubin = _nvrtc.compile_kernel(e.file, expr, "sm_90a", announce=False)
+    res, sass = cubin.resources, _nvrtc.sass(cubin)
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+    assert not cubin.wgmma_serialized
+    assert sass.count("MUFU.TANH") >= default.count("MUFU.TANH") + 2 * 64
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_pingpong_128_experiment_compiles(causal, monkeypatch):
     """v3.6's ping-pong at D=128 (TILEATTN_DEFINES=TILEATTN_PINGPONG_128=1, csrc/v3_6_persistent.cu):

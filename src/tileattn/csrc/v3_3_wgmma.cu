@@ -211,6 +211,12 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
 #ifndef TILEATTN_Q_PREFETCH
 #define TILEATTN_Q_PREFETCH 0
 #endif
+// The softcap's row max on the raw scores, an experiment (TILEATTN_DEFINES=
+// TILEATTN_SOFTCAP_RAW_MAX=1; the variants kernels, calls with a softcap and no ALiBi):
+// mma.cuh fragment_online_softmax_capped.
+#ifndef TILEATTN_SOFTCAP_RAW_MAX
+#define TILEATTN_SOFTCAP_RAW_MAX 0
+#endif
 #if TILEATTN_WG_SKIP && TILEATTN_CARRY
 #error "TILEATTN_WG_SKIP and TILEATTN_CARRY are exclusive (either one's kernels are built without the other)"
 #endif
@@ -540,6 +546,14 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (fp8_negate) {
 #pragma unroll
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
+      }
+      if constexpr (VARIANTS && TILEATTN_SOFTCAP_RAW_MAX) {
+        if (var.softcap && !var.alibi) {  // (warp-uniform: the head's)
+          const bool edge = fragment_variants<NS, false>(S, var_rest, (j_lo + n) * Bc, Bc, t);
+          fragment_online_softmax_capped<CAUSAL, NS>(S, m_i, l_i, scale_old, scale_log2, var.inv_cap_s, edge,
+                                                     (j_lo + n) * Bc, Bc, mask_row0, row_a, t, seq_k, offset);
+          return;
+        }
       }
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
       if constexpr (ALIBI_KEYS) {
