@@ -566,9 +566,10 @@ __device__ __forceinline__ float exp_scale_log2(const ScoreVariants& var, float 
 // row, or skipped: the kernel's loop covers only blocks some row sees).  Per score, ALiBi is an
 // FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL and
 // the SFU's tanh (its factor c / s is exp_scale_log2's).  TANH false: the softcap's tanh is
-// left to the caller (fragment_online_softmax_capped).  Returns whether a window edge was masked.
+// left to the caller (fragment_online_softmax_capped), and the function returns whether a window
+// edge was masked (void otherwise: with a bool returned, six of v3.1's variants kernels moved).
 template <int NS, bool TANH = true>
-__device__ __forceinline__ bool fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
+__device__ __forceinline__ auto fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
   if (TANH && var.softcap) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) S[i] = tanh_approx(S[i] * var.inv_cap_s);
@@ -593,7 +594,7 @@ __device__ __forceinline__ bool fragment_variants(float (&S)[NS], const ScoreVar
       if (key < lo[r] || key > hi[r]) S[i] = TILEATTN_NEG_INF;
     }
   }
-  return left_edge || right_edge;
+  if constexpr (!TANH) return left_edge || right_edge;
 }
 
 // fragment_online_softmax for softcapped scores with the row max taken on the raw scores, an
