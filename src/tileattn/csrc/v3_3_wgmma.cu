@@ -412,8 +412,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         return;
       }
       tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
-      if (PERSISTENT && TILEATTN_Q_PREFETCH && next.seq_q > 0)  // (dense: the next Q's rows from q_start)
-        tma_tile_prefetch_l2<HEAD_DIM>(tmaps, 0, next.q_start, next.bh % H, next.bh / H);
+      // Q_PREFETCH: the next tile's Q, where the walk hands it over (the nested persistent loop;
+      // not under WG_SKIP's one-counter loop, the window order, nor for a split tail's piece).
+      if (PERSISTENT && TILEATTN_Q_PREFETCH && next.seq_q > 0)
+        tma_tile_prefetch_l2<HEAD_DIM>(tmaps, 0, next.q0 + next.q_start, next.bh % H, cu_seqlens_q ? 0 : next.bh / H);
       for (int n = 0; n < w.Tc; ++n) {
         const int row = w.k0 + (w.j_lo + n) * Bc, c = c0 + n;
         bars.wait_k_empty(c);
