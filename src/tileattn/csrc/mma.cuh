@@ -617,6 +617,8 @@ __device__ __forceinline__ void fragment_online_softmax_capped(float (&S)[NS], f
                                                                int causal_offset) {
   const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
   float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
+  // fragment_online_softmax's masks and maxima, written out again: as one helper for both, 43 of
+  // the default build's kernels moved (sass_fingerprint, the same instruction counts).
   if (needs_mask) {  // (two loops, as fragment_online_softmax's, so that the branch stays one)
     const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
     const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
