@@ -299,7 +299,7 @@ def test_carry_experiment_compiles(name, D, causal, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True])
 def test_softcap_raw_max_experiment_compiles(D, causal, monkeypatch):
     """The softcap's row max on the raw scores (TILEATTN_DEFINES=TILEATTN_SOFTCAP_RAW_MAX=1,
-    mma.cuh fragment_online_softmax_capped) in v3.6's variants kernel: spill-free, its wgmma
+    mma.cuh fragment_online_softmax<..., CAPPED>) in v3.6's variants kernel: spill-free, its wgmma
     unserialised, with the path's own tanh (a block's two loops, masked and not) beside the
     default build's."""
     from tileattn.versions import KERNEL_ENTRIES

@@ -480,11 +480,24 @@ __device__ __forceinline__ void tma_tile_prefetch_l2(const TmaMaps* tmaps, int m
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
 // LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
-template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false>
+// CAPPED (an experiment, TILEATTN_DEFINES=TILEATTN_SOFTCAP_RAW_MAX=1: v3.3's body with VARIANTS,
+// a softcap and no ALiBi): S comes raw (a window's edges already -inf, fragment_variants<NS,
+// false>, which says so: masked), the row max is taken on it, and each score becomes
+// tanh(S inv_cap) before its weight.  tanh is monotonic, so max_j tanh(S_j s / c) = tanh(max_j
+// S_j s / c): the max and the quad's shuffles run on S as the tensor core leaves it, beside each
+// score's tanh, instead of after all of them (the chain tanh -> max -> shuffles -> exp2 was each
+// warpgroup's critical path between its S and its P V, bench/NOTES.md "Score variants in v3.3").
+// scale_log2 is then exp_scale_log2's.  A masked score must stay -inf, which its tanh (-1) would
+// not: on blocks with a mask each tanh is selected against it.  (MUFU.TANH's ~2^-11 relative
+// error can make the max of the tanh values differ from the tanh of the max in the last bits:
+// the max is only the exponent's base, and the lazy rebase already lets weights exceed 1.)
+template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false, bool CAPPED = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
-                                                        int causal_offset, float offset = 0.0f) {
+                                                        int causal_offset, float offset = 0.0f,
+                                                        float inv_cap = 0.0f, bool masked = false) {
+  static_assert(!(CAPPED && OFFSET), "CAPPED: no ALiBi");
   const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
   float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
   // Two loops, not one with `needs_mask && key >= kend`: ptxas turned that one into an ISETP and
@@ -504,10 +517,23 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
 #pragma unroll
     for (int i = 0; i < NS; ++i) m_tile[(i % 4) / 2] = fmaxf(m_tile[(i % 4) / 2], S[i]);
   }
+  if constexpr (CAPPED) {
+    if (needs_mask || masked) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const float u = tanh_approx(S[i] * inv_cap);
+        S[i] = S[i] == TILEATTN_NEG_INF ? TILEATTN_NEG_INF : u;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) S[i] = tanh_approx(S[i] * inv_cap);
+    }
+  }
   float m_base[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the quad holds the row
-    const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
+    float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
+    if constexpr (CAPPED) m_blk = m_blk == TILEATTN_NEG_INF ? TILEATTN_NEG_INF : tanh_approx(m_blk * inv_cap);
     scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], LAZY ? lazy_rescale_log2() : 0.0f);
     if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
   }
@@ -566,7 +592,7 @@ __device__ __forceinline__ float exp_scale_log2(const ScoreVariants& var, float 
 // row, or skipped: the kernel's loop covers only blocks some row sees).  Per score, ALiBi is an
 // FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL and
 // the SFU's tanh (its factor c / s is exp_scale_log2's).  TANH false: the softcap's tanh is
-// left to the caller (fragment_online_softmax_capped), and the function returns whether a window
+// left to the caller (fragment_online_softmax<..., CAPPED>), and the function returns whether a window
 // edge was masked (void otherwise: with a bool returned, six of v3.1's variants kernels moved).
 template <int NS, bool TANH = true>
 __device__ __forceinline__ auto fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
@@ -595,65 +621,6 @@ __device__ __forceinline__ auto fragment_variants(float (&S)[NS], const ScoreVar
     }
   }
   if constexpr (!TANH) return left_edge || right_edge;
-}
-
-// fragment_online_softmax for softcapped scores with the row max taken on the raw scores, an
-// experiment (TILEATTN_DEFINES=TILEATTN_SOFTCAP_RAW_MAX=1: v3.3's body with VARIANTS, a softcap
-// and no ALiBi).  tanh is monotonic, so max_j tanh(S_j s / c) = tanh(max_j S_j s / c): the max
-// and the quad's shuffles run on S as the tensor core leaves it, beside each score's tanh,
-// instead of after all of them (the chain tanh -> max -> shuffles -> exp2 was each warpgroup's
-// critical path between its S and its P V, bench/NOTES.md "Score variants in v3.3").  S comes
-// raw, a window's edges already -inf (fragment_variants<NS, false>, which says so: masked); it
-// leaves as the weights 2^(tanh(S s / c) scale_log2 - m), scale_log2 exp_scale_log2's.  A
-// masked score must stay -inf, which its tanh (-1) would not: on blocks with a mask each tanh is
-// selected against it.  (MUFU.TANH's ~2^-11 relative error can make the max of the tanh values
-// differ from the tanh of the max in the last bits: the max is only the exponent's base, and
-// online_rescale's lazy rebase already lets weights exceed 1.)
-template <bool CAUSAL, int NS>
-__device__ __forceinline__ void fragment_online_softmax_capped(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
-                                                               float (&scale_old)[2], float scale_log2,
-                                                               float inv_cap, bool masked, int kv_start, int Bc,
-                                                               int q_start, int row_a, int t, int Nk,
-                                                               int causal_offset) {
-  const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
-  float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
-  // fragment_online_softmax's masks and maxima, written out again: as one helper for both, 43 of
-  // the default build's kernels moved (sass_fingerprint, the same instruction counts).
-  if (needs_mask) {  // (two loops, as fragment_online_softmax's, so that the branch stays one)
-    const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
-    const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
-      if (key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
-      m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < NS; ++i) m_tile[(i % 4) / 2] = fmaxf(m_tile[(i % 4) / 2], S[i]);
-  }
-  if (needs_mask || masked) {
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const float u = tanh_approx(S[i] * inv_cap);
-      S[i] = S[i] == TILEATTN_NEG_INF ? TILEATTN_NEG_INF : u;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < NS; ++i) S[i] = tanh_approx(S[i] * inv_cap);
-  }
-  float m_base[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float m_raw = lanes_max<4>(m_tile[h]);
-    const float m_blk = m_raw == TILEATTN_NEG_INF ? TILEATTN_NEG_INF : tanh_approx(m_raw * inv_cap);
-    scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], lazy_rescale_log2());
-  }
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
-    l_i[(i % 4) / 2] += S[i];
-  }
 }
 
 // ALiBi under a causal mask as one FFMA a score (v3.3's variants kernel).  Every visible key j is

@@ -213,7 +213,7 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
 #endif
 // The softcap's row max on the raw scores, an experiment (TILEATTN_DEFINES=
 // TILEATTN_SOFTCAP_RAW_MAX=1; the variants kernels, calls with a softcap and no ALiBi):
-// mma.cuh fragment_online_softmax_capped.
+// mma.cuh fragment_online_softmax<..., CAPPED>.
 #ifndef TILEATTN_SOFTCAP_RAW_MAX
 #define TILEATTN_SOFTCAP_RAW_MAX 0
 #endif
@@ -552,8 +552,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if constexpr (VARIANTS && TILEATTN_SOFTCAP_RAW_MAX) {
         if (var.softcap && !var.alibi) {  // (warp-uniform: the head's)
           const bool edge = fragment_variants<NS, false>(S, var_rest, (j_lo + n) * Bc, Bc, t);
-          fragment_online_softmax_capped<CAUSAL, NS>(S, m_i, l_i, scale_old, scale_log2, var.inv_cap_s, edge,
-                                                     (j_lo + n) * Bc, Bc, mask_row0, row_a, t, seq_k, offset);
+          fragment_online_softmax<CAUSAL, NS, false, true, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc,
+                                                                 Bc, mask_row0, row_a, t, seq_k, offset, 0.0f,
+                                                                 var.inv_cap_s, edge);
           return;
         }
       }
