@@ -560,21 +560,25 @@ def tensor_map_4d(
     return b"".join(int(x).to_bytes(8, "little") for x in tmap.opaque)
 
 
+def _device_attribute(name: str, device_index: int) -> int:
+    from cuda.bindings import driver
+
+    # cuInit is idempotent and cheap; without it a query made before torch (or a launch) has
+    # touched CUDA in this process fails with CUDA_ERROR_NOT_INITIALIZED.
+    _check(driver.cuInit(0), "cuInit")
+    attr = getattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
+    return _check(driver.cuDeviceGetAttribute(attr, device_index), "cuDeviceGetAttribute")
+
+
 @functools.cache
 def sm_count(device_index: int) -> int:
     """Streaming multiprocessors of the device: the grid of a persistent rung (one CTA per SM)."""
-    from cuda.bindings import driver
-
-    attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-    return _check(driver.cuDeviceGetAttribute(attr, device_index), "cuDeviceGetAttribute")
+    return _device_attribute("MULTIPROCESSOR_COUNT", device_index)
 
 
 @functools.cache
 def max_dynamic_smem(device_index: int) -> int:
-    from cuda.bindings import driver
-
-    attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-    return _check(driver.cuDeviceGetAttribute(attr, device_index), "cuDeviceGetAttribute")
+    return _device_attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", device_index)
 
 
 def set_max_dynamic_smem(lk: LoadedKernel, device_index: int, smem: int) -> None:
