@@ -2,18 +2,12 @@
 # The forward's experiments behind defines, each against the default build in the same call (one
 # H200): first their GPU tests (each runs its switched build in a process of its own), then
 # scripts/fwd_probe.py / variants_probe.py once per build, so that every ratio to cuDNN is read
-# beside the default's of the same call (bench/NOTES.md "Next session").  All of it runs past a
-# call's 10 minutes: split it, e.g. `tests` (~5 min), `wg_skip carry pingpong` (~6 min),
-# `tail_split variants` (~5 min).
+# beside the default's of the same call (bench/NOTES.md "Next session").  ~8 minutes in all.
+# (WG_SKIP, CARRY, Q_PREFETCH and PINGPONG_128 were measured by this script and removed: bench/
+# NOTES.md "The warpgroups' own blocks".)
 #
-#   bash scripts/experiments.sh [tests] [wg_skip] [carry] [pingpong] [tail_split] [variants]   (default: all)
+#   bash scripts/experiments.sh [tests] [tail_split] [variants]   (default: all)
 #
-#   TILEATTN_WG_SKIP      a consumer warpgroup skips the K/V blocks its own rows do not see
-#                         (v3.7 at D=64, v3.6 at D=256 causal; partial last tiles everywhere)
-#   TILEATTN_CARRY        the next tile's first block under this tile's last P V (v3.6 at D=128 /
-#                         256, v3.7)
-#   TILEATTN_Q_PREFETCH   the next tile's Q fetched into L2 while this tile runs (persistent rungs)
-#   TILEATTN_PINGPONG_128 v3.6's ping-pong consumers at D=128 too
 #   TILEATTN_TAIL_SPLIT   the persistent walk's last round split by K/V blocks (non-causal)
 #   TILEATTN_WINDOW_ORDER the variants kernel's order under a causal left window
 #   TILEATTN_SOFTCAP_RAW_MAX  the softcap's row max on the raw scores (variants kernels)
@@ -24,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
-parts=${*:-tests wg_skip carry pingpong tail_split variants}
+parts=${*:-tests tail_split variants}
 has() { [[ " $parts " == *" $1 "* ]]; }
 rc=0
 run() {  # run DEFINES CMD...: one process under the defines ("" = the default build)
@@ -34,29 +28,9 @@ run() {  # run DEFINES CMD...: one process under the defines ("" = the default b
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
 if has tests; then
-  run "" python3 -m pytest -q -m gpu tests/test_gpu.py -k "experiment" -p no:cacheprovider
+  run "" python3 -m pytest -q -m gpu tests/test_gpu.py -k "tail_split" -p no:cacheprovider
   run "TILEATTN_WINDOW_ORDER=1" python3 -m pytest -q -m gpu tests/test_variants.py -k window -p no:cacheprovider
   run "TILEATTN_SOFTCAP_RAW_MAX=1" python3 -m pytest -q -m gpu tests/test_variants.py -k softcap -p no:cacheprovider
-fi
-if has wg_skip; then
-  # D=64: v3.7 with and without the skip, and v3.6 (the default for causal calls under
-  # versions.SHORT_CAUSAL_ROWS rows) beside them; D=256: the default (v3.6) with and without.
-  for defines in "" "TILEATTN_WG_SKIP=1"; do
-    run "$defines" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.7
-    run "$defines" python3 scripts/fwd_probe.py --headdim 256 --seqlen 1024 4096
-  done
-  run "" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.6
-fi
-if has carry; then
-  for defines in "" "TILEATTN_Q_PREFETCH=1" "TILEATTN_CARRY=1" "TILEATTN_CARRY=1 TILEATTN_Q_PREFETCH=1"; do
-    run "$defines" python3 scripts/fwd_probe.py --headdim 128 256 --seqlen 1024 4096
-    run "$defines" python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 4096 --version v3.7
-  done
-fi
-if has pingpong; then
-  for defines in "" "TILEATTN_PINGPONG_128=1"; do
-    run "$defines" python3 scripts/fwd_probe.py --headdim 128 --seqlen 1024 4096
-  done
 fi
 if has tail_split; then
   for defines in "" "TILEATTN_TAIL_SPLIT=8" "" "TILEATTN_TAIL_SPLIT=8"; do  # twice each, interleaved

@@ -246,55 +246,6 @@ def test_tail_split_experiment_compiles(name, D, monkeypatch):
     assert not re.search(r"\bBAR\.RED", default) and not re.search(r"\b(ATOMG|RED)\.E\.ADD", default)
 
 
-@pytest.mark.parametrize(
-    "name,D,causal",
-    [("v3.7", 64, True), ("v3.7", 64, False), ("v3.6", 256, True), ("v3.6", 128, True), ("v3.3", 128, True)],
-)
-def test_wg_skip_experiment_compiles(name, D, causal, monkeypatch):
-    """The warpgroups' own blocks (TILEATTN_DEFINES=TILEATTN_WG_SKIP=1, csrc/v3_3_wgmma.cu WG_SKIP):
-    the rungs it changes compile with it with their wgmma unserialised and differ from the default
-    build; without stack or spills, but for v3.7's causal build (160 registers a thread), which
-    spills the persistent loop's two counters (16 bytes, once a tile; the K/V loop, between the
-    first and the last HGMMA, has no local-memory access): an experiment's build, which must
-    lose them before it can be the default."""
-    e = VERSIONS[name]
-    default = _nvrtc.sass(compiled(name, D, causal, "sm_90a"))  # (before the define: compiled() is cached)
-    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_WG_SKIP=1"])
-    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, causal), "sm_90a", announce=False)
-    res, sass = cubin.resources, _nvrtc.sass(cubin)
-    assert not cubin.wgmma_serialized
-    assert sass != default
-    if (name, causal) == ("v3.7", True):
-        assert res["spill_stores"] <= 16, res
-        lines = sass.splitlines()
-        mma = [i for i, line in enumerate(lines) if "HGMMA" in line]
-        assert not any(re.search(r"\b(LDL|STL)\b", line) for line in lines[mma[0] : mma[-1]])
-    else:
-        assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
-
-
-@pytest.mark.parametrize("name,D", [("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
-@pytest.mark.parametrize("causal", [False, True])
-def test_carry_experiment_compiles(name, D, causal, monkeypatch):
-    """The next tile's first block under the last P V (TILEATTN_DEFINES=TILEATTN_CARRY=1,
-    csrc/v3_3_wgmma.cu CARRY) and the next Q fetched into L2 (TILEATTN_Q_PREFETCH=1), each and
-    both: spill-free with the wgmma unserialised (P crosses the tile boundary in the operand
-    registers; the O stores run while P is still in S's registers, which an earlier order could
-    not fit: 160 to 6276 bytes of spills, serialised), and not the default build."""
-    e = VERSIONS[name]
-    default = _nvrtc.sass(compiled(name, D, causal, "sm_90a"))  # (before the define: compiled() is cached)
-    for defines in (["TILEATTN_CARRY=1"], ["TILEATTN_Q_PREFETCH=1"], ["TILEATTN_CARRY=1", "TILEATTN_Q_PREFETCH=1"]):
-        monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", defines)
-        cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, causal), "sm_90a", announce=False)
-        res, sass = cubin.resources, _nvrtc.sass(cubin)
-        assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, (defines, res)
-        assert not cubin.wgmma_serialized, defines
-        assert sass != default
-        # Q_PREFETCH: one L2 prefetch a 64-column panel of Q (UTMAPF), which the default build lacks
-        prefetch = "TILEATTN_Q_PREFETCH=1" in defines
-        assert sass.count("UTMAPF") == (D // 64 if prefetch else 0) and "UTMAPF" not in default
-
-
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_softcap_raw_max_experiment_compiles(D, causal, monkeypatch):
@@ -313,21 +264,6 @@ def test_softcap_raw_max_experiment_compiles(D, causal, monkeypatch):
     assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
     assert not cubin.wgmma_serialized
     assert sass.count("MUFU.TANH") >= default.count("MUFU.TANH") + 2 * 64
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_pingpong_128_experiment_compiles(causal, monkeypatch):
-    """v3.6's ping-pong at D=128 (TILEATTN_DEFINES=TILEATTN_PINGPONG_128=1, csrc/v3_6_persistent.cu):
-    spill-free, its wgmma unserialised, with the turns' named barriers (bar.sync / bar.arrive
-    3 and 4) that the default D=128 build lacks."""
-    e = VERSIONS["v3.6"]
-    default = _nvrtc.sass(compiled("v3.6", 128, causal, "sm_90a"))  # (before the define: compiled() is cached)
-    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_PINGPONG_128=1"])
-    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", 128, causal), "sm_90a", announce=False)
-    res, sass = cubin.resources, _nvrtc.sass(cubin)
-    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
-    assert not cubin.wgmma_serialized
-    assert sass.count("BAR.ARV") > default.count("BAR.ARV")
 
 
 @pytest.mark.parametrize("ctas", [132, 114, 78, 8])

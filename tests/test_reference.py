@@ -12,11 +12,9 @@ from tileattn.reference import (
     attention_split_kv,
     attention_tiled,
     attention_varlen,
-    causal_offset,
     kv_block_range,
     packed_tile_schedule,
     paged_kv,
-    warpgroup_blocks,
     window_unit_schedule,
 )
 
@@ -342,55 +340,3 @@ def test_window_unit_schedule_covers_every_tile_once(Tr, bh_count, f):
     assert all(1 <= len(u) <= 2 and u[0][1] >= u[-1][1] for u in units)
     if f >= Tr:
         assert units[: Tr // 2] == [[(0, Tr - 1 - k), (0, k)] for k in range(Tr // 2)]
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    Br_Bc=st.sampled_from([(128, 128), (128, 64), (192, 128)]),
-    Nq=st.integers(1, 700),
-    Nk=st.integers(1, 700),
-    causal=st.sampled_from([None, "top_left", "bottom_right"]),
-    window=st.sampled_from([(-1, -1), (-1, -1), (100, 0), (50, 70), (300, -1)]),
-)
-def test_warpgroup_blocks_skip_only_masked_scores(Br_Bc, Nq, Nk, causal, window):
-    """WG_SKIP (an experiment, csrc/v3_3_wgmma.cu): every block of the tile a consumer warpgroup
-    leaves out holds only scores it would mask (so O and lse are unchanged), and it leaves out
-    no block when its rows see one."""
-    Br, Bc = Br_Bc
-    offset = causal_offset(Nq, Nk, causal)
-    pos = Nk - Nq if offset is None else offset
-    left, right = window if offset is None else (window[0], -1)
-    for q_start in range(0, Nq, Br):
-        j_lo, j_hi = kv_block_range(q_start, Br, Bc, Nk, pos, offset is not None, (left, right))
-        for w, (a, b) in enumerate(warpgroup_blocks(q_start, Br, Bc, Nq, Nk, pos, offset is not None, (left, right))):
-            rows = np.arange(q_start + 64 * w, min(Nq, q_start + 64 * w + 64))[:, None]
-            for j in range(j_lo, j_hi):
-                keys = np.arange(j * Bc, min(Nk, j * Bc + Bc))[None, :]
-                seen = (keys <= rows + pos) if offset is not None else np.ones_like(keys + rows, dtype=bool)
-                if left >= 0:
-                    seen = seen & (keys >= rows + pos - left)
-                if right >= 0:
-                    seen = seen & (keys <= rows + pos + right)
-                assert a <= j < b or not seen.any(), (q_start, w, j, (a, b))
-
-
-def test_warpgroup_blocks_work_at_n1024():
-    """What WG_SKIP saves where it was built for: v3.7's 192-row tiles at N=1024 compute 72
-    warpgroup-blocks a head under the causal mask instead of 96 (v3.6's 128-row tiles: 72), and
-    128 instead of 144 without it (the sixth tile's two idle warpgroups); v3.6 at D=256 (Bc = 64)
-    causal 136 instead of 144."""
-
-    def work(Br, Bc, causal, skip):
-        total = 0
-        for q_start in range(0, 1024, Br):
-            j_lo, j_hi = kv_block_range(q_start, Br, Bc, 1024, 0, causal)
-            total += (
-                sum(b - a for a, b in warpgroup_blocks(q_start, Br, Bc, 1024, 1024, 0, causal))
-                if skip
-                else Br // 64 * (j_hi - j_lo)
-            )
-        return total
-
-    assert (work(192, 128, True, False), work(192, 128, True, True), work(128, 128, True, False)) == (96, 72, 72)
-    assert (work(192, 128, False, False), work(192, 128, False, True)) == (144, 128)
-    assert (work(128, 64, True, False), work(128, 64, True, True)) == (144, 136)

@@ -102,26 +102,6 @@ def kv_block_range(q_start: int, Br: int, Bc: int, Nk: int, offset: int, causal:
     return kv_lo // Bc, -(-kv_hi // Bc)
 
 
-def warpgroup_blocks(q_start: int, Br: int, Bc: int, Nq: int, Nk: int, offset: int, causal: bool, window=(-1, -1)):
-    """The K/V blocks each consumer warpgroup (64 query rows) of the Q block at q_start computes
-    under v3.3's WG_SKIP experiment (csrc/v3_3_wgmma.cu), as (j_lo, j_end) per warpgroup: none
-    when its rows lie past Nq or see no key (idle), all but the tile's last when its own rows
-    need one block fewer, else the tile's kv_block_range (a shortfall of two or more blocks is
-    computed, masked)."""
-    j_lo, j_hi = kv_block_range(q_start, Br, Bc, Nk, offset, causal, window)
-    Tc = max(0, j_hi - j_lo)
-    out = []
-    for row_lo in range(q_start, q_start + Br, 64):
-        # kv_block_range of the warpgroup's rows row_lo .. min(Nq, row_lo + 64) - 1
-        _, n_end = kv_block_range(row_lo, min(Nq, row_lo + 64) - row_lo, Bc, Nk, offset, causal, window)
-        n_hi = n_end - j_lo
-        if row_lo >= Nq or n_hi <= 0:
-            out.append((j_lo, j_lo))
-        else:
-            out.append((j_lo, j_lo + Tc - (n_hi == Tc - 1)))
-    return out
-
-
 def attention_tiled(q, k, v, softmax_scale=None, causal=None, Br=128, Bc=32, dtype=np.float32, window=(-1, -1)):
     """The FA2 forward loop nest of the v2 rung, block by block, in ``dtype``; with a sliding
     ``window`` (left, right), v3.3's variants kernel's: only the K/V blocks of kv_block_range,

@@ -453,21 +453,6 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
   }
 }
 
-// The same tile's boxes fetched into L2 only (no shared memory, no barrier): a later
-// tma_tile_load of them then waits on L2's latency, not on memory's.
-template <int COLS>
-__device__ __forceinline__ void tma_tile_prefetch_l2(const TmaMaps* tmaps, int map, int first_row, int head, int batch) {
-  using Panels = SwizzledTile<8, COLS>;
-#pragma unroll
-  for (int p = 0; p < Panels::NPANELS; ++p) {
-    const int W = Panels::panel_width(p), c0 = Panels::panel_chunk0(p);
-    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                     tmaps->desc[map + (W == 8 ? 0 : 3)]),
-                 "r"(c0 * 8), "r"(first_row), "r"(head), "r"(batch)
-                 : "memory");
-  }
-}
-
 // ---- The accumulator fragment of mma.sync m16n8 and wgmma m64nN, shared by the rungs that ----
 // ---- keep S and O in it (lane = 4g + t: rows g and g + 8, columns 2t and 2t + 1 of each n8 ----
 // ---- tile i, as values 4i, 4i + 1 (row g) and 4i + 2, 4i + 3 (row g + 8)) ----

@@ -178,47 +178,11 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
 #ifndef TILEATTN_WINDOW_ORDER
 #define TILEATTN_WINDOW_ORDER 0
 #endif
-// The warpgroups' own blocks, an experiment (TILEATTN_DEFINES=TILEATTN_WG_SKIP=1; every 16-bit rung
-// of this body but the ping-pong's, whose warpgroups must take the same number of turns): a consumer
-// warpgroup runs S, softmax and P V only on the K/V blocks that some row of its own 64 sees, and
-// only waits for and releases the others.  Under the causal mask a tile's first rows see fewer
-// blocks than its last wherever Br > Bc or Br = 192 (v3.7: of a tile's 3 Tc warpgroup-blocks,
-// 72 instead of 96 a head at N = 1024, the same work as v3.6's 128-row tiles), and a tile
-// reaching past the sequence's end leaves whole warpgroups idle (v3.7's sixth tile at N = 1024:
-// two of its three).  The skipped blocks are those whose every score the warpgroup would mask,
-// so O and lse are unchanged.
-#ifndef TILEATTN_WG_SKIP
-#define TILEATTN_WG_SKIP 0
-#endif
-// The next tile's first block under this one's last P V, an experiment
-// (TILEATTN_DEFINES=TILEATTN_CARRY=1; the persistent 16-bit rungs without the ping-pong, the
-// variants or the split tail: v3.6 at D = 128 / 256, v3.7).  A consumer warpgroup's tile starts
-// with S_0 and its softmax, the tensor core idle while the softmax runs, and ends with the last
-// P V and the epilogue, the CUDA cores idle but for the stores; at N = 1024 (4.5 to 8 K/V blocks
-// a tile) that is about one block's time in six.  Here the last P V of tile i is issued right
-// after the S_0 of tile i + 1 (as the loop issues S_{j+1} with P_j V_j), the softmax of that
-// block runs under the P V, then tile i's O is stored, and tile i + 1 starts at its second block
-// with m_i, l_i and P carried over.
-#ifndef TILEATTN_CARRY
-#define TILEATTN_CARRY 0
-#endif
-// The next tile's Q fetched into L2 while this tile runs, an experiment
-// (TILEATTN_DEFINES=TILEATTN_Q_PREFETCH=1; the persistent 16-bit rungs): the producer may load
-// the next Q into shared memory only once every consumer warpgroup has done its last S, and at
-// N = 1024 what covers that copy's latency (~1-2 us from memory for 16-64 KB) is one softmax,
-// one P V and the stores, about one K/V block (~1.2 us at D = 128); CARRY leaves only the
-// softmax.  From L2 the copy is several times shorter.
-#ifndef TILEATTN_Q_PREFETCH
-#define TILEATTN_Q_PREFETCH 0
-#endif
 // The softcap's row max on the raw scores, an experiment (TILEATTN_DEFINES=
 // TILEATTN_SOFTCAP_RAW_MAX=1; the variants kernels, calls with a softcap and no ALiBi):
 // mma.cuh fragment_online_softmax<..., CAPPED>.
 #ifndef TILEATTN_SOFTCAP_RAW_MAX
 #define TILEATTN_SOFTCAP_RAW_MAX 0
-#endif
-#if TILEATTN_WG_SKIP && TILEATTN_CARRY
-#error "TILEATTN_WG_SKIP and TILEATTN_CARRY are exclusive (either one's kernels are built without the other)"
 #endif
 template <bool PERSISTENT, bool CAUSAL, bool WINDOW_ORDER = false, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
@@ -240,36 +204,13 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
   } else if constexpr (PERSISTENT) {
     constexpr int U = CAUSAL ? 2 : 1;
     int c0 = 0, i = 0;
-#if TILEATTN_WG_SKIP
-    // The same order on one counter: under WG_SKIP, v3.7's causal build spills the loop's counters
-    // at the tile's start and end (tests/test_compile.py), 16 bytes here and 20 with nested loops.
-    // (Under the define it is every persistent kernel's loop, those WG_SKIP leaves alone too.)
-    for (;; ++i) {
-      const int tile = (static_cast<int>(blockIdx.x) + i / U * static_cast<int>(gridDim.x)) * U + i % U;
-      if (tile >= tail.full) break;  // tiles grow with i
-      const auto w = tile_at(tile);
-      f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
-      c0 += w.Tc;
-    }
-#else
     for (int unit = blockIdx.x; unit * U < tail.full; unit += gridDim.x) {
       for (int tile = unit * U; tile < min(tail.full, unit * U + U); ++tile, ++i) {
         const auto w = tile_at(tile);
-#if TILEATTN_CARRY || TILEATTN_Q_PREFETCH
-        // The CTA's next tile (V33Tile{}: none, seq_q = 0), for the consumers' carry and the
-        // producer's prefetch.
-        const int next_unit = unit + static_cast<int>(gridDim.x);
-        const int next = tile + 1 < min(tail.full, unit * U + U) ? tile + 1
-                         : next_unit * U < tail.full             ? next_unit * U
-                                                                 : -1;
-        f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i, next >= 0 ? tile_at(next) : V33Tile{});
-#else
         f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
-#endif
         c0 += w.Tc;
       }
     }
-#endif
     if (tail.pieces > 0 && static_cast<int>(blockIdx.x) < (total - tail.full) * tail.pieces) {
       auto w = tile_at(tail.full + blockIdx.x / tail.pieces);
       const int piece = blockIdx.x % tail.pieces;
@@ -332,16 +273,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // TILEATTN_WINDOW_ORDER (an experiment): a causal left window's order (common.cuh window_units),
   // f its short Q blocks a head; -1: persistent_tile's order.
   constexpr bool WINDOW_ORDER = PERSISTENT && CAUSAL && VARIANTS && TILEATTN_WINDOW_ORDER;
-  constexpr bool WG_SKIP = !PINGPONG && !FP8 && TILEATTN_WG_SKIP;  // (FP8's tiles have no block to skip)
-  constexpr bool CARRY = PERSISTENT && !PINGPONG && !FP8 && !VARIANTS && !TAIL && !WG_SKIP && TILEATTN_CARRY;
   const int window_f = WINDOW_ORDER && window_left >= 0 ? max(0, (window_left - causal_offset + Br - 1) / Br) : -1;
-  // The end of the keys that rows .. row_end - 1 see (the causal mask, a window's right edge, the
-  // sequence's end).
-  auto keys_end = [&](int row_end, int seq_k, int offset) {
-    int kv_hi = CAUSAL ? min(seq_k, max(0, row_end + offset)) : seq_k;
-    if (VARIANTS && !CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, row_end + offset + window_right));
-    return kv_hi;
-  };
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
     if constexpr (PERSISTENT) {
@@ -370,8 +302,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     w.empty = w.q_start >= w.seq_q;  // dense: a Q block past Nq (never launched); packed: none
     // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
     // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0
-    // (but in a split tail's piece: v3_3_for_my_tiles).  (kv_hi is keys_end's, written out: through
-    // the lambda the default build's instructions moved.)
+    // (but in a split tail's piece: v3_3_for_my_tiles).
     int kv_lo = 0, kv_hi = CAUSAL ? min(w.seq_k, max(0, w.q_start + Br + w.offset)) : w.seq_k;
     if (VARIANTS) {
       if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, w.q_start + Br + w.offset + window_right));
@@ -391,7 +322,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     setmaxnreg_dec<V3_3_PRODUCER_REGS>();
     if (threadIdx.x != 0) return;
     // One tile.  c0: this CTA's K/V blocks before it (stage c0 + n of block n); i: its tiles before it.
-    auto produce_tile = [&](const V33Tile& w, const int c0, const int i, const V33Tile& next = V33Tile{}) {
+    auto produce_tile = [&](const V33Tile& w, const int c0, const int i) {
       const int h_ = w.bh % H, hk_ = h_ / h_per_kv;
       const int tma_b = cu_seqlens_q ? 0 : w.bh / H;  // packed tensors are one "batch" to the copy engine
       if (PERSISTENT && i > 0) mbar_wait(q_empty, (i - 1) & 1);  // the consumers are done with the last Q
@@ -412,10 +343,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         return;
       }
       tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
-      // Q_PREFETCH: the next tile's Q, where the walk hands it over (the nested persistent loop;
-      // not under WG_SKIP's one-counter loop, the window order, nor for a split tail's piece).
-      if (PERSISTENT && TILEATTN_Q_PREFETCH && next.seq_q > 0)
-        tma_tile_prefetch_l2<HEAD_DIM>(tmaps, 0, next.q0 + next.q_start, next.bh % H, cu_seqlens_q ? 0 : next.bh / H);
       for (int n = 0; n < w.Tc; ++n) {
         const int row = w.k0 + (w.j_lo + n) * Bc, c = c0 + n;
         bars.wait_k_empty(c);
@@ -491,16 +418,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     wgmma_commit();
   };
 
-  // CARRY: whether the tile about to start had its first block done by the tile before (its S_0,
-  // softmax into m_c / l_c, P in p; its Q waited for, K_0 released), and that softmax's state.
-  bool carried = false;
-  float m_c[2], l_c[2];
-
   // One tile.  c0: this CTA's K/V blocks before it (the stages and barriers count c0 + n); i: its
-  // tiles before it (Q's phase); next: the CTA's next tile (CARRY; seq_q = Tc = 0: none).
-  auto consume_tile = [&](const V33Tile& w, const int c0, const int i, const V33Tile& next = V33Tile{}) {
-    const bool was_carried = CARRY && carried;
-    carried = false;
+  // tiles before it (Q's phase).
+  auto consume_tile = [&](const V33Tile& w, const int c0, const int i) {
     const int bh = w.bh, b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
     const int q_start = w.q_start, q0 = w.q0, seq_q = w.seq_q, seq_k = w.seq_k, offset = w.offset;
     const int j_lo = w.j_lo, Tc = w.Tc;
@@ -513,17 +433,16 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const float score_scale = FP8 ? softmax_scale * ds[0] * ds[1] : softmax_scale;
     const bool fp8_negate = FP8 && score_scale < 0.0f;
     const float plain_scale_log2 = folded_scale_log2(FP8 ? fabsf(score_scale) : softmax_scale);
-    float m_i[2] = {was_carried ? m_c[0] : TILEATTN_NEG_INF, was_carried ? m_c[1] : TILEATTN_NEG_INF};
-    float l_i[2] = {was_carried ? l_c[0] : 0.0f, was_carried ? l_c[1] : 0.0f};
-    if (!was_carried) {  // (a carried tile's acc was zeroed, its Q waited for, by the tile before)
+    float m_i[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
+    float l_i[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
-      mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
-    }
+    for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
+    mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
+    // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1) is done.
+    auto release_q = [&](int n) {
+      if (PERSISTENT && n == Tc - 1) mbar_arrive(q_empty);
+    };
     if (PERSISTENT && Tc == 0) mbar_arrive(q_empty);  // no S at all
-    // The causal mask's test of a whole block (fragment_online_softmax) from this warpgroup's
-    // first row under WG_SKIP: a block may cross the tile's diagonal and not its rows'.
-    const int mask_row0 = WG_SKIP ? q_start + cwg * 64 : q_start;
 
     ScoreVariants var{};
     // ALiBi under the causal mask (every visible key at or left of the row) as one FFMA a score
@@ -553,7 +472,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         if (var.softcap && !var.alibi) {  // (warp-uniform: the head's)
           const bool edge = fragment_variants<NS, false>(S, var_rest, (j_lo + n) * Bc, Bc, t);
           fragment_online_softmax<CAUSAL, NS, false, true, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc,
-                                                                 Bc, mask_row0, row_a, t, seq_k, offset, 0.0f,
+                                                                 Bc, q_start, row_a, t, seq_k, offset, 0.0f,
                                                                  var.inv_cap_s, edge);
           return;
         }
@@ -562,10 +481,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if constexpr (ALIBI_KEYS) {
         const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
         fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
-                                                        mask_row0, row_a, t, seq_k, offset, alibi_offset);
+                                                        q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
         fragment_online_softmax<CAUSAL, NS, false, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
-                                                         mask_row0, row_a, t, seq_k, offset);
+                                                         q_start, row_a, t, seq_k, offset);
       }
     };
     // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
@@ -573,7 +492,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // FP8: k32 step c takes S's n8 tiles 4c .. 4c + 3; register r (rows g / g + 8 as r % 2) holds
     // keys 2t, 2t + 1 of tile 4c + 2 (r / 2) and of the next tile, where the A layout expects keys
     // 4t .. 4t + 3 (16 further for r / 2 = 1): the host permutes V^T's keys to match (v3_5_fp8.cu).
-    auto to_p = [&](const float (&S)[NS]) {
+    auto to_p_and_rescale = [&](const float (&S)[NS]) {
       if constexpr (FP8) {
 #pragma unroll
         for (int c = 0; c < Bc / 32; ++c)
@@ -589,9 +508,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
           p[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
         }
       }
-    };
-    auto to_p_and_rescale = [&](const float (&S)[NS]) {
-      to_p(S);
       // O's rescale, skipped (a warp-uniform branch) when no row of the warp was rebased: under the
       // lazy rebase (lazy_rescale_log2(), softmax.cuh) that is most blocks past a row's first.
       if (__any_sync(0xffffffffu, scale_old[0] != 1.0f || scale_old[1] != 1.0f)) {
@@ -611,58 +527,12 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (PINGPONG && !(last && cwg == 1)) named_barrier_arrive<2 * V3_3_WG>(3 + (1 - cwg));
     };
     if (PINGPONG && cwg == 1 && Tc > 0) named_barrier_arrive<2 * V3_3_WG>(3);
-    // The epilogue: O = acc / l_i and lse from m_i, l_i, into this tile's rows.
-    auto store_tile = [&](float (&m_i)[2], float (&l_i)[2]) {
-      // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
-      float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
-      if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
-#pragma unroll
-        for (int i = 0; i < NO; ++i) acc[i] *= ds[2];
-        __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
-        fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
-      } else {
-        T* o_rows = hs.o + q0 * o_sn;
-        bool staged = false;  // O's stage takes 16-byte aligned rows (the bulk copy's requirement)
-        if constexpr (STAGE_O) {
-          if (((reinterpret_cast<unsigned long long>(o_rows) | (o_sn * sizeof(T))) & 15) == 0) {
-            fragment_store_rows_bulk<T, HEAD_DIM>(acc, m_i, l_i, row_a, lane, seq_q, o_rows, o_sn, lse_rows, o_stage);
-            staged = true;
-          }
-        }
-        if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
-      }
-    };
 
-    // WG_SKIP: whether this warpgroup needs none of the tile's blocks (idle: its rows lie past the
-    // sequence's end or see no key), or all but the last (skip_last); it only waits for and
-    // releases the blocks it skips (skip_block), since the barriers count every consumer thread.
-    // It still waits for each full barrier first: an arrival on an empty barrier counts toward its
-    // current phase, so it may not run ahead of it.  (Two or more trailing blocks are computed as
-    // before, masked: with Br - 64 <= Bc, as in every registered tile, only a tile that ends past
-    // the sequence gets there; v3.7 at Bc = 64, a sweep's tile, more often.)
-    bool idle = false, skip_last = false;
-    if constexpr (WG_SKIP) {
-      const int row_lo = q_start + cwg * 64;
-      // its blocks 0 .. n_hi - 1
-      const int n_hi = (keys_end(min(seq_q, row_lo + 64), seq_k, offset) + Bc - 1) / Bc - j_lo;
-      idle = row_lo >= seq_q || n_hi <= 0;
-      skip_last = !idle && n_hi == Tc - 1;
-    }
-    // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1 - skip_last) is done.
-    auto release_q = [&](int n) {
-      if (PERSISTENT && (WG_SKIP ? n + skip_last : n) == Tc - 1) mbar_arrive(q_empty);
-    };
-    auto skip_block = [&](int n) {
-      bars.wait_k_full(c0 + n);
-      mbar_arrive(bars.k_empty(c0 + n));
-      bars.wait_v_full(c0 + n);
-      mbar_arrive(bars.v_empty(c0 + n));
-    };
     // Intra-warpgroup pipelining: S_{j+1} = Q K_{j+1}^T and P_j V_j are issued together, and the
     // softmax of block j+1 runs on the CUDA cores while the tensor core does P_j V_j.  p and acc
     // belong to the in-flight P V until its wait (fence_operands keeps their registers pinned).
-    if (Tc > 0 && !idle) {
-      if (!was_carried) {
+    if (Tc > 0) {
+      {
         float S[NS];
         bars.wait_k_full(c0);
         my_turn();
@@ -675,11 +545,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         softmax(S, 0);
         to_p_and_rescale(S);
       }
-      int j = 0;
-      for (; j + 1 < Tc; ++j) {  // straight-line body: ptxas tracks the two groups
-        // (WG_SKIP: one block early by a break, the last block being where j stops; a loop bound
-        // other than Tc held one more register through the loop and spilled in v3.7.)
-        if (WG_SKIP && skip_last && j + 2 == Tc) break;
+      for (int j = 0; j + 1 < Tc; ++j) {  // straight-line body: ptxas tracks the two groups
         float S[NS];
         bars.wait_k_full(c0 + j + 1);
         my_turn();
@@ -706,20 +572,16 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         mbar_arrive(bars.v_empty(c0 + j));
         to_p_and_rescale(S);
       }
-      // This warpgroup's last block (the default build's expressions as they were, so that its
-      // instructions are unchanged).
-      const int c_last = WG_SKIP ? c0 + j : c0 + Tc - 1;
-      bars.wait_v_full(c_last);
+      bars.wait_v_full(c0 + Tc - 1);
       if (!FP8 && cu_seqlens_q) {
         // Packed sequences: the last tile's rows past the sequence's keys hold the next sequence's
         // values or whatever the buffer holds past cu_seqlens_k[B] (NaN included); P is 0 there,
         // but 0 x NaN is NaN, so each consumer warpgroup zeroes those rows of every 64-column
         // panel (row r: bytes [r 128, r 128 + 128) of its panel) before its P V reads them.  Only
         // the last tile can reach past the keys; the dense path's copy engine zero-fills instead.
-        // (Under WG_SKIP a warpgroup whose last block is not the tile's has first >= Bc.)
-        const int first = seq_k - (WG_SKIP ? (j_lo + j) * Bc : (j_lo + Tc - 1) * Bc);  // rows first .. Bc - 1
+        const int first = seq_k - (j_lo + Tc - 1) * Bc;  // rows first .. Bc - 1
         if (first < Bc) {
-          unsigned char* v_tile = smem + (s_v(bars.stage(c_last)) - s_q);
+          unsigned char* v_tile = smem + (s_v(bars.stage(c0 + Tc - 1)) - s_q);
           for (int i = threadIdx.x % V3_3_WG; i < (HEAD_DIM / 64) * (Bc - first) * 8; i += V3_3_WG) {
             const int panel = i / ((Bc - first) * 8), chunk = i % ((Bc - first) * 8);
             *reinterpret_cast<uint4*>(v_tile + panel * Bc * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
@@ -728,45 +590,12 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
           named_barrier_sync<V3_3_WG>(1 + cwg);  // this warpgroup's stores
         }
       }
-      if constexpr (CARRY) {
-        if (next.Tc > 0) {  // (dense: its j_lo is 0, its seq_k and offset this tile's; the softmax
-          // below takes that for granted, as CARRY excludes the variants, FP8 and the split tail)
-          float S[NS];
-          mbar_wait(bars.q, (i + 1) & 1);  // the next tile's Q (released by every warpgroup's last S)
-          bars.wait_k_full(c0 + Tc);
-          issue_s(S, c0 + Tc);
-          issue_pv(c_last);
-          wgmma_wait<1>();  // the next tile's S_0 done, this tile's last P V may still run
-          fence_operands(S);
-          mbar_arrive(bars.k_empty(c0 + Tc));
-          if (next.Tc == 1) mbar_arrive(q_empty);  // the next tile's last S
-          float scale_0[2];  // (its O starts at zero: nothing to rescale)
-          m_c[0] = m_c[1] = TILEATTN_NEG_INF;
-          l_c[0] = l_c[1] = 0.0f;
-          fragment_online_softmax<CAUSAL, NS, false, true>(S, m_c, l_c, scale_0, scale_log2, 0, Bc, next.q_start,
-                                                           next.q_start + cwg * 64 + warp * 16 + g, t, seq_k, offset);
-          wgmma_wait<0>();
-          fence_operands(acc);
-          fence_operands(p);
-          mbar_arrive(bars.v_empty(c_last));
-          store_tile(m_i, l_i);  // (before to_p: P kept in S's registers, not in the operand registers p)
-#pragma unroll
-          for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
-          to_p(S);
-          carried = true;
-          return;
-        }
-      }
       my_turn();
-      issue_pv(c_last);
+      issue_pv(c0 + Tc - 1);
       your_turn(true);
       wgmma_wait<0>();
       fence_operands(acc);
-      mbar_arrive(bars.v_empty(c_last));
-      if (WG_SKIP && j + 1 < Tc) skip_block(Tc - 1);
-    } else if (WG_SKIP && Tc > 0) {  // idle
-      if (PERSISTENT) mbar_arrive(q_empty);
-      for (int n = 0; n < Tc; ++n) skip_block(n);
+      mbar_arrive(bars.v_empty(c0 + Tc - 1));
     }
 
     if constexpr (TAIL) {  // a piece: its tile's last to arrive merges the others' and stores O
@@ -778,7 +607,24 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 #pragma unroll
       for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
     }
-    store_tile(m_i, l_i);
+    // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
+    float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
+    if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
+#pragma unroll
+      for (int i = 0; i < NO; ++i) acc[i] *= ds[2];
+      __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
+      fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
+    } else {
+      T* o_rows = hs.o + q0 * o_sn;
+      bool staged = false;  // O's stage takes 16-byte aligned rows (the bulk copy's requirement)
+      if constexpr (STAGE_O) {
+        if (((reinterpret_cast<unsigned long long>(o_rows) | (o_sn * sizeof(T))) & 15) == 0) {
+          fragment_store_rows_bulk<T, HEAD_DIM>(acc, m_i, l_i, row_a, lane, seq_q, o_rows, o_sn, lse_rows, o_stage);
+          staged = true;
+        }
+      }
+      if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
+    }
   };
   v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, consume_tile, true, tail, Tr,
                                                       window_f);

@@ -24,18 +24,10 @@
 
 namespace tileattn {
 
-// The ping-pong at D = 128 too, an experiment (TILEATTN_DEFINES=TILEATTN_PINGPONG_128=1): at
-// N = 1024 a tile's first softmax and last P V leave the tensor core idle while both warpgroups
-// run them in step (4.5 K/V blocks a causal tile); taking turns staggers them.  v3.3's ping-pong
-// measured within 1.5% at D = 128, N = 8192 (bench/NOTES.md), where those ends weigh 8x less.
-// (At D = 256 it spills 32 bytes.)
-#ifndef TILEATTN_PINGPONG_128
-#define TILEATTN_PINGPONG_128 0
-#endif
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_6_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  constexpr bool PINGPONG = HEAD_DIM == 64 || (TILEATTN_PINGPONG_128 && HEAD_DIM == 128);
-  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, PINGPONG, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS, &tmaps);
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/HEAD_DIM == 64, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
+                                                                                                &tmaps);
 }
 
 // v3.3's Q, 2 stages of K and V, 9 mbarriers (KVBarriers<2>), Q's empty barrier and O's stage (v3_6_smem_bytes).
