@@ -184,6 +184,27 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
 #ifndef TILEATTN_SOFTCAP_RAW_MAX
 #define TILEATTN_SOFTCAP_RAW_MAX 0
 #endif
+// A trace of each tile's phases, a diagnostic (TILEATTN_DEFINES=TILEATTN_TRACE=1, read by
+// scripts/tile_trace.py): thread 0 of each consumer warpgroup (slot cwg) and the producer's thread
+// (slot 3) write the SM's clock at the phases' edges of the CTA's first TRACE_TILES tiles.
+// Consumer: 0 tile start, 1 Q arrived, 2 block 0's softmax done, 3 the loop done, 4 the last P V
+// done, 5 O stored; 7 holds Tc.  Producer: 0 tile start, 1 Q's buffer free (its copy issued
+// next), 2 the tile's last K/V copy issued.  The default build has none of it.
+#ifndef TILEATTN_TRACE
+#define TILEATTN_TRACE 0
+#endif
+constexpr int TRACE_CTAS = 160, TRACE_TILES = 48;
+}  // namespace tileattn
+#if TILEATTN_TRACE
+// At global scope, so that its name is not mangled: the host finds it with cuLibraryGetGlobal.
+__device__ long long tileattn_trace[tileattn::TRACE_CTAS][tileattn::TRACE_TILES][4][8];
+#endif
+namespace tileattn {
+__device__ __forceinline__ void trace_at(int i, int slot, int ev, long long value) {
+#if TILEATTN_TRACE
+  if (blockIdx.x < TRACE_CTAS && i < TRACE_TILES) ::tileattn_trace[blockIdx.x][i][slot][ev] = value;
+#endif
+}
 template <bool PERSISTENT, bool CAUSAL, bool WINDOW_ORDER = false, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
                                                   bool warp_uniform, const TailSplit& tail, int Tr = 1,
@@ -325,7 +346,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     auto produce_tile = [&](const V33Tile& w, const int c0, const int i) {
       const int h_ = w.bh % H, hk_ = h_ / h_per_kv;
       const int tma_b = cu_seqlens_q ? 0 : w.bh / H;  // packed tensors are one "batch" to the copy engine
+      if (TILEATTN_TRACE) trace_at(i, 3, 0, clock64());
       if (PERSISTENT && i > 0) mbar_wait(q_empty, (i - 1) & 1);  // the consumers are done with the last Q
+      if (TILEATTN_TRACE) trace_at(i, 3, 1, clock64());
       if constexpr (FP8) {  // maps: q, k (rows of D bytes), v^T (rows of keys, the host's copy)
         tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);
         for (int n = 0; n < w.Tc; ++n) {
@@ -350,6 +373,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         bars.wait_v_empty(c);
         tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(bars.stage(c)), bars.v_full(c), Bc, row, hk_, tma_b);
       }
+      if (TILEATTN_TRACE) trace_at(i, 3, 2, clock64());
     };
     v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, produce_tile, false, tail, Tr,
                                                         window_f);
@@ -437,7 +461,13 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     float l_i[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
+    const bool tracer = TILEATTN_TRACE && threadIdx.x % V3_3_WG == 0;
+    if (tracer) trace_at(i, cwg, 0, clock64());
     mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
+    if (tracer) {
+      trace_at(i, cwg, 1, clock64());
+      trace_at(i, cwg, 7, Tc);
+    }
     // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1) is done.
     auto release_q = [&](int n) {
       if (PERSISTENT && n == Tc - 1) mbar_arrive(q_empty);
@@ -544,6 +574,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         release_q(0);
         softmax(S, 0);
         to_p_and_rescale(S);
+        if (tracer) trace_at(i, cwg, 2, clock64());
       }
       for (int j = 0; j + 1 < Tc; ++j) {  // straight-line body: ptxas tracks the two groups
         float S[NS];
@@ -572,6 +603,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         mbar_arrive(bars.v_empty(c0 + j));
         to_p_and_rescale(S);
       }
+      if (tracer) trace_at(i, cwg, 3, clock64());
       bars.wait_v_full(c0 + Tc - 1);
       if (!FP8 && cu_seqlens_q) {
         // Packed sequences: the last tile's rows past the sequence's keys hold the next sequence's
@@ -596,6 +628,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       wgmma_wait<0>();
       fence_operands(acc);
       mbar_arrive(bars.v_empty(c0 + Tc - 1));
+      if (tracer) trace_at(i, cwg, 4, clock64());
     }
 
     if constexpr (TAIL) {  // a piece: its tile's last to arrive merges the others' and stores O
@@ -625,6 +658,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       }
       if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
     }
+    if (tracer) trace_at(i, cwg, 5, clock64());
   };
   v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, consume_tile, true, tail, Tr,
                                                       window_f);
