@@ -266,6 +266,22 @@ def test_softcap_raw_max_experiment_compiles(D, causal, monkeypatch):
     assert sass.count("MUFU.TANH") >= default.count("MUFU.TANH") + 2 * 64
 
 
+@pytest.mark.parametrize("name,D", [("v3.6", 64), ("v3.7", 64), ("v3.6", 128)])
+def test_trace_diagnostic_compiles(name, D, monkeypatch):
+    """The tile trace (TILEATTN_DEFINES=TILEATTN_TRACE=1, csrc/v3_3_wgmma.cu, read by
+    scripts/tile_trace.py): the rungs it is read on compile with it, spill-free and unserialised,
+    with the clock reads (CS2R) the default build lacks; its global keeps its unmangled name."""
+    e = VERSIONS[name]
+    default = _nvrtc.sass(compiled(name, D, True, "sm_90a"))  # (before the define: compiled() is cached)
+    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_TRACE=1"])
+    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, True), "sm_90a", announce=False)
+    res, sass = cubin.resources, _nvrtc.sass(cubin)
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+    assert not cubin.wgmma_serialized
+    assert sass.count("CS2R") > default.count("CS2R")
+    assert b"tileattn_trace" in cubin.data
+
+
 @pytest.mark.parametrize("ctas", [132, 114, 78, 8])
 def test_tail_split_arithmetic(ctas):
     """api._tail_split (the host's copy of the kernel's tail_split): the last round is split only
