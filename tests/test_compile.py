@@ -266,6 +266,31 @@ def test_softcap_raw_max_experiment_compiles(D, causal, monkeypatch):
     assert sass.count("MUFU.TANH") >= default.count("MUFU.TANH") + 2 * 64
 
 
+@pytest.mark.parametrize("name", ["v3.6", "v3.7"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_q_stages_experiment_compiles(name, causal, monkeypatch):
+    """Q in two buffers (TILEATTN_DEFINES=TILEATTN_Q_STAGES=2, csrc/v3_3_wgmma.cu v3_3_q_stages):
+    the persistent rungs at D=64 compile with it spill-free and unserialised, differ from the
+    default build, and ask for one more Q buffer and two more mbarriers of shared memory; at
+    D=128 the define changes nothing."""
+    from tileattn import _params
+
+    e = VERSIONS[name]
+    default = compiled(name, 64, causal, "sm_90a")  # (before the define: compiled() is cached)
+    default_128 = _nvrtc.sass(compiled(name, 128, causal, "sm_90a")) if name == "v3.6" else None
+    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_Q_STAGES=2"])
+    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", 64, causal), "sm_90a", announce=False)
+    res = cubin.resources
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+    assert not cubin.wgmma_serialized
+    assert _nvrtc.sass(cubin) != _nvrtc.sass(default)
+    Br = e.tiles[64][0]
+    assert _params.smem_bytes(cubin) == _params.smem_bytes(default) + Br * 64 * 2 + 16
+    if name == "v3.6":
+        d128 = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", 128, causal), "sm_90a", announce=False)
+        assert _nvrtc.sass(d128) == default_128
+
+
 @pytest.mark.parametrize("name,D", [("v3.6", 64), ("v3.7", 64), ("v3.6", 128)])
 def test_trace_diagnostic_compiles(name, D, monkeypatch):
     """The tile trace (TILEATTN_DEFINES=TILEATTN_TRACE=1, csrc/v3_3_wgmma.cu, read by

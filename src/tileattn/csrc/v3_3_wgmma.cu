@@ -69,12 +69,26 @@ __host__ __device__ constexpr bool v3_3_stages_o(bool persistent, int elem_bytes
   return persistent && elem_bytes == 2 && (head_dim == 128 || head_dim == 256);
 #endif
 }
-// The persistent kernels' shared memory: Q, 2 stages of K and V, 10 mbarriers (KVBarriers<2> and
-// Q's empty one), then O's stage from 128 bytes past the K/V stages, one 64-row slab per
-// consumer warpgroup.
+// Q in two buffers, an experiment (TILEATTN_DEFINES=TILEATTN_Q_STAGES=2; the persistent 16-bit
+// kernels at D = 64): the producer copies tile i + 1's Q while tile i still reads its own, as soon
+// as it has issued tile i's last K/V copy, and the next tile's first K/V block right after, so
+// neither waits on the consumers' last S of tile i (bench/NOTES.md "Where N=1024's time goes":
+// each tile's fixed cost is twice cuDNN's).  Buffer 1 has its own full and empty mbarriers, after
+// Q's empty one.
+#ifndef TILEATTN_Q_STAGES
+#define TILEATTN_Q_STAGES 1
+#endif
+__host__ __device__ constexpr int v3_3_q_stages(bool persistent, int elem_bytes, int head_dim) {
+  return persistent && elem_bytes == 2 && head_dim == 64 && TILEATTN_Q_STAGES == 2 ? 2 : 1;
+}
+// The persistent kernels' shared memory: Q (in v3_3_q_stages buffers), 2 stages of K and V, 10
+// mbarriers (KVBarriers<2> and Q's empty one; 2 more for Q's second buffer), then O's stage
+// from 128 bytes past the K/V stages, one 64-row slab per consumer warpgroup.
 template <int HEAD_DIM>
 __host__ __device__ constexpr int v3_6_smem_bytes(int Br, int Bc) {
-  return (Br + 4 * Bc) * HEAD_DIM * 2 + (v3_3_stages_o(true, 2, HEAD_DIM) ? 128 + Br * O_STAGE_PITCH<HEAD_DIM> : 10 * 8);
+  constexpr int QS = v3_3_q_stages(true, 2, HEAD_DIM);
+  return (QS * Br + 4 * Bc) * HEAD_DIM * 2 +
+         (v3_3_stages_o(true, 2, HEAD_DIM) ? 128 + Br * O_STAGE_PITCH<HEAD_DIM> : (8 + 2 * QS) * 8);
 }
 
 // One tile's geometry: which (batch, head) slice, Q block, sequence rows and K/V blocks.
@@ -264,16 +278,26 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
   extern __shared__ __align__(1024) unsigned char smem[];
-  const unsigned s_q = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  auto s_k = [&](int s) { return s_q + Q_BYTES + s * KV_BYTES; };
-  auto s_v = [&](int s) { return s_q + Q_BYTES + (STAGES + s) * KV_BYTES; };
-  const KVBarriers<STAGES> bars{s_q + Q_BYTES + 2 * STAGES * KV_BYTES};
+  constexpr int Q_STAGES = v3_3_q_stages(PERSISTENT, sizeof(T), HEAD_DIM);
+  constexpr int QS_BYTES = Q_STAGES * Q_BYTES;
+  const unsigned s_q = static_cast<unsigned>(__cvta_generic_to_shared(smem));  // Q's buffer 0
+  auto s_k = [&](int s) { return s_q + QS_BYTES + s * KV_BYTES; };
+  auto s_v = [&](int s) { return s_q + QS_BYTES + (STAGES + s) * KV_BYTES; };
+  const KVBarriers<STAGES> bars{s_q + QS_BYTES + 2 * STAGES * KV_BYTES};
   // PERSISTENT (v3.6): Q's buffer is refilled for each tile once every consumer warpgroup is
   // done reading it (their last S): one more mbarrier after KVBarriers's, every consumer thread.
   const unsigned q_empty = bars.q + 8 * KVBarriers<STAGES>::COUNT;
+  // Tile i's Q buffer (i % Q_STAGES), its full and empty barriers, and the parity of its use.
+  auto q_buffer = [&](int i) { return s_q + (Q_STAGES > 1 ? (i % Q_STAGES) * Q_BYTES : 0); };
+  auto q_full_bar = [&](int i) { return Q_STAGES > 1 && i % Q_STAGES ? q_empty + 8 : bars.q; };
+  auto q_empty_bar = [&](int i) { return Q_STAGES > 1 && i % Q_STAGES ? q_empty + 16 : q_empty; };
   // Q and full: the producer thread's one arrival (with the copy's bytes); empty: every consumer thread.
   if (threadIdx.x == 0) {
     if (PERSISTENT) mbar_init(q_empty, CONSUMERS * V3_3_WG);
+    if (Q_STAGES > 1) {
+      mbar_init(q_empty + 8, 1);
+      mbar_init(q_empty + 16, CONSUMERS * V3_3_WG);
+    }
     bars.init(1, CONSUMERS * V3_3_WG);
   }
   __syncthreads();
@@ -347,10 +371,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       const int h_ = w.bh % H, hk_ = h_ / h_per_kv;
       const int tma_b = cu_seqlens_q ? 0 : w.bh / H;  // packed tensors are one "batch" to the copy engine
       if (TILEATTN_TRACE) trace_at(i, 3, 0, clock64());
-      if (PERSISTENT && i > 0) mbar_wait(q_empty, (i - 1) & 1);  // the consumers are done with the last Q
+      if (PERSISTENT && i >= Q_STAGES)  // the consumers are done with this buffer's last Q
+        mbar_wait(q_empty_bar(i), (i / Q_STAGES - 1) & 1);
       if (TILEATTN_TRACE) trace_at(i, 3, 1, clock64());
       if constexpr (FP8) {  // maps: q, k (rows of D bytes), v^T (rows of keys, the host's copy)
-        tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);
+        tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, q_buffer(i), q_full_bar(i), Br, w.q0 + w.q_start, h_, tma_b);
         for (int n = 0; n < w.Tc; ++n) {
           const int c = c0 + n;
           bars.wait_k_empty(c);
@@ -365,7 +390,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         }
         return;
       }
-      tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
+      tma_tile_load<HEAD_DIM>(tmaps, 0, q_buffer(i), q_full_bar(i), Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
       for (int n = 0; n < w.Tc; ++n) {
         const int row = w.k0 + (w.j_lo + n) * Bc, c = c0 + n;
         bars.wait_k_empty(c);
@@ -400,9 +425,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       return wgmma_desc_sw128(addr);
   };
   const unsigned long long dq = desc_qk(s_q + cwg * 64 * ROW_BYTES);
+  unsigned dq_shift = 0;  // Q_STAGES: this tile's buffer past buffer 0, in the descriptor's 16-byte units
   // This warp's 16 rows of O's stage (v3_6_smem_bytes).
   constexpr bool STAGE_O = v3_3_stages_o(PERSISTENT, sizeof(T), HEAD_DIM);
-  const unsigned o_stage = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 128 + (cwg * 4 + warp) * 16 * O_STAGE_PITCH<HEAD_DIM>;
+  const unsigned o_stage = s_q + QS_BYTES + 2 * STAGES * KV_BYTES + 128 + (cwg * 4 + warp) * 16 * O_STAGE_PITCH<HEAD_DIM>;
 
   // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the CTA's K/V
   // blocks (the stage).
@@ -411,15 +437,16 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // the descriptor's bits, one instruction more in v3.3's SASS.)
     const unsigned k_tile = s_k(KVBarriers<STAGES>::stage(n));
     const unsigned long long dk = FP8 ? desc_qk(k_tile) : wgmma_desc_sw128(k_tile);
+    const unsigned long long dq_tile = Q_STAGES > 1 ? dq + dq_shift : dq;
     wgmma_fence();
     if constexpr (FP8) {  // k32 steps of 32 bytes
 #pragma unroll
       for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
-        WgmmaE4M3::ss(S, dq + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
+        WgmmaE4M3::ss(S, dq_tile + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
     } else {
 #pragma unroll
       for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        Wgmma16<T>::ss(S, dq + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
+        Wgmma16<T>::ss(S, dq_tile + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
     }
     wgmma_commit();
   };
@@ -463,16 +490,17 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
     const bool tracer = TILEATTN_TRACE && threadIdx.x % V3_3_WG == 0;
     if (tracer) trace_at(i, cwg, 0, clock64());
-    mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
+    if (Q_STAGES > 1) dq_shift = (i % Q_STAGES) * (Q_BYTES >> 4);
+    mbar_wait(q_full_bar(i), (i / Q_STAGES) & 1);  // even with no K/V block: no copy may outlive the CTA
     if (tracer) {
       trace_at(i, cwg, 1, clock64());
       trace_at(i, cwg, 7, Tc);
     }
     // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1) is done.
     auto release_q = [&](int n) {
-      if (PERSISTENT && n == Tc - 1) mbar_arrive(q_empty);
+      if (PERSISTENT && n == Tc - 1) mbar_arrive(q_empty_bar(i));
     };
-    if (PERSISTENT && Tc == 0) mbar_arrive(q_empty);  // no S at all
+    if (PERSISTENT && Tc == 0) mbar_arrive(q_empty_bar(i));  // no S at all
 
     ScoreVariants var{};
     // ALiBi under the causal mask (every visible key at or left of the row) as one FFMA a score
