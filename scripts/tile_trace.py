@@ -17,6 +17,7 @@ import argparse
 
 import numpy as np
 import torch
+from cuda.bindings import driver
 
 from tileattn import _nvrtc, flash_attn_func
 
@@ -34,8 +35,6 @@ CTAS, TILES = 160, 48  # v3_3_wgmma.cu TRACE_CTAS, TRACE_TILES
 
 def traces():
     """Every loaded library's tileattn_trace, as (pointer, bytes)."""
-    from cuda.bindings import driver
-
     out = []
     for lk in _nvrtc._loaded.values():
         err, ptr, size = driver.cuLibraryGetGlobal(lk.library, b"tileattn_trace")
@@ -45,8 +44,6 @@ def traces():
 
 
 def read(ptr, size):
-    from cuda.bindings import driver
-
     host = np.zeros((CTAS, TILES, 4, 8), dtype=np.int64)
     assert host.nbytes == size
     _nvrtc._check(driver.cuMemcpyDtoH(host.ctypes.data, ptr, size), "cuMemcpyDtoH")
@@ -54,8 +51,6 @@ def read(ptr, size):
 
 
 def summarise(t, label):
-    from cuda.bindings import driver
-
     rows = {k: [] for k in ("q_wait", "first", "block", "last", "store", "gap", "fixed", "tile", "q_free")}
     for cta in range(CTAS):
         for i in range(TILES):
@@ -69,18 +64,18 @@ def summarise(t, label):
                 if Tc >= 1:
                     rows["first"].append(e[2] - e[1])
                     rows["last"].append(e[4] - e[3])
-                if Tc >= 2:
-                    rows["block"].append((e[3] - e[2]) / (Tc - 1))
+                block = (e[3] - e[2]) / (Tc - 1) if Tc >= 2 else None
+                if block is not None:
+                    rows["block"].append(block)
                 if i + 1 < TILES and t[cta, i + 1, w, 0] != 0:
                     tile = t[cta, i + 1, w, 0] - e[0]
                     rows["gap"].append(t[cta, i + 1, w, 0] - e[5])
                     rows["tile"].append(tile)
-                    if Tc >= 2:
-                        rows["fixed"].append(tile - Tc * (e[3] - e[2]) / (Tc - 1))
+                    if block is not None:
+                        rows["fixed"].append(tile - Tc * block)
             pe = t[cta, i, 3]
             if i > 0 and pe[0] != 0:
                 rows["q_free"].append(pe[1] - pe[0])
-    del driver
     med = {k: float(np.median(v)) if v else float("nan") for k, v in rows.items()}
     print(label + "  " + "  ".join(f"{k} {v:7.0f}" for k, v in med.items()), flush=True)
     return med
@@ -94,12 +89,9 @@ for version in args.version:
             q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
             for causal in (False, True):
                 call = lambda: flash_attn_func(q, k, v, causal=causal, version=version)
-                call()  # compile and load
-                for _ in range(3):
+                for _ in range(4):  # compile, load, warm up
                     call()
                 torch.cuda.synchronize()
-                from cuda.bindings import driver
-
                 for ptr, size in traces():
                     _nvrtc._check(driver.cuMemsetD8(ptr, 0, size), "cuMemsetD8")
                 call()

@@ -214,9 +214,15 @@ constexpr int TRACE_CTAS = 160, TRACE_TILES = 48;
 __device__ long long tileattn_trace[tileattn::TRACE_CTAS][tileattn::TRACE_TILES][4][8];
 #endif
 namespace tileattn {
+// Both compile to nothing without the define (the clock is read only under it).
 __device__ __forceinline__ void trace_at(int i, int slot, int ev, long long value) {
 #if TILEATTN_TRACE
   if (blockIdx.x < TRACE_CTAS && i < TRACE_TILES) ::tileattn_trace[blockIdx.x][i][slot][ev] = value;
+#endif
+}
+__device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
+#if TILEATTN_TRACE
+  trace_at(i, slot, ev, clock64());
 #endif
 }
 template <bool PERSISTENT, bool CAUSAL, bool WINDOW_ORDER = false, typename TileAt, typename F>
@@ -370,10 +376,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     auto produce_tile = [&](const V33Tile& w, const int c0, const int i) {
       const int h_ = w.bh % H, hk_ = h_ / h_per_kv;
       const int tma_b = cu_seqlens_q ? 0 : w.bh / H;  // packed tensors are one "batch" to the copy engine
-      if (TILEATTN_TRACE) trace_at(i, 3, 0, clock64());
+      trace_clock(i, 3, 0);
       if (PERSISTENT && i >= Q_STAGES)  // the consumers are done with this buffer's last Q
         mbar_wait(q_empty_bar(i), (i / Q_STAGES - 1) & 1);
-      if (TILEATTN_TRACE) trace_at(i, 3, 1, clock64());
+      trace_clock(i, 3, 1);
       if constexpr (FP8) {  // maps: q, k (rows of D bytes), v^T (rows of keys, the host's copy)
         tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, q_buffer(i), q_full_bar(i), Br, w.q0 + w.q_start, h_, tma_b);
         for (int n = 0; n < w.Tc; ++n) {
@@ -398,7 +404,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         bars.wait_v_empty(c);
         tma_tile_load<HEAD_DIM>(tmaps, 2, s_v(bars.stage(c)), bars.v_full(c), Bc, row, hk_, tma_b);
       }
-      if (TILEATTN_TRACE) trace_at(i, 3, 2, clock64());
+      trace_clock(i, 3, 2);
     };
     v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, produce_tile, false, tail, Tr,
                                                         window_f);
@@ -489,11 +495,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 #pragma unroll
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
     const bool tracer = TILEATTN_TRACE && threadIdx.x % V3_3_WG == 0;
-    if (tracer) trace_at(i, cwg, 0, clock64());
+    if (tracer) trace_clock(i, cwg, 0);
     if (Q_STAGES > 1) dq_shift = (i % Q_STAGES) * (Q_BYTES >> 4);
     mbar_wait(q_full_bar(i), (i / Q_STAGES) & 1);  // even with no K/V block: no copy may outlive the CTA
     if (tracer) {
-      trace_at(i, cwg, 1, clock64());
+      trace_clock(i, cwg, 1);
       trace_at(i, cwg, 7, Tc);
     }
     // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1) is done.
@@ -602,7 +608,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         release_q(0);
         softmax(S, 0);
         to_p_and_rescale(S);
-        if (tracer) trace_at(i, cwg, 2, clock64());
+        if (tracer) trace_clock(i, cwg, 2);
       }
       for (int j = 0; j + 1 < Tc; ++j) {  // straight-line body: ptxas tracks the two groups
         float S[NS];
@@ -631,7 +637,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         mbar_arrive(bars.v_empty(c0 + j));
         to_p_and_rescale(S);
       }
-      if (tracer) trace_at(i, cwg, 3, clock64());
+      if (tracer) trace_clock(i, cwg, 3);
       bars.wait_v_full(c0 + Tc - 1);
       if (!FP8 && cu_seqlens_q) {
         // Packed sequences: the last tile's rows past the sequence's keys hold the next sequence's
@@ -656,7 +662,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       wgmma_wait<0>();
       fence_operands(acc);
       mbar_arrive(bars.v_empty(c0 + Tc - 1));
-      if (tracer) trace_at(i, cwg, 4, clock64());
+      if (tracer) trace_clock(i, cwg, 4);
     }
 
     if constexpr (TAIL) {  // a piece: its tile's last to arrive merges the others' and stores O
@@ -686,7 +692,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       }
       if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
     }
-    if (tracer) trace_at(i, cwg, 5, clock64());
+    if (tracer) trace_clock(i, cwg, 5);
   };
   v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, consume_tile, true, tail, Tr,
                                                       window_f);
