@@ -13,9 +13,9 @@ import torch
 
 from tileattn import _nvrtc, flash_attn_func, flash_attn_varlen_func, reference, serving
 from tileattn.testing import assert_serving_output, compile_entry_spill_free, compile_in_parallel, cu_seqlens
-from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS, VERSIONS
+from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, V3_6_VARIANTS, VERSIONS
 
-WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS) for i in e.instantiations()]
+WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS) for i in e.instantiations()]
 
 
 @pytest.fixture(scope="module")
@@ -98,34 +98,28 @@ def test_packed_path_picks_the_kernel(monkeypatch, cc, D, version, variants, dty
 
 
 @pytest.mark.parametrize(
-    "cc,D,version,br128,dtype,expected",
+    "cc,D,version,dtype,expected",
     [
-        ((9, 0), 128, None, False, torch.bfloat16, "v3.6_variants"),
-        ((9, 0), 64, None, False, torch.bfloat16, "v3.7_variants"),  # as plain calls: v3.7 at D=64 ...
-        ((9, 0), 64, None, True, torch.bfloat16, "v3.6_variants"),  # ... unless short causal or a left window
-        ((9, 0), 64, "v3.7", True, torch.float16, "v3.7_variants"),
-        ((9, 0), 64, "v3.6", False, torch.float16, "v3.6_variants"),
-        ((9, 0), 128, "v3.3", False, torch.bfloat16, "v3.3_variants"),  # the named rung
-        ((9, 0), 256, None, False, torch.bfloat16, "v3.3_variants"),  # a head dim v3.6 has not
-        ((9, 0), 96, None, False, torch.float16, "v3.1_variants"),
-        ((8, 0), 128, None, False, torch.bfloat16, "v3.1_variants"),
-        ((9, 0), 128, "v3.7", False, torch.bfloat16, r"version='v3.7' runs x on Hopper .* at head dims \(64,\)"),
-        ((9, 0), 256, "v3.6", False, torch.bfloat16, r"version='v3.6' runs x on Hopper .* at head dims \(64, 128\)"),
-        ((8, 0), 64, "v3.6", False, torch.bfloat16, r"version='v3.6' .* on sm_80"),
-        ((8, 0), 64, "v3.7", False, torch.bfloat16, r"version='v3.7' .* on sm_80"),
+        ((9, 0), 128, None, torch.bfloat16, "v3.6_variants"),
+        ((9, 0), 64, "v3.6", torch.float16, "v3.6_variants"),
+        ((9, 0), 128, "v3.3", torch.bfloat16, "v3.3_variants"),  # the named rung
+        ((9, 0), 256, None, torch.bfloat16, "v3.3_variants"),  # a head dim v3.6 has not
+        ((9, 0), 96, None, torch.float16, "v3.1_variants"),
+        ((8, 0), 128, None, torch.bfloat16, "v3.1_variants"),
+        ((9, 0), 256, "v3.6", torch.bfloat16, r"version='v3.6' runs x on Hopper .* at head dims \(64, 128\)"),
+        ((8, 0), 64, "v3.6", torch.bfloat16, r"version='v3.6' .* on sm_80"),
     ],
 )
-def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, br128, dtype, expected):
-    """Dense calls with variants (flash_attn_func): the persistent variants kernels on Hopper at
-    their head dims (v3.7's at D=64 unless the call wants 128-row tiles), else as
-    packed calls; version="v3.7" / "v3.6" elsewhere raises naming where it runs."""
+def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, dtype, expected):
+    """Dense calls with variants (flash_attn_func): v3.6's persistent variants kernel on Hopper at
+    its head dims, else as packed calls; version="v3.6" elsewhere raises naming where it runs."""
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: cc)
     device = torch.device("cuda", 0)
     if expected.endswith("_variants"):
-        assert serving._packed_path("x", dtype, D, device, True, version, True, br128) == expected
+        assert serving._packed_path("x", dtype, D, device, True, version, dense=True) == expected
     else:
         with pytest.raises(NotImplementedError, match=expected):
-            serving._packed_path("x", dtype, D, device, True, version, True, br128)
+            serving._packed_path("x", dtype, D, device, True, version, dense=True)
 
 
 def test_reference_top_left_window_is_causal_mask():
@@ -150,7 +144,7 @@ BAD_INPUT = [
     (dict(softcap="big"), TypeError, "softcap must be a float"),
     (dict(alibi_slopes=torch.zeros(3)), ValueError, r"alibi_slopes must be a float32 tensor of shape \(4,\)"),
     (dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be a float32"),
-    (dict(window_size=(8, 0), version="v2.3"), ValueError, "alibi_slopes run on v3.7, v3.6, v3.3 or v3.1"),
+    (dict(window_size=(8, 0), version="v2.3"), ValueError, "alibi_slopes run on v3.6, v3.3 or v3.1"),
     (dict(softcap=1.0, precision="tf32"), ValueError, r"precision=None\); got version=None, precision='tf32'"),
     (dict(window_size=(8, 0), version="v3.1"), ValueError, "q must be a CUDA tensor"),  # (v3.1 takes variants)
     (dict(softcap=1.0), ValueError, "q must be a CUDA tensor"),
@@ -233,12 +227,12 @@ _VARIANTS = {
 # (rung, head dim): v3.3's head dims, and v3.1's (mma.sync) at its two row tiles per warp (64:
 # Bc=64, 128: Bc=32), a head dim v3.3 has not (96) and its one row tile per warp (256: Br=64).
 _RUNG_DIMS = [("v3.3", 64), ("v3.3", 128), ("v3.3", 256), ("v3.1", 64), ("v3.1", 96), ("v3.1", 128), ("v3.1", 256)]
-_DENSE_RUNG_DIMS = [("v3.7", 64), ("v3.6", 64), ("v3.6", 128), *_RUNG_DIMS]  # (v3.7 / v3.6: dense calls only)
+_DENSE_RUNG_DIMS = [("v3.6", 64), ("v3.6", 128), *_RUNG_DIMS]  # (v3.6's variants kernel: dense calls only)
 
 
 def _needs(version):
-    """v3.7, v3.6 and v3.3 run on Hopper only, v3.1 (and version=None) on any GPU of the tests (sm_80+)."""
-    if version in ("v3.7", "v3.6", "v3.3") and torch.cuda.get_device_capability() != (9, 0):
+    """v3.6 and v3.3 run on Hopper only, v3.1 (and version=None) on any GPU of the tests (sm_80+)."""
+    if version in ("v3.6", "v3.3") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("v3.3 runs on Hopper")
 
 
@@ -309,7 +303,7 @@ def test_variants_more_queries_than_keys_and_scale_zero(version, causal, scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version,D", [("v3.7", 64), ("v3.6", 64), ("v3.3", 64), ("v3.1", 64), (None, 96)])  # (96: v3.1 everywhere)
+@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.3", 64), ("v3.1", 64), (None, 96)])  # (96: v3.1 everywhere)
 @pytest.mark.parametrize("Nq,Nk", [(1, 1), (1, 700), (129, 1), (700, 700)])
 def test_variants_public_call_awkward(version, D, Nq, Nk):
     """flash_attn_func itself: N=1, strided views of one qkv buffer, a negative scale."""
@@ -325,7 +319,7 @@ def test_variants_public_call_awkward(version, D, Nq, Nk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["v3.7", "v3.6", "v3.3", "v3.1"])
+@pytest.mark.parametrize("version", ["v3.6", "v3.3", "v3.1"])
 def test_variants_past_grid_y(version):
     """B*H = 65,600 with a window and (B, H) ALiBi slopes: two launches (v3.6: one persistent
     launch over every tile); the second's batches must find their own slopes and lse rows."""

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from . import _params, api
-from .versions import DEC_COMBINE, DEC_COMBINE_ROWS, DEC_VERSIONS, SHORT_CAUSAL_ROWS
+from .versions import DEC_COMBINE, DEC_COMBINE_ROWS, DEC_VERSIONS
 
 _MAX_SPLITS = 128
 
@@ -424,11 +424,10 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
 _VARLEN = "v3.3_packed"  # v3.3 reading cu_seqlens (csrc/common.cuh), on Hopper (versions.py)
 _VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
 _VARIANTS_DENSE = "v3.6_variants"  # the variants on v3.6's persistent walk, dense calls (versions.py)
-_VARIANTS_DENSE_3WG = "v3.7_variants"  # ... on v3.7's three consumers at D=64 (versions.py)
 _VARLEN_MMA = "v3.1_varlen"  # variable-length batches on the mma.sync path, sm_80+ (versions.py)
 _VARIANTS_MMA = "v3.1_variants"  # its body compiled with the score variants, packed or dense (versions.py)
 _PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version=
-_VARIANTS_VERSIONS = (None, "v3.7", "v3.6", "v3.3", "v3.1")  # flash_attn_func's version= with variants
+_VARIANTS_VERSIONS = (None, "v3.6", "v3.3", "v3.1")  # flash_attn_func's version= with variants
 
 
 def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: int):
@@ -439,34 +438,22 @@ def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: 
     return api.entry_kernel(kernel, dtype, D, causal, device_index), KERNEL_ENTRIES[kernel].tiles[D]
 
 
-def _packed_path(
-    what: str, dtype, D: int, device, variants: bool, version=None, dense: bool = False, br128: bool = False
-) -> str:
+def _packed_path(what: str, dtype, D: int, device, variants: bool, version=None, dense: bool = False) -> str:
     """The kernel a packed (or, with variants, dense) call runs: v3.3's (its variants kernel with
     variants) on Hopper at its head dims, else v3.1's variable-length kernel or its variants kernel
-    (sm_80+, Hopper's other head dims included); dense calls with variants on Hopper take v3.7's
-    variants kernel at its head dim unless br128 (the call wants v3.6's 128-row tiles), else
-    v3.6's (both persistent) at its head dims.  ``version`` ("v3.7", "v3.6", "v3.3" or "v3.1") forces one.  Raises
-    NotImplementedError naming what runs where."""
+    (sm_80+, Hopper's other head dims included); dense calls with variants on Hopper take v3.6's
+    variants kernel (persistent) at its head dims.  ``version`` ("v3.6", "v3.3" or "v3.1") forces
+    one.  Raises NotImplementedError naming what runs where."""
     from . import _nvrtc
     from .versions import KERNEL_ENTRIES
 
     v33 = KERNEL_ENTRIES[_VARIANTS if variants else _VARLEN]
     v36 = KERNEL_ENTRIES[_VARIANTS_DENSE]
-    v37 = KERNEL_ENTRIES[_VARIANTS_DENSE_3WG]
     mma = KERNEL_ENTRIES[_VARIANTS_MMA if variants else _VARLEN_MMA]
     cc = _nvrtc.device_arch(device.index)
     arch = cc[0] * 10 + cc[1]
     half = dtype in (torch.float16, torch.bfloat16)
-    dense_hopper = variants and dense and half and v36.runs_on(arch)
-    if dense_hopper and D in v37.head_dims and (version == "v3.7" or (version is None and not br128)):
-        return v37.name
-    if version == "v3.7":
-        raise NotImplementedError(
-            f"version='v3.7' runs {what} on Hopper (sm_90) in float16/bfloat16 at head dims {v37.head_dims} "
-            f"(dense calls); got {dtype} at head dim {D} on sm_{arch}"
-        )
-    if dense_hopper and version in (None, "v3.6") and D in v36.head_dims:
+    if variants and dense and half and version in (None, "v3.6") and v36.runs_on(arch) and D in v36.head_dims:
         return v36.name
     if version == "v3.6":
         raise NotImplementedError(
@@ -663,12 +650,7 @@ def attention_variants(
     NaN-poisoned ones).  version: None, "v3.6", "v3.3" or "v3.1" (_packed_path's choice, or the one named)."""
     B, Nq, H, D = q.shape
     Nk, H_kv = k.shape[1], k.shape[2]
-    # v3.6's 128-row tiles where v3.7's 192 waste more of the computed scores: a causal call under
-    # SHORT_CAUSAL_ROWS rows (the plain dispatch's rule, versions.select), and a left window, whose
-    # edge a 192-row tile crosses in two K/V blocks as it does the diagonal (measured at 1a3ba26,
-    # bf16 causal N=8192 D=64, window 4096: 0.95x of v3.6's; softcap 1.05x, ALiBi 1.03x).
-    br128 = (mode is not None and Nq < SHORT_CAUSAL_ROWS) or window[0] != -1
-    kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True, version, True, br128)
+    kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True, version, dense=True)
     no_work = B * H * Nq == 0 or Nk == 0
     out, lse = api._outputs(out, lse, (B, Nq, H, D), q.dtype, (B, H, Nq), return_lse, q.device, no_work)
     if no_work:

@@ -875,17 +875,7 @@ V3_5_VT = KernelEntry(
 )
 
 # The forward kernels the packed paths launch with every field (serving._launch_packed).
-# ... and on v3.7's three consumers at D=64, where plain causal runs v3.7 (csrc/v3_7_three_consumers.cu).
-V3_7_VARIANTS = dataclasses.replace(
-    V3_6_VARIANTS,
-    name="v3.7_variants",
-    file=_V3_7.file,
-    kernel="v3_7_variants_fwd",
-    tiles=_V3_7.tiles,
-    summary="v3.7's three consumer warpgroups with a sliding window, softcap and ALiBi (dense calls, D=64)",
-)
-
-PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
+PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {

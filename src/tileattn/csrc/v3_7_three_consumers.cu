@@ -35,18 +35,3 @@ __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_7_fwd(TILEATTN_FWD_PAR
 TILEATTN_SMEM_BYTES(v3_7_fwd, v3_6_smem_bytes<HEAD_DIM>(Br, Bc));
 
 }  // namespace tileattn
-
-namespace tileattn {
-
-// The score variants on v3.7's three consumers at D=64 (versions.V3_7_VARIANTS): dense calls with a
-// window, softcap or ALiBi, where plain causal runs v3.7 (from versions.SHORT_CAUSAL_ROWS rows).
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(v3_3_threads(Br), 1)
-    v3_7_variants_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*VARIANTS=*/true, /*PINGPONG=*/false, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
-                                                                                                    &tmaps);
-}
-
-TILEATTN_SMEM_BYTES(v3_7_variants_fwd, v3_6_smem_bytes<HEAD_DIM>(Br, Bc));
-
-}  // namespace tileattn
