@@ -39,19 +39,14 @@ def makespan_over_ideal(N: int, bh_count: int, Br: int, Bc: int, causal: bool, m
     return max(load) / (sum(tiles) / sms), max(load)
 
 
-def window_over_ideal(N: int, bh_count: int, window: int, window_order: bool, sms: int, Br: int = 128) -> float:
+def window_over_ideal(N: int, bh_count: int, window: int, sms: int, Br: int = 128) -> float:
     """The variants kernel under a causal left window of `window` keys (Br = Bc = 128): the busiest
-    CTA over the ideal with persistent_tile's pairs, or with the window order (TILEATTN_WINDOW_ORDER:
-    reference.window_unit_schedule)."""
-    from tileattn.reference import window_unit_schedule
-
+    CTA over the ideal with persistent_tile's pairs.  (A window-aware order, 1.031x in this model
+    at N = 8192, W = 4096, measured within the run-to-run spread and was removed: bench/NOTES.md.)"""
     Tr, w = math.ceil(N / Br), window // Br
     cost = lambda r: min(r + 1, w + 1)  # K/V blocks Q block r runs
-    if window_order:
-        units = [sum(cost(r) for _, r in u) for u in window_unit_schedule(Tr, bh_count, math.ceil(window / Br))]
-    else:
-        tiles = [cost(q_block(t, Tr, bh_count, True, True)[1]) for t in range(Tr * bh_count)]
-        units = [sum(tiles[u : u + 2]) for u in range(0, len(tiles), 2)]
+    tiles = [cost(q_block(t, Tr, bh_count, True, True)[1]) for t in range(Tr * bh_count)]
+    units = [sum(tiles[u : u + 2]) for u in range(0, len(tiles), 2)]
     ctas = min(sms, len(units))
     return max(sum(units[c::ctas]) for c in range(ctas)) / (sum(units) / sms)
 
@@ -62,11 +57,10 @@ def main():
     ap.add_argument("--window", type=int, default=0, help="also the variants kernel under this causal window")
     a = ap.parse_args()
     if a.window:
-        print("| N | B x H | pairs | window order |")
-        print("|---|---|---|---|")
+        print("| N | B x H | pairs |")
+        print("|---|---|---|")
         for N, BH in ((8192, 32), (8192, 64), (32768, 16), (4096, 128)):
-            pairs, order = (window_over_ideal(N, BH, a.window, o, a.sms) for o in (False, True))
-            print(f"| {N} | {BH} | {pairs:.3f} | {order:.3f} |")
+            print(f"| {N} | {BH} | {window_over_ideal(N, BH, a.window, a.sms):.3f} |")
     print("| N | B | causal | v3.6 (128x128) | v3.7 (192x128) | v3.7, middles last | v3.7 / v3.6 busiest CTA |")
     print("|---|---|---|---|---|---|---|")
     for N in (1024, 2048, 4096, 8192, 32768):

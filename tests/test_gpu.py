@@ -177,61 +177,6 @@ def test_persistent_many_tiles_per_cta(version, D, Nq, Nk, causal):
     _check(Case(version, B=3, H=37, Nq=Nq, Nk=Nk, D=D, causal=causal, dtype="bfloat16"))
 
 
-_TAIL_SPLIT_SCRIPT = r"""
-import math, sys, torch
-from tileattn import api, _nvrtc
-from tileattn.testing import reference
-G = _nvrtc.sm_count(0)
-bad = []
-for version, D, Br in (("v3.6", 64, 128), ("v3.6", 128, 128), ("v3.6", 256, 128), ("v3.7", 64, 192)):
-    Bc = api._plan("bfloat16", D, False, version, None, 0, Br).Bc
-    # (B, H, Nq): one head of G + 3 Q blocks, the last partial (3 tail tiles); G + 1 heads of one
-    # block each (the tail tile in the last head).  Nk: 3 K/V blocks (3 pieces a tile), 2000 keys.
-    for B, H, Nq in ((1, 1, Br * (G + 2) + 5), (1, G + 1, Br - 7)):
-        for Nk in (2 * Bc + 5, 2000):
-            Tr = -(-Nq // Br)
-            full, pieces = api._tail_split(Tr * B * H, min(G, Tr * B * H), -(-Nk // Bc), 8)
-            q = torch.randn(B, H, Nq, D, device="cuda", dtype=torch.bfloat16)
-            k, v = (torch.randn(B, H, Nk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            out = torch.full_like(q, math.nan)
-            lse = torch.full((B, H, Nq), math.nan, device="cuda")
-            o, lse = api._attention(q, k, v, None, None, version, out_layout="bhnd", out=out, lse=lse)
-            ref, ref_lse = reference(q, k, v, 1.0 / math.sqrt(D), None)
-            # the tail tiles' rows alone: the last Tr * B * H - full tiles of (b, h, Q block) order
-            o, ref = o.reshape(B * H, Nq, D).double(), ref.reshape(B * H, Nq, D)
-            lse, ref_lse = lse.reshape(B * H, Nq).double(), ref_lse.reshape(B * H, Nq)
-            rows = [(t // Tr, t % Tr * Br) for t in range(full, Tr * B * H)]
-            errs = [((o[bh, r:r + Br] - ref[bh, r:r + Br]).norm() / ref[bh, r:r + Br].norm()).item() for bh, r in rows]
-            lse_err = max((lse[bh, r:r + Br] - ref_lse[bh, r:r + Br]).abs().max().item() for bh, r in rows)
-            whole = ((o - ref).norm() / ref.norm()).item()
-            print(version, D, B, H, Nq, Nk, "pieces", pieces, "tail err", max(errs), "lse", lse_err, "all", whole)
-            if pieces < 2 or not max(errs) < 1e-2 or not lse_err < 1e-2 or not whole < 1e-2:
-                bad.append((version, D, B, H, Nq, Nk))
-sys.exit(1 if bad else 0)
-"""
-
-
-def test_tail_split_experiment_matches_float64():
-    """The split tail (an experiment: TILEATTN_DEFINES=TILEATTN_TAIL_SPLIT=8, csrc/v3_3_wgmma.cu
-    TailSplit) in a process of its own (the define is read when a plan is made): shapes whose
-    last round of tiles is split into pieces by K/V blocks, merged by the last piece to arrive,
-    against float64, the tail tiles' rows on their own and the whole output, O and lse poisoned
-    with NaN before the launch; v3.6 at D=64 with its ping-pong consumers."""
-    import subprocess
-    import sys
-
-    from tileattn import _nvrtc
-
-    cc = _nvrtc.device_arch(0)
-    if cc[0] * 10 + cc[1] != 90:
-        pytest.skip("the split tail is the persistent Hopper rungs' (v3.6, v3.7: sm_90a)")
-    env = dict(os.environ, TILEATTN_DEFINES="TILEATTN_TAIL_SPLIT=8")
-    run = subprocess.run(
-        [sys.executable, "-c", _TAIL_SPLIT_SCRIPT], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-
-
 @pytest.mark.parametrize("version,D", [("v3.6", 128), ("v3.6", 256)])
 def test_o_stage_falls_back_on_unaligned_out(version, D):
     """v3.6 at D = 128 and 256 copies O out of a shared-memory stage by bulk copies, which take 16-byte

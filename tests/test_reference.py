@@ -15,7 +15,6 @@ from tileattn.reference import (
     kv_block_range,
     packed_tile_schedule,
     paged_kv,
-    window_unit_schedule,
 )
 
 
@@ -326,17 +325,3 @@ def test_packed_tile_schedule_covers_every_block_once(lens, causal, start, extra
     for b in range(len(lens)):
         mine = [i for s, i in blocks if s == b]
         assert mine == sorted(mine, reverse=causal)
-
-
-@settings(max_examples=200, deadline=None)
-@given(Tr=st.integers(1, 80), bh_count=st.integers(1, 5), f=st.integers(-3, 90))
-def test_window_unit_schedule_covers_every_tile_once(Tr, bh_count, f):
-    """The window order (an experiment, csrc/common.cuh window_units): every (bh, Q block) in one
-    unit exactly once, one or two tiles a unit, the longer first; with f >= Tr (a window wider
-    than the sequence) the units are persistent_tile's pairs (Tr - 1 - k, k)."""
-    units = window_unit_schedule(Tr, bh_count, f)
-    tiles = [t for u in units for t in u]
-    assert sorted(tiles) == [(bh, r) for bh in range(bh_count) for r in range(Tr)]
-    assert all(1 <= len(u) <= 2 and u[0][1] >= u[-1][1] for u in units)
-    if f >= Tr:
-        assert units[: Tr // 2] == [[(0, Tr - 1 - k), (0, k)] for k in range(Tr // 2)]

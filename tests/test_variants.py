@@ -214,8 +214,7 @@ _VARIANTS = {
     "window": dict(window=(61, 29)),
     "window_left": dict(window=(130, -1)),
     "softcap": dict(softcap=1.5),
-    # softcap with a window and no ALiBi: the path of TILEATTN_SOFTCAP_RAW_MAX (v3_3_wgmma.cu)
-    # that masks a window's edges on the raw scores
+    # softcap with a window and no ALiBi: the window's edges masked after the tanh
     "softcap_window": dict(window=(61, 29), softcap=1.5),
     "softcap_window_left": dict(window=(130, -1), softcap=1.5),
     "alibi": dict(alibi="H"),

@@ -570,7 +570,6 @@ class Plan:
     # which of q, k, v the host splits (Version.split_operands).
     split_amax_offset: int | None = None
     split_operands: tuple[str, ...] = ()
-    tail_split: int = 0  # the persistent walk's split tail, its pieces a tile at most (an experiment: _tail_split)
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -616,34 +615,7 @@ def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_inde
         k.layout.offsets[_BH_COUNT],
         k.layout.offsets[_SPLIT_AMAX] if entry.split_operands else None,
         entry.split_operands,
-        _tail_split_max() if entry.kernel in _TAIL_SPLIT_KERNELS and not causal else 0,
     )
-
-
-# The persistent walk's split tail (csrc/v3_3_wgmma.cu, TailSplit), an experiment: compiled in
-# under TILEATTN_DEFINES="TILEATTN_TAIL_SPLIT=S_MAX" (its pieces per tail tile at most), taken by
-# the non-causal calls of these kernels, which then get a workspace for the pieces' records.
-_TAIL_SPLIT_KERNELS = ("v3_6_fwd", "v3_7_fwd")
-_TAIL_HEADER = 128  # csrc/v3_3_wgmma.cu TAIL_HEADER: the counters' floats before the records
-
-
-def _tail_split_max() -> int:
-    """TILEATTN_TAIL_SPLIT's value among the defines the plan's kernel is compiled with (read when
-    the plan is made, as the compiler reads them), 0 without it."""
-    values = [d.split("=", 1)[1] for d in _nvrtc.EXPERIMENT_DEFINES if d.startswith("TILEATTN_TAIL_SPLIT=")]
-    return int(values[-1]) if values else 0
-
-
-def _tail_split(total: int, ctas: int, blocks: int, max_pieces: int) -> tuple[int, int]:
-    """csrc/v3_3_wgmma.cu tail_split: (tiles walked whole, pieces per tail tile or 0) for `total`
-    tiles of `blocks` K/V blocks each on `ctas` persistent CTAs: the last round's r = total % ctas
-    tiles are split when that leaves at least two pieces a tile, into min(max_pieces, ctas // r,
-    blocks) pieces of K/V blocks each."""
-    r = total % ctas
-    pieces = min(max_pieces, ctas // r, blocks) if r else 0
-    if total <= ctas or pieces < 2:
-        return total, 0
-    return total - r, pieces
 
 
 @dataclasses.dataclass
@@ -895,14 +867,6 @@ class _Launch:
             self.grids = [(min(plan.persistent_ctas, units), 1, 0)]
         else:
             self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]
-        # The split tail's workspace: the counters, then a record (O's fragment, m_i, l_i) per
-        # consumer thread and piece (csrc/v3_3_wgmma.cu tail_piece_merge).
-        self.tail_numel = 0
-        if plan.tail_split:
-            full, pieces = _tail_split(Tr * BH, self.grids[0][0], -(-Nk // plan.Bc), plan.tail_split)
-            if pieces:
-                assert Tr * BH - full <= _TAIL_HEADER  # a counter each (r < ctas / 2)
-                self.tail_numel = _TAIL_HEADER + (Tr * BH - full) * pieces * (plan.threads - 128) * (D // 2 + 4)
 
     def _maps(self, ptrs: tuple[int, int, int], layouts, esize: int) -> bytes:
         """The TMA descriptors of q, k, v at these pointers (layouts: their (shape, strides) and the
@@ -923,10 +887,8 @@ class _Launch:
         if lse is None and self.with_lse:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         workspace = 0
-        if self.workspace_numel or self.tail_numel:  # (no rung takes both)
-            workspace_t = torch.empty(self.workspace_numel or self.tail_numel, dtype=torch.float32, device=q.device)
-            if self.tail_numel:
-                workspace_t[:_TAIL_HEADER].zero_()  # the split tail's counters
+        if self.workspace_numel:
+            workspace_t = torch.empty(self.workspace_numel, dtype=torch.float32, device=q.device)
             workspace = workspace_t.data_ptr()
         args = self.args.copy()
         args[0:6] = q_ptr, k_ptr, v_ptr, out.data_ptr(), 0 if lse is None else lse.data_ptr(), workspace

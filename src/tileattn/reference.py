@@ -361,24 +361,6 @@ def packed_tile_schedule(
     return schedule
 
 
-def window_unit_schedule(Tr: int, bh_count: int, f: int) -> list[list[tuple[int, int]]]:
-    """The window order of the persistent variants kernel (csrc/common.cuh window_units and
-    window_unit_tiles; an experiment under TILEATTN_WINDOW_ORDER), unit by unit: the (bh, Q
-    block) tiles of each.  A head's Tr - f blocks past the window's reach one a unit, then its
-    f short ones paired from both ends (f - 1 - j, j), a middle one alone."""
-    f = min(max(f, 0), Tr)
-    per_head = Tr - f + (f + 1) // 2
-    units = []
-    for u in range(bh_count * per_head):
-        bh, k = divmod(u, per_head)
-        if k < Tr - f:
-            units.append([(bh, f + k)])
-        else:
-            j = k - (Tr - f)
-            units.append([(bh, f - 1 - j)] + ([(bh, j)] if f - 1 - j != j else []))
-    return units
-
-
 def paged_kv(k_cache, v_cache, page_table, seqused_k):
     """The keys and values a paged KV cache holds for each sequence: k_cache, v_cache
     (num_pages, page_size, H_kv, D), page_table (B, max_pages) page indices, seqused_k (B,) the

@@ -154,32 +154,6 @@ __device__ __forceinline__ TileIndex persistent_tile(int tile, int Tr, int bh_co
   return {bh, r % 2 == 0 ? Tr - 1 - r / 2 : r / 2};
 }
 
-// The persistent variants kernel's order under a causal mask with a left window, an experiment
-// (TILEATTN_DEFINES=TILEATTN_WINDOW_ORDER, v3_3_for_my_tiles).  With a window of W keys a Q block
-// whose rows sit past W sees the same number of K/V blocks as every other such block, and only
-// the first f = ceil((W - causal offset) / Br) Q blocks of a head see fewer (r + 1 at Br = Bc).
-// persistent_tile's pairs (Tr - 1 - k, k) are then unequal work: 34 to 65 blocks at N = 8192,
-// W = 4096, Br = 128, and a model of the static schedule (bench/NOTES.md) puts the busiest CTA
-// at 1.062x the ideal against plain causal's 1.031x (1.100x at N = 32768).  Here a head's units
-// are its Tr - f full blocks one at a time, then its f short ones paired from both ends (j,
-// f - 1 - j; a middle one alone), each pair about one full block's work: 1.031x in the model.
-// With f = Tr (a window wider than the sequence) the units are persistent_tile's pairs.  A
-// unit's tiles are linear indices bh * Tr + q_block.
-struct WindowUnits {
-  int f, per_head;  // short Q blocks a head; units a head
-};
-__device__ __forceinline__ WindowUnits window_units(int Tr, int f) {
-  f = min(max(f, 0), Tr);
-  return {f, Tr - f + (f + 1) / 2};
-}
-// Unit u's first tile (the longer) and its second, or -1 for a unit of one.
-__device__ __forceinline__ int2 window_unit_tiles(int u, int Tr, WindowUnits wu) {
-  const int bh = u / wu.per_head, k = u % wu.per_head;
-  if (k < Tr - wu.f) return make_int2(bh * Tr + wu.f + k, -1);
-  const int j = k - (Tr - wu.f), j2 = wu.f - 1 - j;
-  return make_int2(bh * Tr + j2, j2 == j ? -1 : bh * Tr + j);
-}
-
 // The tile scheduler of packed sequences (v3.3's variable-length batches): blockIdx.x enumerates
 // every sequence's Q blocks in turn, so no CTA is launched for the blocks a grid over the longest
 // sequence would hold past a short one's end.  Sequence b's blocks are tiles first(b) ..

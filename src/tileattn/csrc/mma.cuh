@@ -465,24 +465,11 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
 // LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
-// CAPPED (an experiment, TILEATTN_DEFINES=TILEATTN_SOFTCAP_RAW_MAX=1: v3.3's body with VARIANTS,
-// a softcap and no ALiBi): S comes raw (a window's edges already -inf, fragment_variants<NS,
-// false>, which says so: masked), the row max is taken on it, and each score becomes
-// tanh(S inv_cap) before its weight.  tanh is monotonic, so max_j tanh(S_j s / c) = tanh(max_j
-// S_j s / c): the max and the quad's shuffles run on S as the tensor core leaves it, beside each
-// score's tanh, instead of after all of them (the chain tanh -> max -> shuffles -> exp2 was each
-// warpgroup's critical path between its S and its P V, bench/NOTES.md "Score variants in v3.3").
-// scale_log2 is then exp_scale_log2's.  A masked score must stay -inf, which its tanh (-1) would
-// not: on blocks with a mask each tanh is selected against it.  (MUFU.TANH's ~2^-11 relative
-// error can make the max of the tanh values differ from the tanh of the max in the last bits:
-// the max is only the exponent's base, and the lazy rebase already lets weights exceed 1.)
-template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false, bool CAPPED = false>
+template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
-                                                        int causal_offset, float offset = 0.0f,
-                                                        float inv_cap = 0.0f, bool masked = false) {
-  static_assert(!(CAPPED && OFFSET), "CAPPED: no ALiBi");
+                                                        int causal_offset, float offset = 0.0f) {
   const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
   float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
   // Two loops, not one with `needs_mask && key >= kend`: ptxas turned that one into an ISETP and
@@ -502,23 +489,10 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
 #pragma unroll
     for (int i = 0; i < NS; ++i) m_tile[(i % 4) / 2] = fmaxf(m_tile[(i % 4) / 2], S[i]);
   }
-  if constexpr (CAPPED) {
-    if (needs_mask || masked) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        const float u = tanh_approx(S[i] * inv_cap);
-        S[i] = S[i] == TILEATTN_NEG_INF ? TILEATTN_NEG_INF : u;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) S[i] = tanh_approx(S[i] * inv_cap);
-    }
-  }
   float m_base[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the quad holds the row
-    float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
-    if constexpr (CAPPED) m_blk = m_blk == TILEATTN_NEG_INF ? TILEATTN_NEG_INF : tanh_approx(m_blk * inv_cap);
+    const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
     scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], LAZY ? lazy_rescale_log2() : 0.0f);
     if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
   }
@@ -576,12 +550,10 @@ __device__ __forceinline__ float exp_scale_log2(const ScoreVariants& var, float 
 // window's mask runs only on the blocks that cross an edge (the others are inside for every
 // row, or skipped: the kernel's loop covers only blocks some row sees).  Per score, ALiBi is an
 // FADD and an FFMA (the distance as a float: one I2F per row and block), softcap an FMUL and
-// the SFU's tanh (its factor c / s is exp_scale_log2's).  TANH false: the softcap's tanh is
-// left to the caller (fragment_online_softmax<..., CAPPED>), and the function returns whether a window
-// edge was masked (void otherwise: with a bool returned, six of v3.1's variants kernels moved).
-template <int NS, bool TANH = true>
-__device__ __forceinline__ auto fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
-  if (TANH && var.softcap) {
+// the SFU's tanh (its factor c / s is exp_scale_log2's).
+template <int NS>
+__device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVariants& var, int kv_start, int Bc, int t) {
+  if (var.softcap) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) S[i] = tanh_approx(S[i] * var.inv_cap_s);
   }
@@ -605,7 +577,6 @@ __device__ __forceinline__ auto fragment_variants(float (&S)[NS], const ScoreVar
       if (key < lo[r] || key > hi[r]) S[i] = TILEATTN_NEG_INF;
     }
   }
-  if constexpr (!TANH) return left_edge || right_edge;
 }
 
 // ALiBi under a causal mask as one FFMA a score (v3.3's variants kernel).  Every visible key j is

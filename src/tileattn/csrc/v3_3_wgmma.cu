@@ -69,26 +69,12 @@ __host__ __device__ constexpr bool v3_3_stages_o(bool persistent, int elem_bytes
   return persistent && elem_bytes == 2 && (head_dim == 128 || head_dim == 256);
 #endif
 }
-// Q in two buffers, an experiment (TILEATTN_DEFINES=TILEATTN_Q_STAGES=2; the persistent 16-bit
-// kernels at D = 64): the producer copies tile i + 1's Q while tile i still reads its own, as soon
-// as it has issued tile i's last K/V copy, and the next tile's first K/V block right after, so
-// neither waits on the consumers' last S of tile i (bench/NOTES.md "Where N=1024's time goes":
-// each tile's fixed cost is twice cuDNN's).  Buffer 1 has its own full and empty mbarriers, after
-// Q's empty one.
-#ifndef TILEATTN_Q_STAGES
-#define TILEATTN_Q_STAGES 1
-#endif
-__host__ __device__ constexpr int v3_3_q_stages(bool persistent, int elem_bytes, int head_dim) {
-  return persistent && elem_bytes == 2 && head_dim == 64 && TILEATTN_Q_STAGES == 2 ? 2 : 1;
-}
-// The persistent kernels' shared memory: Q (in v3_3_q_stages buffers), 2 stages of K and V, 10
-// mbarriers (KVBarriers<2> and Q's empty one; 2 more for Q's second buffer), then O's stage
-// from 128 bytes past the K/V stages, one 64-row slab per consumer warpgroup.
+// The persistent kernels' shared memory: Q, 2 stages of K and V, 10 mbarriers (KVBarriers<2> and
+// Q's empty one), then O's stage from 128 bytes past the K/V stages, one 64-row slab per
+// consumer warpgroup.
 template <int HEAD_DIM>
 __host__ __device__ constexpr int v3_6_smem_bytes(int Br, int Bc) {
-  constexpr int QS = v3_3_q_stages(true, 2, HEAD_DIM);
-  return (QS * Br + 4 * Bc) * HEAD_DIM * 2 +
-         (v3_3_stages_o(true, 2, HEAD_DIM) ? 128 + Br * O_STAGE_PITCH<HEAD_DIM> : (8 + 2 * QS) * 8);
+  return (Br + 4 * Bc) * HEAD_DIM * 2 + (v3_3_stages_o(true, 2, HEAD_DIM) ? 128 + Br * O_STAGE_PITCH<HEAD_DIM> : 10 * 8);
 }
 
 // One tile's geometry: which (batch, head) slice, Q block, sequence rows and K/V blocks.
@@ -96,85 +82,7 @@ struct V33Tile {
   int bh, qb, q0, k0, seq_q, seq_k, offset;
   int q_start, j_lo, Tc;  // rows q_start ..; K/V blocks j_lo .. j_lo + Tc - 1
   bool empty;             // nothing to do (a packed tile past its sequence's blocks)
-  int piece = -1, slot = 0;  // TailSplit: which piece of its tile (-1: the whole tile), its workspace slot
 };
-
-// The persistent walk's split tail, an experiment (TILEATTN_DEFINES=TILEATTN_TAIL_SPLIT=S_MAX;
-// non-causal 16-bit dense calls of v3.6 and v3.7, the host's workspace on).  T tiles of equal
-// work on G CTAs leave a last round of r = T % G tiles, and G - r CTAs idle for a tile's time:
-// with the mma suite's 4096 tiles on 132 SMs, 31 rounds and 4 tiles, 3% of the call.  When
-// r <= G / 2 those r tiles are split by K/V blocks into S = min(S_MAX, G / r, Tc) pieces, a CTA
-// each; a piece writes its unnormalised O with m_i and l_i to the workspace, and the last piece
-// of a tile to finish (a counter per tile, zeroed by the host) merges them and stores O and lse
-// (tail_piece_merge).  api._tail_split is the host's copy of this arithmetic.
-#ifndef TILEATTN_TAIL_SPLIT
-#define TILEATTN_TAIL_SPLIT 0
-#endif
-struct TailSplit {
-  int full, pieces;  // tiles walked whole; pieces per tail tile (0: no split)
-};
-__device__ __forceinline__ TailSplit tail_split(int total, int blocks, int max_pieces, bool on) {
-  const int G = gridDim.x, r = total % G;
-  const int pieces = r == 0 ? 0 : min(min(max_pieces, G / r), blocks);  // blocks: every tile's K/V blocks
-  if (!on || total <= G || pieces < 2) return {total, 0};
-  return {total - r, pieces};
-}
-constexpr int TAIL_HEADER = 128;  // the workspace's first floats: one int counter per tail tile
-constexpr int TAIL_BARRIER = 5;   // the consumers' named barrier (1..3: per warpgroup, 3 and 4: ping-pong)
-
-// A piece's result, this consumer thread's share: its record (acc, then m_i and l_i: NO + 4
-// floats, thread ct of NT) into workspace slot `slot`; then, in the CTA whose piece is the last
-// of its tile to arrive, the tile's other records merged into acc, m_i, l_i (each thread reads
-// its own fragment's records: the same layout it wrote).  Returns whether this CTA holds the
-// merged tile, to store it.  m_i is in the exponent's log2 units, the same in every piece.
-template <int NT, int NO>
-__device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[2], float (&l_i)[2], float* workspace,
-                                                 int slot, int pieces, int ct) {
-  constexpr int REC = NO + 4;
-  static_assert(NO % 4 == 0, "float4 records");
-  float* mine = workspace + TAIL_HEADER + (static_cast<long long>(slot) * NT + ct) * REC;
-#pragma unroll
-  for (int i = 0; i < NO; i += 4)
-    *reinterpret_cast<float4*>(mine + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-  *reinterpret_cast<float4*>(mine + NO) = make_float4(m_i[0], m_i[1], l_i[0], l_i[1]);
-  // Release: every thread's record, then (after the barrier) thread 0's fence orders all of them,
-  // as the CTA's, before its count; acquire: the last count's fence before the barrier that
-  // hands the answer on, so every thread's reads below come after the other pieces' records.
-  __threadfence();
-  named_barrier_sync<NT>(TAIL_BARRIER);
-  bool last = false;
-  if (ct == 0) {
-    __threadfence();
-    last = atomicAdd(reinterpret_cast<int*>(workspace) + slot / pieces, 1) == pieces - 1;
-    if (last) __threadfence();
-  }
-  if (!named_barrier_or<NT>(TAIL_BARRIER, last)) return false;
-  __threadfence();
-  const int first = slot / pieces * pieces;
-  for (int s = first; s < first + pieces; ++s) {
-    if (s == slot) continue;
-    const float* rec = workspace + TAIL_HEADER + (static_cast<long long>(s) * NT + ct) * REC;
-    const float4 ml = __ldcg(reinterpret_cast<const float4*>(rec + NO));
-    const float ms[2] = {ml.x, ml.y}, ls[2] = {ml.z, ml.w};
-    float fa[2], fb[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // the record's max as a block's (softmax.cuh; -inf on either side gives 0)
-      float m_base;
-      fa[h] = online_rescale(m_i[h], l_i[h], ms[h], m_base);
-      fb[h] = exp2_ftz(ms[h] - m_base);
-      l_i[h] = fmaf(ls[h], fb[h], l_i[h]);
-    }
-#pragma unroll
-    for (int i = 0; i < NO; i += 4) {  // values 4n, 4n + 1: row g (h = 0); 4n + 2, 4n + 3: row g + 8
-      const float4 a = __ldcg(reinterpret_cast<const float4*>(rec + i));
-      acc[i] = fmaf(acc[i], fa[0], a.x * fb[0]);
-      acc[i + 1] = fmaf(acc[i + 1], fa[0], a.y * fb[0]);
-      acc[i + 2] = fmaf(acc[i + 2], fa[1], a.z * fb[1]);
-      acc[i + 3] = fmaf(acc[i + 3], fa[1], a.w * fb[1]);
-    }
-  }
-  return true;
-}
 
 // f(tile, c0, i) for each tile of this CTA: c0 = its K/V blocks before the tile, i = its tiles
 // before it.  PERSISTENT: in units of U consecutive tiles (causal: persistent_tile's pairs of a
@@ -184,20 +92,6 @@ __device__ __forceinline__ bool tail_piece_merge(float (&acc)[NO], float (&m_i)[
 // loop-carried sum as varying across the warp and moves the stage arithmetic of every K/V block
 // (descriptors, barrier addresses) from the uniform datapath into vector registers, 24 R2UR more
 // per block at D=64 (4% of the loop's instructions); a shuffle's result it knows to be uniform.
-// tail (PERSISTENT, U = 1 only): the tiles from tail.full on are taken as pieces, CTA x taking
-// piece x % S of tail tile x / S.  WINDOW_ORDER (PERSISTENT, CAUSAL; the variants kernel under
-// TILEATTN_WINDOW_ORDER): units of one or two tiles from window_unit_tiles when window_f >= 0
-// (tile_at then reads linear indices), else persistent_tile's pairs, in one loop (so the tile's
-// body is inlined once).
-#ifndef TILEATTN_WINDOW_ORDER
-#define TILEATTN_WINDOW_ORDER 0
-#endif
-// The softcap's row max on the raw scores, an experiment (TILEATTN_DEFINES=
-// TILEATTN_SOFTCAP_RAW_MAX=1; the variants kernels, calls with a softcap and no ALiBi):
-// mma.cuh fragment_online_softmax<..., CAPPED>.
-#ifndef TILEATTN_SOFTCAP_RAW_MAX
-#define TILEATTN_SOFTCAP_RAW_MAX 0
-#endif
 // A trace of each tile's phases, a diagnostic (TILEATTN_DEFINES=TILEATTN_TRACE=1, read by
 // scripts/tile_trace.py): thread 0 of each consumer warpgroup (slot cwg) and the producer's thread
 // (slot 3) write the SM's clock at the phases' edges of the CTA's first TRACE_TILES tiles.
@@ -225,42 +119,18 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
   trace_at(i, slot, ev, clock64());
 #endif
 }
-template <bool PERSISTENT, bool CAUSAL, bool WINDOW_ORDER = false, typename TileAt, typename F>
+template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
-                                                  bool warp_uniform, const TailSplit& tail, int Tr = 1,
-                                                  int window_f = -1) {
-  if constexpr (PERSISTENT && CAUSAL && WINDOW_ORDER) {
-    int c0 = 0, i = 0;
-    const WindowUnits wu = window_units(Tr, window_f);
-    const int units = window_f >= 0 ? total / Tr * wu.per_head : (total + 1) / 2;
-    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-      const int2 t = window_f >= 0 ? window_unit_tiles(unit, Tr, wu)
-                                   : make_int2(2 * unit, 2 * unit + 1 < total ? 2 * unit + 1 : -1);
-      for (int x = 0; x < (t.y < 0 ? 1 : 2); ++x, ++i) {
-        const auto w = tile_at(x == 0 ? t.x : t.y);
-        f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
-        c0 += w.Tc;
-      }
-    }
-  } else if constexpr (PERSISTENT) {
+                                                  bool warp_uniform) {
+  if constexpr (PERSISTENT) {
     constexpr int U = CAUSAL ? 2 : 1;
     int c0 = 0, i = 0;
-    for (int unit = blockIdx.x; unit * U < tail.full; unit += gridDim.x) {
-      for (int tile = unit * U; tile < min(tail.full, unit * U + U); ++tile, ++i) {
+    for (int unit = blockIdx.x; unit * U < total; unit += gridDim.x) {
+      for (int tile = unit * U; tile < min(total, unit * U + U); ++tile, ++i) {
         const auto w = tile_at(tile);
         f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
         c0 += w.Tc;
       }
-    }
-    if (tail.pieces > 0 && static_cast<int>(blockIdx.x) < (total - tail.full) * tail.pieces) {
-      auto w = tile_at(tail.full + blockIdx.x / tail.pieces);
-      const int piece = blockIdx.x % tail.pieces;
-      const int lo = w.Tc * piece / tail.pieces, hi = w.Tc * (piece + 1) / tail.pieces;  // >= 1 block: pieces <= Tc
-      w.j_lo += lo;
-      w.Tc = hi - lo;
-      w.piece = piece;
-      w.slot = blockIdx.x;
-      f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
     }
   } else {
     f(w0, 0, 0);
@@ -284,26 +154,16 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
   extern __shared__ __align__(1024) unsigned char smem[];
-  constexpr int Q_STAGES = v3_3_q_stages(PERSISTENT, sizeof(T), HEAD_DIM);
-  constexpr int QS_BYTES = Q_STAGES * Q_BYTES;
-  const unsigned s_q = static_cast<unsigned>(__cvta_generic_to_shared(smem));  // Q's buffer 0
-  auto s_k = [&](int s) { return s_q + QS_BYTES + s * KV_BYTES; };
-  auto s_v = [&](int s) { return s_q + QS_BYTES + (STAGES + s) * KV_BYTES; };
-  const KVBarriers<STAGES> bars{s_q + QS_BYTES + 2 * STAGES * KV_BYTES};
+  const unsigned s_q = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  auto s_k = [&](int s) { return s_q + Q_BYTES + s * KV_BYTES; };
+  auto s_v = [&](int s) { return s_q + Q_BYTES + (STAGES + s) * KV_BYTES; };
+  const KVBarriers<STAGES> bars{s_q + Q_BYTES + 2 * STAGES * KV_BYTES};
   // PERSISTENT (v3.6): Q's buffer is refilled for each tile once every consumer warpgroup is
   // done reading it (their last S): one more mbarrier after KVBarriers's, every consumer thread.
   const unsigned q_empty = bars.q + 8 * KVBarriers<STAGES>::COUNT;
-  // Tile i's Q buffer (i % Q_STAGES), its full and empty barriers, and the parity of its use.
-  auto q_buffer = [&](int i) { return s_q + (Q_STAGES > 1 ? (i % Q_STAGES) * Q_BYTES : 0); };
-  auto q_full_bar = [&](int i) { return Q_STAGES > 1 && i % Q_STAGES ? q_empty + 8 : bars.q; };
-  auto q_empty_bar = [&](int i) { return Q_STAGES > 1 && i % Q_STAGES ? q_empty + 16 : q_empty; };
   // Q and full: the producer thread's one arrival (with the copy's bytes); empty: every consumer thread.
   if (threadIdx.x == 0) {
     if (PERSISTENT) mbar_init(q_empty, CONSUMERS * V3_3_WG);
-    if (Q_STAGES > 1) {
-      mbar_init(q_empty + 8, 1);
-      mbar_init(q_empty + 16, CONSUMERS * V3_3_WG);
-    }
     bars.init(1, CONSUMERS * V3_3_WG);
   }
   __syncthreads();
@@ -317,18 +177,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // over Tr * bh_count tiles (v3_3_for_my_tiles); dense calls only (the host launches packed
   // sequences on the non-persistent kernels, so cu_seqlens is null here).
   const int Tr = (Nq + Br - 1) / Br;
-  // TailSplit (an experiment, off unless TILEATTN_TAIL_SPLIT is defined and the host passes a workspace).
-  constexpr bool TAIL = PERSISTENT && !CAUSAL && !FP8 && !VARIANTS && TILEATTN_TAIL_SPLIT > 0;
-  const TailSplit tail = TAIL ? tail_split(Tr * bh_count, (Nk + Bc - 1) / Bc, TILEATTN_TAIL_SPLIT, workspace != nullptr)
-                              : TailSplit{Tr * bh_count, 0};
-  // TILEATTN_WINDOW_ORDER (an experiment): a causal left window's order (common.cuh window_units),
-  // f its short Q blocks a head; -1: persistent_tile's order.
-  constexpr bool WINDOW_ORDER = PERSISTENT && CAUSAL && VARIANTS && TILEATTN_WINDOW_ORDER;
-  const int window_f = WINDOW_ORDER && window_left >= 0 ? max(0, (window_left - causal_offset + Br - 1) / Br) : -1;
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
     if constexpr (PERSISTENT) {
-      const TileIndex ti = window_f >= 0 ? TileIndex{tile / Tr, tile % Tr} : persistent_tile<CAUSAL>(tile, Tr, bh_count);
+      const TileIndex ti = persistent_tile<CAUSAL>(tile, Tr, bh_count);
       w.bh = ti.bh;
       w.qb = ti.q_block;
     } else {
@@ -352,8 +204,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     w.q_start = w.qb * Br;
     w.empty = w.q_start >= w.seq_q;  // dense: a Q block past Nq (never launched); packed: none
     // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
-    // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0
-    // (but in a split tail's piece: v3_3_for_my_tiles).
+    // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0.
     int kv_lo = 0, kv_hi = CAUSAL ? min(w.seq_k, max(0, w.q_start + Br + w.offset)) : w.seq_k;
     if (VARIANTS) {
       if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, w.q_start + Br + w.offset + window_right));
@@ -377,11 +228,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       const int h_ = w.bh % H, hk_ = h_ / h_per_kv;
       const int tma_b = cu_seqlens_q ? 0 : w.bh / H;  // packed tensors are one "batch" to the copy engine
       trace_clock(i, 3, 0);
-      if (PERSISTENT && i >= Q_STAGES)  // the consumers are done with this buffer's last Q
-        mbar_wait(q_empty_bar(i), (i / Q_STAGES - 1) & 1);
+      if (PERSISTENT && i > 0) mbar_wait(q_empty, (i - 1) & 1);  // the consumers are done with the last Q
       trace_clock(i, 3, 1);
       if constexpr (FP8) {  // maps: q, k (rows of D bytes), v^T (rows of keys, the host's copy)
-        tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, q_buffer(i), q_full_bar(i), Br, w.q0 + w.q_start, h_, tma_b);
+        tma_rows_load_e4m3<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);
         for (int n = 0; n < w.Tc; ++n) {
           const int c = c0 + n;
           bars.wait_k_empty(c);
@@ -396,7 +246,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         }
         return;
       }
-      tma_tile_load<HEAD_DIM>(tmaps, 0, q_buffer(i), q_full_bar(i), Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
+      tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
       for (int n = 0; n < w.Tc; ++n) {
         const int row = w.k0 + (w.j_lo + n) * Bc, c = c0 + n;
         bars.wait_k_empty(c);
@@ -406,8 +256,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       }
       trace_clock(i, 3, 2);
     };
-    v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, produce_tile, false, tail, Tr,
-                                                        window_f);
+    v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, produce_tile, false);
     return;
   }
 
@@ -431,10 +280,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       return wgmma_desc_sw128(addr);
   };
   const unsigned long long dq = desc_qk(s_q + cwg * 64 * ROW_BYTES);
-  unsigned dq_shift = 0;  // Q_STAGES: this tile's buffer past buffer 0, in the descriptor's 16-byte units
   // This warp's 16 rows of O's stage (v3_6_smem_bytes).
   constexpr bool STAGE_O = v3_3_stages_o(PERSISTENT, sizeof(T), HEAD_DIM);
-  const unsigned o_stage = s_q + QS_BYTES + 2 * STAGES * KV_BYTES + 128 + (cwg * 4 + warp) * 16 * O_STAGE_PITCH<HEAD_DIM>;
+  const unsigned o_stage = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 128 + (cwg * 4 + warp) * 16 * O_STAGE_PITCH<HEAD_DIM>;
 
   // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the CTA's K/V
   // blocks (the stage).
@@ -443,16 +291,15 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // the descriptor's bits, one instruction more in v3.3's SASS.)
     const unsigned k_tile = s_k(KVBarriers<STAGES>::stage(n));
     const unsigned long long dk = FP8 ? desc_qk(k_tile) : wgmma_desc_sw128(k_tile);
-    const unsigned long long dq_tile = Q_STAGES > 1 ? dq + dq_shift : dq;
     wgmma_fence();
     if constexpr (FP8) {  // k32 steps of 32 bytes
 #pragma unroll
       for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
-        WgmmaE4M3::ss(S, dq_tile + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
+        WgmmaE4M3::ss(S, dq + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
     } else {
 #pragma unroll
       for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        Wgmma16<T>::ss(S, dq_tile + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
+        Wgmma16<T>::ss(S, dq + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
     }
     wgmma_commit();
   };
@@ -496,17 +343,16 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
     const bool tracer = TILEATTN_TRACE && threadIdx.x % V3_3_WG == 0;
     if (tracer) trace_clock(i, cwg, 0);
-    if (Q_STAGES > 1) dq_shift = (i % Q_STAGES) * (Q_BYTES >> 4);
-    mbar_wait(q_full_bar(i), (i / Q_STAGES) & 1);  // even with no K/V block: no copy may outlive the CTA
+    mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
     if (tracer) {
       trace_clock(i, cwg, 1);
       trace_at(i, cwg, 7, Tc);
     }
     // PERSISTENT: Q's buffer is free once this warpgroup's last S (block Tc - 1) is done.
     auto release_q = [&](int n) {
-      if (PERSISTENT && n == Tc - 1) mbar_arrive(q_empty_bar(i));
+      if (PERSISTENT && n == Tc - 1) mbar_arrive(q_empty);
     };
-    if (PERSISTENT && Tc == 0) mbar_arrive(q_empty_bar(i));  // no S at all
+    if (PERSISTENT && Tc == 0) mbar_arrive(q_empty);  // no S at all
 
     ScoreVariants var{};
     // ALiBi under the causal mask (every visible key at or left of the row) as one FFMA a score
@@ -531,15 +377,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (fp8_negate) {
 #pragma unroll
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
-      }
-      if constexpr (VARIANTS && TILEATTN_SOFTCAP_RAW_MAX) {
-        if (var.softcap && !var.alibi) {  // (warp-uniform: the head's)
-          const bool edge = fragment_variants<NS, false>(S, var_rest, (j_lo + n) * Bc, Bc, t);
-          fragment_online_softmax<CAUSAL, NS, false, true, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc,
-                                                                 Bc, q_start, row_a, t, seq_k, offset, 0.0f,
-                                                                 var.inv_cap_s, edge);
-          return;
-        }
       }
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
       if constexpr (ALIBI_KEYS) {
@@ -665,11 +502,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (tracer) trace_clock(i, cwg, 4);
     }
 
-    if constexpr (TAIL) {  // a piece: its tile's last to arrive merges the others' and stores O
-      if (w.piece >= 0 &&
-          !tail_piece_merge<CONSUMERS * V3_3_WG>(acc, m_i, l_i, workspace, w.slot, tail.pieces, threadIdx.x - V3_3_WG))
-        return;
-    }
     if (ALIBI_KEYS && var.alibi) {  // fragment_alibi_keys's row constant, out of lse (O does not see it)
 #pragma unroll
       for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
@@ -694,8 +526,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     }
     if (tracer) trace_clock(i, cwg, 5);
   };
-  v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_ORDER>(tile_at, Tr * bh_count, w0, consume_tile, true, tail, Tr,
-                                                      window_f);
+  v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true);
   if constexpr (STAGE_O) {  // the last tile's copies read the stage: it must outlive them
     if (lane < 16) bulk_wait_read<0>();
   }
