@@ -189,15 +189,16 @@ def test_o_rescale_behind_a_warp_vote(name, D):
     assert length >= D // 2 and re.match(r"@!?P\d BRA", ops[longest - 1]), (length, ops[longest - 1])
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
-def test_persistent_o_through_a_shared_stage(name, D):
-    """The persistent rungs at D = 128 write O by stmatrix into shared memory (8 STSM.x4 a
-    thread) and copy it out by one bulk copy (UBLKCP) a row; at D = 256 the stage holds 128
-    columns (all that fits beside v3.6's 192 KB), so a row goes in two passes of each; at D = 64
-    (measured no faster) they keep the direct stores (v3_3_stages_o)."""
-    sass = _nvrtc.sass(compiled(name, D, False, "sm_90a"))
-    stsm, ublkcp = len(re.findall(r"\bSTSM\b", sass)), len(re.findall(r"\bUBLKCP\b", sass))
-    assert (stsm, ublkcp) == {64: (0, 0), 128: (8, 1), 256: (16, 2)}[D], (stsm, ublkcp)
+def test_persistent_o_through_a_shared_stage(name, D, causal):
+    """The persistent rungs write O by stmatrix into a swizzled shared-memory stage (D / 16
+    STSM.x4 a thread) and copy it out by the copy engine's tensor stores (UTMASTG, one a 64-column
+    panel from one lane); at D = 256 the stage holds 128 columns (all that fits beside v3.6's
+    192 KB), so a row goes in two passes of each.  No bulk copy a row (UBLKCP) is left."""
+    sass = _nvrtc.sass(compiled(name, D, causal, "sm_90a"))
+    found = tuple(len(re.findall(p, sass)) for p in (r"\bSTSM\b", r"\bUTMASTG\b", r"\bUBLKCP\b"))
+    assert found == (D // 16, D // 64, 0), found
 
 
 def test_compile_error_carries_log(tmp_path, monkeypatch):

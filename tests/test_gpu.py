@@ -177,12 +177,12 @@ def test_persistent_many_tiles_per_cta(version, D, Nq, Nk, causal):
     _check(Case(version, B=3, H=37, Nq=Nq, Nk=Nk, D=D, causal=causal, dtype="bfloat16"))
 
 
-@pytest.mark.parametrize("version,D", [("v3.6", 128), ("v3.6", 256)])
+@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
 def test_o_stage_falls_back_on_unaligned_out(version, D):
-    """v3.6 at D = 128 and 256 copies O out of a shared-memory stage by bulk copies, which take 16-byte
-    aligned rows (v3_3_wgmma.cu, v3_3_stages_o); an output buffer 4 bytes off (the core's `out`
-    argument; the direct stores take 4-byte pairs) takes the direct stores instead, with every
-    row written and correct."""
+    """The persistent rungs copy O out of a shared-memory stage by tensor stores, whose map takes a
+    16-byte aligned base (v3_3_wgmma.cu, v3_3_stages_o); an output buffer 4 bytes off (the core's
+    `out` argument; the direct stores take 4-byte pairs) gets no map and takes the direct stores
+    instead, with every row written and correct."""
     import math
 
     import torch

@@ -514,20 +514,36 @@ def panel_widths(head_dim: int) -> list[int]:
 
 
 def _tensor_maps(
-    q_ptr, k_ptr, v_ptr, q_layout, k_layout, v_layout, dtype: str, esize: int, Br: int, Bc: int, l2_promotion=128
-) -> bytes:
+    q_ptr, k_ptr, v_ptr, q_layout, k_layout, v_layout, dtype: str, esize: int, Br: int, Bc: int, l2_promotion=128,
+    o=None,
+) -> bytes:  # fmt: skip
     """The kernel's TmaMaps argument (common.cuh): the TMA descriptors of q, k, v ((B, H, N, D)
     views given as pointer and (shape, strides)) with boxes of 64 columns x Br or Bc rows, then,
     when the padded head dim is not a multiple of 64, q, k, v with the last panel's 32 or 16
-    columns (the panels of SwizzledTile, mma.cuh).  Host bytes (each prepared call keeps the ones
-    of the pointers it saw); they travel by value in the launch's parameters, nothing lives on
-    the device."""
+    columns (the panels of SwizzledTile, mma.cuh).  o = (pointer, layout): O's map for the
+    persistent kernels' tensor stores (_o_map) at index 3, which a head dim of whole panels
+    leaves free.  Host bytes (each prepared call keeps the ones of the pointers it saw); they
+    travel by value in the launch's parameters, nothing lives on the device."""
     widths = panel_widths(q_layout[0][-1])
     maps = []
     for w in widths if len(widths) == 2 else widths * 2:  # narrow maps at index 3..5 (a copy if unused)
         for ptr, layout, rows in ((q_ptr, q_layout, Br), (k_ptr, k_layout, Bc), (v_ptr, v_layout, Bc)):
             maps.append(tensor_map(ptr, layout, dtype, esize, (w, rows), l2_promotion))
+    if o is not None and len(widths) == 1:
+        maps[3] = _o_map(*o, dtype, esize) or maps[3]
     return b"".join(maps)
+
+
+O_STORE_ROWS = 16  # a consumer warp's rows of O, one tensor store a 64-column panel (mma.cuh fragment_store_rows_tma)
+
+
+def _o_map(ptr: int, layout, dtype: str, esize: int) -> bytes | None:
+    """O's TMA descriptor for the persistent kernels' tensor stores (boxes of 64 columns x
+    O_STORE_ROWS rows), or None when O's base or strides are not on 16-byte boundaries: the kernel
+    tests the same (v3_3_wgmma.cu o_tma_aligned) and stores directly then."""
+    if (ptr | (layout[1][0] | layout[1][1] | layout[1][2]) * esize) % 16:
+        return None
+    return tensor_map(ptr, layout, dtype, esize, (64, O_STORE_ROWS))
 
 
 def tensor_map(ptr, layout, dtype: str, esize: int, box: tuple[int, int], l2_promotion=128) -> bytes:
@@ -853,7 +869,10 @@ class _Launch:
                 *(halves(*self.split_layouts[j][0][1:3]) for j in self.split_maps_of),
                 "float16",
             )
-        self.maps: dict[tuple[int, int, int], bytes] = {}
+        # O's map (the persistent 16-bit kernels' tensor stores of O, v3_3_wgmma.cu v3_3_stages_o).
+        stores_o = plan.persistent_ctas and plan.tma_offset is not None and dtype in ("float16", "bfloat16")
+        self.o_layout = ((B, H, Nq, D), os_) if stores_o else None
+        self.maps: dict[tuple[int, ...], bytes] = {}
         # (grid x, grid y, bh_offset) per launch: K/V-outer rungs take B*H in gridDim.x (up to
         # 2^31 - 1), persistent ones a CTA per SM (at most one per tile), the others (Tr, B*H)
         # split over launches of at most 65535 in gridDim.y.
@@ -868,14 +887,16 @@ class _Launch:
         else:
             self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]
 
-    def _maps(self, ptrs: tuple[int, int, int], layouts, esize: int) -> bytes:
-        """The TMA descriptors of q, k, v at these pointers (layouts: their (shape, strides) and the
-        dtype), built once per pointers seen; at most 64 kept."""
+    def _maps(self, ptrs: tuple[int, ...], layouts, esize: int, o_layout=None) -> bytes:
+        """The TMA descriptors of q, k, v (and with o_layout, O: a fourth pointer) at these
+        pointers (layouts: their (shape, strides) and the dtype), built once per pointers seen; at
+        most 64 kept."""
         maps = self.maps.get(ptrs)
         if maps is None:
             if len(self.maps) >= 64:
                 self.maps.clear()
-            maps = self.maps[ptrs] = _tensor_maps(*ptrs, *layouts, esize, self.plan.Br, self.plan.Bc)
+            o = None if o_layout is None else (ptrs[3], o_layout)
+            maps = self.maps[ptrs] = _tensor_maps(*ptrs[:3], *layouts, esize, self.plan.Br, self.plan.Bc, o=o)
         return maps
 
     def run(self, q, k, v, q_ptr: int, k_ptr: int, v_ptr: int, out=None, lse=None):
@@ -899,6 +920,9 @@ class _Launch:
             ptrs = tuple(halves[j].data_ptr() for j in self.split_maps_of)
             _TMA_PACK(buf.buf, plan.tma_offset, self._maps(ptrs, self.split_maps_layout, 2))
             _PTR_PACK(buf.buf, plan.split_amax_offset, amax.data_ptr())
+        elif self.o_layout is not None:  # the persistent kernels store O through the copy engine too
+            ptrs = (q_ptr, k_ptr, v_ptr, out.data_ptr())
+            _TMA_PACK(buf.buf, plan.tma_offset, self._maps(ptrs, self.maps_layout, q.element_size(), self.o_layout))
         elif plan.tma_offset is not None:
             _TMA_PACK(buf.buf, plan.tma_offset, self._maps((q_ptr, k_ptr, v_ptr), self.maps_layout, q.element_size()))
         if plan.persistent_ctas:  # a room field, packed by itself (the buffer is the plan's, per thread)

@@ -487,14 +487,18 @@ def _launch_packed(
     B, H, Nq, H_kv, Nk, D = dims
     kern, (Br, Bc) = _packed_kernel(dtype, D, causal, kernel, q.device.index)
     softcap = _kernel_softcap(softcap, scale)
-    qs, ks, vs, _ = strides
+    qs, ks, vs, os_ = strides
+    entry = KERNEL_ENTRIES[kernel]
     maps = None
-    if KERNEL_ENTRIES[kernel].tensor_maps:  # the v3.3 kernels load through the copy engine (v3.1's by cp.async)
+    if entry.tensor_maps:  # the v3.3 kernels load through the copy engine (v3.1's by cp.async)
         layouts = [((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs)]
-        maps = api._tensor_maps(q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc)
+        # v3.6's walk stores O through the copy engine too (v3_3_wgmma.cu v3_3_stages_o)
+        o = (out.data_ptr(), ((B, H, Nq, D), os_)) if entry.persistent else None
+        maps = api._tensor_maps(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc, o=o
+        )
     ptr = lambda t: 0 if t is None else t.data_ptr()
     stream = api._current_stream(q.device.index)
-    entry = KERNEL_ENTRIES[kernel]
     if cu_seqlens[0] is not None and entry.packed_tiles:
         BH, Tr = H, Nq // Br + grid[0]  # tiles of csrc/common.cuh's packed_tile, by heads
     else:

@@ -386,6 +386,15 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const void* tmap, int 
       : "memory");
 }
 
+// The other way: the box at coordinates (c0, c1, c2, c3) of the map's tensor from shared memory at
+// src, in this thread's current bulk group (bulk_commit, bulk_wait_read below); the copy engine
+// leaves out the box's elements past the tensor's bounds.
+__device__ __forceinline__ void tma_store_4d(const void* tmap, int c0, int c1, int c2, int c3, unsigned src) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(tmap),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+               : "memory");
+}
+
 // A bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory to
 // shared memory at dst, completion counted on mbarrier bar: no tensor map, so any row of any
 // strided or paged tensor can be a source.
@@ -620,60 +629,64 @@ __device__ __forceinline__ void fragment_store_rows(const float (&acc)[HEAD_DIM 
   }
 }
 
-// fragment_store_rows for a warp's 16 rows of 16-bit O (rows row_a - g .. + 15), through shared
-// memory: the warp writes O / l into `stage` (16 rows of O_STAGE_COLS values at O_STAGE_PITCH
-// bytes, 16 bytes more than a row so that stmatrix's eight 16-byte rows of a matrix fall in
-// distinct banks), then lane r < 16 copies row r to global memory with one bulk copy (the async
-// proxy) when it is below Nq.  In place of HEAD_DIM / 4 four-byte stores a thread, which measured
-// as long-scoreboard and lg_throttle stalls at short sequences (bench/NOTES.md); the copies run on
-// while the warp goes on to its next tile.  A stage narrower than the head (D = 256: 128 columns,
-// all that fits beside v3.6's 192 KB) takes the row in passes, each waiting for the last pass's
-// copies to have read the stage.  Requires o and o_sn 16-byte aligned (the caller checks).  Before
-// it writes the stage, the warp waits for its last call's copies to have read it; the caller waits
-// for them once more before the CTA exits (o_stage_drain).
+// fragment_store_rows for a warp's 16 rows of 16-bit O (rows row0 .. row0 + 15 of head (b, h)),
+// through shared memory and the copy engine: the warp writes O / l into `stage` by stmatrix, in
+// the layout the copy engine reads with the 128-byte swizzle (a 64-column panel of 16 rows x 128
+// bytes, 2 KB, 16-byte chunk c of row r at chunk c ^ (r % 8): stmatrix's eight rows of a matrix
+// land in distinct banks), then lane 0 issues one tensor store (map, box 64 columns x 16 rows)
+// a panel.  The copy engine drops the rows past the tensor's Nq, and the warp goes on to its next
+// tile while the copies run.  In place of HEAD_DIM / 4 four-byte stores a thread (long-scoreboard
+// and lg_throttle stalls at short sequences, bench/NOTES.md) or a bulk copy a row (sixteen lanes'
+// UBLKCP, which the uniform datapath issues one lane at a time).  A stage narrower than the head
+// (D = 256: 128 columns, all that fits beside v3.6's 192 KB) takes the row in passes, each
+// waiting for the last pass's copies to have read the stage.  Before it writes the stage the warp
+// waits for its last call's copies to have read it; the caller waits once more before the CTA
+// exits.  The map's base and strides must be 16-byte aligned (the caller checks: o_tma_aligned).
 template <int HEAD_DIM>
 constexpr int O_STAGE_COLS = HEAD_DIM > 128 ? 128 : HEAD_DIM;
 template <int HEAD_DIM>
-constexpr int O_STAGE_PITCH = O_STAGE_COLS<HEAD_DIM> * 2 + 16;
+constexpr int O_STAGE_WARP_BYTES = 16 * O_STAGE_COLS<HEAD_DIM> * 2;  // one warp's 16 rows, 1024-byte aligned
 template <typename T, int HEAD_DIM>
-__device__ __forceinline__ void fragment_store_rows_bulk(const float (&acc)[HEAD_DIM / 2], const float (&m_i)[2],
-                                                         const float (&l_i)[2], int row_a, int lane, int Nq, T* o,
-                                                         long long o_sn, float* lse, unsigned stage) {
-  static_assert(sizeof(T) == 2 && HEAD_DIM % 16 == 0, "16-bit O, whole stmatrix.x4 column pairs");
+__device__ __forceinline__ void fragment_store_rows_tma(const float (&acc)[HEAD_DIM / 2], const float (&m_i)[2],
+                                                        const float (&l_i)[2], int row_a, int lane, int Nq, float* lse,
+                                                        unsigned stage, const void* tmap, int row0, int h, int b) {
+  static_assert(sizeof(T) == 2 && HEAD_DIM % 64 == 0, "16-bit O, whole 64-column panels");
   constexpr float LN2 = 0.6931471805599453f;
-  constexpr int COLS = O_STAGE_COLS<HEAD_DIM>, PITCH = O_STAGE_PITCH<HEAD_DIM>;
-  static_assert(HEAD_DIM % COLS == 0 && COLS % 16 == 0, "whole passes of stmatrix.x4 column pairs");
+  constexpr int COLS = O_STAGE_COLS<HEAD_DIM>;
   const int t = lane % 4;
   float inv_l[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float l = lanes_sum<4>(l_i[h]);
-    inv_l[h] = l > 0.0f ? 1.0f / l : 0.0f;
-    const int row = row_a + 8 * h;
-    if (t == 0 && lse && row < Nq) lse[row] = row_lse(m_i[h] * LN2, l);
+  for (int h2 = 0; h2 < 2; ++h2) {
+    const float l = lanes_sum<4>(l_i[h2]);
+    inv_l[h2] = l > 0.0f ? 1.0f / l : 0.0f;
+    const int row = row_a + 8 * h2;
+    if (t == 0 && lse && row < Nq) lse[row] = row_lse(m_i[h2] * LN2, l);
   }
   // stmatrix.x4 n: matrices (rows 0-7, 8-15) x (columns 16 n .. 16 n + 7, + 8 .. + 15), i.e. n8
-  // tiles 2n, 2n + 1 of acc; lane 8 i + r addresses row r + 8 (i % 2), column 16 n + 8 (i / 2).
-  const unsigned my_row = stage + (lane % 8 + 8 * (lane / 8 % 2)) * PITCH + (lane / 16) * 16;
-  const int row = row_a - lane / 4 + lane;
+  // tiles 2n, 2n + 1 of acc; lane 8 i + r addresses row r + 8 (i % 2), chunk 2 (n % 4) + i / 2 of
+  // panel n / 4.  Swizzled: chunk (2 (n % 4) + i / 2) ^ r = 2 (n % 4) ^ (i / 2 ^ r), so a lane's
+  // address is its own row and chunk XOR the column pair's constant.
+  const unsigned my_row = stage + (lane % 8 + 8 * (lane / 8 % 2)) * 128;
+  const unsigned my_chunk = ((lane / 16) ^ (lane % 8)) * 16;
 #pragma unroll
   for (int pass = 0; pass < HEAD_DIM / COLS; ++pass) {
-    if (lane < 16) bulk_wait_read<0>();
+    if (lane == 0) bulk_wait_read<0>();
     __syncwarp();
 #pragma unroll
     for (int n = 0; n < COLS / 16; ++n) {
       unsigned r[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int tile = pass * COLS / 8 + 2 * n + i / 2, h = i % 2;
-        r[i] = pack2<T>(acc[4 * tile + 2 * h] * inv_l[h], acc[4 * tile + 2 * h + 1] * inv_l[h]);
+        const int tile = pass * COLS / 8 + 2 * n + i / 2, h2 = i % 2;
+        r[i] = pack2<T>(acc[4 * tile + 2 * h2] * inv_l[h2], acc[4 * tile + 2 * h2 + 1] * inv_l[h2]);
       }
-      stmatrix_x4(my_row + n * 32, r);
+      stmatrix_x4(my_row + (n / 4) * 2048 + (my_chunk ^ (32 * (n % 4))), r);
     }
-    fence_proxy_async_smem();  // the stage's generic-proxy writes, before the bulk copies read them
+    fence_proxy_async_smem();  // the stage's generic-proxy writes, before the copy engine reads them
     __syncwarp();
-    if (lane < 16 && row < Nq) {
-      bulk_store(o + row * o_sn + pass * COLS, stage + lane * PITCH, COLS * 2);
+    if (lane == 0) {
+#pragma unroll
+      for (int p = 0; p < COLS / 64; ++p) tma_store_4d(tmap, pass * COLS + 64 * p, row0, h, b, stage + p * 2048);
       bulk_commit();
     }
   }

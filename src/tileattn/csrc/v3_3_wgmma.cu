@@ -50,31 +50,37 @@ __host__ __device__ constexpr int v3_3_consumer_regs(int Br) {
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2); the
 // persistent kernels (v3.6, v3.7) add Q's empty barrier and, at 16-bit D = 128, O's stage.
 
-// O's stage (fragment_store_rows_bulk, mma.cuh): the persistent kernels at 16-bit D = 128 write
-// each warp's 16 rows of O into shared memory and copy them out with one bulk copy a row, so the
-// stores leave the consumers' path and overlap the next tile.  Measured on an H200 against the
-// direct stores (switch TILEATTN_O_DIRECT, scripts/fwd_probe.py, bf16, B*N = 32768, H = 16, two
-// runs each, bench/results/sweeps/o_stage_probe_7d5840b.log): D = 128 N = 1024 +4-7% (causal
-// +6-7%), N = 4096 -2..+3% (causal +2-3%), N = 8192 +1.5% (causal +2..+7%).  At D = 64 it measured
-// +1% without a mask and -3% causal at N = 1024 (v3.6's ping-pong), so D = 64 keeps the direct
-// stores.  At D = 256 a whole row's stage (66 KB) does not fit beside v3.6's 192 KB; a 128-column
-// one (34 KB, 226.1 of the 227 KB) does, and takes a row in two passes (O_STAGE_COLS).  Measured
-// against the direct stores at D = 256 (the same probe, two runs each at the steady clock,
-// bench/results/sweeps/o_stage_d256_probe_3dbf066.log): N = 1024 +8-9% (causal +9-12%), N = 4096
-// +2-3% (causal +4%), N = 8192 within 0.5%.
+// O's stage (fragment_store_rows_tma, mma.cuh): the persistent kernels at 16 bits write each
+// warp's 16 rows of O into shared memory by stmatrix and copy them out with the copy engine's
+// tensor stores (the map at TmaMaps index 3, which the loads leave free at D = 64, 128 and 256),
+// so the stores leave the consumers' path and overlap the next tile.  The host builds O's map
+// when O's base and strides are 16-byte aligned (api._o_map), and the kernel tests the same
+// (o_tma_aligned); any other O takes the direct stores.  At D = 256 a whole row's stage (64 KB)
+// does not fit beside v3.6's 192 KB; a 128-column one (32 KB) does, and takes a row in two passes
+// (O_STAGE_COLS).  History (bench/NOTES.md): a bulk copy a row from a padded stage measured +4-7%
+// at D = 128 N = 1024 and +8-12% at D = 256 against the direct stores, but -3% at D = 64 causal
+// N = 1024, which kept the direct stores; a tile trace then put the store at 1100-1300 SM clocks
+// at D = 64 and 2200 at D = 128 (6-9% of a tile at N = 1024), which the tensor stores cut.
 __host__ __device__ constexpr bool v3_3_stages_o(bool persistent, int elem_bytes, int head_dim) {
 #ifdef TILEATTN_O_DIRECT
   return false;
 #else
-  return persistent && elem_bytes == 2 && (head_dim == 128 || head_dim == 256);
+  return persistent && elem_bytes == 2 && head_dim % 64 == 0;
 #endif
 }
 // The persistent kernels' shared memory: Q, 2 stages of K and V, 10 mbarriers (KVBarriers<2> and
-// Q's empty one), then O's stage from 128 bytes past the K/V stages, one 64-row slab per
-// consumer warpgroup.
+// Q's empty one), then O's stage from 1024 bytes past the K/V stages (the 128-byte swizzle's
+// alignment), 16 rows a consumer warp.
 template <int HEAD_DIM>
 __host__ __device__ constexpr int v3_6_smem_bytes(int Br, int Bc) {
-  return (Br + 4 * Bc) * HEAD_DIM * 2 + (v3_3_stages_o(true, 2, HEAD_DIM) ? 128 + Br * O_STAGE_PITCH<HEAD_DIM> : 10 * 8);
+  return (Br + 4 * Bc) * HEAD_DIM * 2 +
+         (v3_3_stages_o(true, 2, HEAD_DIM) ? 1024 + Br / 16 * O_STAGE_WARP_BYTES<HEAD_DIM> : 10 * 8);
+}
+// Whether O at `o` with these strides (elements of T) can be a tensor map's: base and strides on
+// 16-byte boundaries.  api._o_map builds the map under the same test.
+template <typename T>
+__device__ __forceinline__ bool o_tma_aligned(const T* o, long long o_sb, long long o_sh, long long o_sn) {
+  return ((reinterpret_cast<unsigned long long>(o) | ((o_sb | o_sh | o_sn) * sizeof(T))) & 15) == 0;
 }
 
 // One tile's geometry: which (batch, head) slice, Q block, sequence rows and K/V blocks.
@@ -282,7 +288,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   const unsigned long long dq = desc_qk(s_q + cwg * 64 * ROW_BYTES);
   // This warp's 16 rows of O's stage (v3_6_smem_bytes).
   constexpr bool STAGE_O = v3_3_stages_o(PERSISTENT, sizeof(T), HEAD_DIM);
-  const unsigned o_stage = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 128 + (cwg * 4 + warp) * 16 * O_STAGE_PITCH<HEAD_DIM>;
+  const unsigned o_stage = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 1024 + (cwg * 4 + warp) * O_STAGE_WARP_BYTES<HEAD_DIM>;
 
   // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the CTA's K/V
   // blocks (the stage).
@@ -514,21 +520,21 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
       fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
     } else {
-      T* o_rows = hs.o + q0 * o_sn;
-      bool staged = false;  // O's stage takes 16-byte aligned rows (the bulk copy's requirement)
+      bool staged = false;  // O's map exists for 16-byte aligned O only (o_tma_aligned)
       if constexpr (STAGE_O) {
-        if (((reinterpret_cast<unsigned long long>(o_rows) | (o_sn * sizeof(T))) & 15) == 0) {
-          fragment_store_rows_bulk<T, HEAD_DIM>(acc, m_i, l_i, row_a, lane, seq_q, o_rows, o_sn, lse_rows, o_stage);
+        if (o_tma_aligned(o, o_sb, o_sh, o_sn)) {
+          fragment_store_rows_tma<T, HEAD_DIM>(acc, m_i, l_i, row_a, lane, seq_q, lse_rows, o_stage, &tmaps->desc[3],
+                                               q_start + cwg * 64 + warp * 16, h_, b_);
           staged = true;
         }
       }
-      if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_rows, o_sn, lse_rows);
+      if (!staged) fragment_store_rows<T, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, hs.o + q0 * o_sn, o_sn, lse_rows);
     }
     if (tracer) trace_clock(i, cwg, 5);
   };
   v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true);
   if constexpr (STAGE_O) {  // the last tile's copies read the stage: it must outlive them
-    if (lane < 16) bulk_wait_read<0>();
+    if (lane == 0) bulk_wait_read<0>();
   }
 #endif
 }
