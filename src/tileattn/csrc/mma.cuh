@@ -404,18 +404,12 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
                : "memory");
 }
 
-// The other way: `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory at
-// src to global memory, in this thread's current bulk group; commit closes the group, and
-// wait_read<N> returns once at most N of the thread's groups still read shared memory (their
-// source bytes may be overwritten; the global writes may still be in flight, and complete before
-// the grid does).
-__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
-               : "memory");
-}
-// The same shape of transfer as bulk_store, but each float32 of src is added into dst's (the
-// adds done at L2, as red.global.add does, all in one instruction of one thread), in this thread's
-// current bulk group.
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory at src, each
+// float32 added into dst's in global memory (the adds done at L2, as red.global.add does, all in
+// one instruction of one thread), in this thread's current bulk group.  Bulk groups (this and
+// tma_store_4d): commit closes the group, and wait_read<N> returns once at most N of the thread's
+// groups still read shared memory (their source bytes may be overwritten; the global writes may
+// still be in flight, and complete before the grid does).
 __device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsigned bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
                "r"(bytes)

@@ -48,7 +48,7 @@ __host__ __device__ constexpr int v3_3_consumer_regs(int Br) {
 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2); the
-// persistent kernels (v3.6, v3.7) add Q's empty barrier and, at 16-bit D = 128, O's stage.
+// persistent kernels (v3.6, v3.7) add Q's empty barrier and, at 16 bits, O's stage.
 
 // O's stage (fragment_store_rows_tma, mma.cuh): the persistent kernels at 16 bits write each
 // warp's 16 rows of O into shared memory by stmatrix and copy them out with the copy engine's
