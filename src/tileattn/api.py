@@ -526,11 +526,12 @@ def _tensor_maps(
     travel by value in the launch's parameters, nothing lives on the device."""
     widths = panel_widths(q_layout[0][-1])
     maps = []
-    for w in widths if len(widths) == 2 else widths * 2:  # narrow maps at index 3..5 (a copy if unused)
+    for w in widths:
         for ptr, layout, rows in ((q_ptr, q_layout, Br), (k_ptr, k_layout, Bc), (v_ptr, v_layout, Bc)):
             maps.append(tensor_map(ptr, layout, dtype, esize, (w, rows), l2_promotion))
-    if o is not None and len(widths) == 1:
-        maps[3] = _o_map(*o, dtype, esize) or maps[3]
+    if len(widths) == 1:  # index 3..5 unused by the loads: copies, or O's map at 3
+        o_map = None if o is None else _o_map(*o, dtype, esize)
+        maps += [o_map or maps[0], maps[1], maps[2]]
     return b"".join(maps)
 
 
@@ -541,9 +542,15 @@ def _o_map(ptr: int, layout, dtype: str, esize: int) -> bytes | None:
     """O's TMA descriptor for the persistent kernels' tensor stores (boxes of 64 columns x
     O_STORE_ROWS rows), or None when O's base or strides are not on 16-byte boundaries: the kernel
     tests the same (v3_3_wgmma.cu o_tma_aligned) and stores directly then."""
-    if (ptr | (layout[1][0] | layout[1][1] | layout[1][2]) * esize) % 16:
+    if not _aligned16(ptr, layout[1], esize):
         return None
     return tensor_map(ptr, layout, dtype, esize, (64, O_STORE_ROWS))
+
+
+def stores_o_by_tma(persistent: bool, dtype: str) -> bool:
+    """Whether a kernel stores O through the copy engine and so needs O's map (v3_3_wgmma.cu
+    v3_3_stages_o: the persistent 16-bit kernels, v3.6's walk)."""
+    return persistent and dtype in ("float16", "bfloat16")
 
 
 def tensor_map(ptr, layout, dtype: str, esize: int, box: tuple[int, int], l2_promotion=128) -> bytes:
@@ -740,8 +747,13 @@ def _bhnd(t, layout: str) -> tuple[tuple, tuple]:
 
 def _rows_aligned(t, strides: tuple) -> bool:
     """The kernels copy 16-byte vectors (cp.async, TMA), so rows must start on 16-byte boundaries."""
-    elems = 16 // t.element_size()
-    return t.data_ptr() % 16 == 0 and strides[0] % elems == 0 and strides[1] % elems == 0 and strides[2] % elems == 0
+    return _aligned16(t.data_ptr(), strides, t.element_size())
+
+
+def _aligned16(ptr: int, strides: tuple, esize: int) -> bool:
+    """Whether a (B, H, N, D) view at ptr with these (sb, sh, sn) strides (elements of esize bytes)
+    starts every row on a 16-byte boundary."""
+    return (ptr | (strides[0] | strides[1] | strides[2]) * esize) % 16 == 0
 
 
 def _aligned_copies(tensors, layout: str) -> tuple:
@@ -870,7 +882,7 @@ class _Launch:
                 "float16",
             )
         # O's map (the persistent 16-bit kernels' tensor stores of O, v3_3_wgmma.cu v3_3_stages_o).
-        stores_o = plan.persistent_ctas and plan.tma_offset is not None and dtype in ("float16", "bfloat16")
+        stores_o = plan.tma_offset is not None and stores_o_by_tma(plan.persistent_ctas > 0, dtype)
         self.o_layout = ((B, H, Nq, D), os_) if stores_o else None
         self.maps: dict[tuple[int, ...], bytes] = {}
         # (grid x, grid y, bh_offset) per launch: K/V-outer rungs take B*H in gridDim.x (up to
@@ -887,15 +899,15 @@ class _Launch:
         else:
             self.grids = [(Tr, min(_GRID_Y_MAX, BH - off), off) for off in range(0, BH, _GRID_Y_MAX)]
 
-    def _maps(self, ptrs: tuple[int, ...], layouts, esize: int, o_layout=None) -> bytes:
-        """The TMA descriptors of q, k, v (and with o_layout, O: a fourth pointer) at these
-        pointers (layouts: their (shape, strides) and the dtype), built once per pointers seen; at
+    def _maps(self, ptrs: tuple[int, ...], layouts, esize: int) -> bytes:
+        """The TMA descriptors of q, k, v at these pointers (layouts: their (shape, strides) and
+        the dtype), and of O at a fourth one (self.o_layout's), built once per pointers seen; at
         most 64 kept."""
         maps = self.maps.get(ptrs)
         if maps is None:
             if len(self.maps) >= 64:
                 self.maps.clear()
-            o = None if o_layout is None else (ptrs[3], o_layout)
+            o = (ptrs[3], self.o_layout) if len(ptrs) == 4 else None
             maps = self.maps[ptrs] = _tensor_maps(*ptrs[:3], *layouts, esize, self.plan.Br, self.plan.Bc, o=o)
         return maps
 
@@ -920,11 +932,9 @@ class _Launch:
             ptrs = tuple(halves[j].data_ptr() for j in self.split_maps_of)
             _TMA_PACK(buf.buf, plan.tma_offset, self._maps(ptrs, self.split_maps_layout, 2))
             _PTR_PACK(buf.buf, plan.split_amax_offset, amax.data_ptr())
-        elif self.o_layout is not None:  # the persistent kernels store O through the copy engine too
-            ptrs = (q_ptr, k_ptr, v_ptr, out.data_ptr())
-            _TMA_PACK(buf.buf, plan.tma_offset, self._maps(ptrs, self.maps_layout, q.element_size(), self.o_layout))
-        elif plan.tma_offset is not None:
-            _TMA_PACK(buf.buf, plan.tma_offset, self._maps((q_ptr, k_ptr, v_ptr), self.maps_layout, q.element_size()))
+        elif plan.tma_offset is not None:  # (the persistent kernels store O through the copy engine too)
+            ptrs = (q_ptr, k_ptr, v_ptr) if self.o_layout is None else (q_ptr, k_ptr, v_ptr, out.data_ptr())
+            _TMA_PACK(buf.buf, plan.tma_offset, self._maps(ptrs, self.maps_layout, q.element_size()))
         if plan.persistent_ctas:  # a room field, packed by itself (the buffer is the plan's, per thread)
             _BH_COUNT_PACK(buf.buf, plan.bh_count_offset, self.bh_count)
         # Launch on torch's current stream of the inputs' device.

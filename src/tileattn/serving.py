@@ -493,7 +493,7 @@ def _launch_packed(
     if entry.tensor_maps:  # the v3.3 kernels load through the copy engine (v3.1's by cp.async)
         layouts = [((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs)]
         # v3.6's walk stores O through the copy engine too (v3_3_wgmma.cu v3_3_stages_o)
-        o = (out.data_ptr(), ((B, H, Nq, D), os_)) if entry.persistent else None
+        o = (out.data_ptr(), ((B, H, Nq, D), os_)) if api.stores_o_by_tma(entry.persistent, dtype) else None
         maps = api._tensor_maps(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), *layouts, dtype, q.element_size(), Br, Bc, o=o
         )
