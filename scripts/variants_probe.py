@@ -4,7 +4,9 @@ variant alone (bf16 causal N=8192).  No experiment is compiled in now (earlier o
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined (an experiment's
 switch in the CUDA sources; the kernel cache keys on the options, so every build stays cached).
 `--version v3.6|v3.3|v3.1` runs the variants on that rung's kernel (default: the dispatch's), and
-`--tile D=Br,Bc` (repeatable) runs v3.6's variants kernel at another tile.
+`--tile D=Br,Bc` (repeatable) runs v3.6's variants kernel at another tile.  `--backward` times the
+backward instead: plain causal on the default rung and on bwd_v2, and each variant on
+bwd_v2_variants (the same shapes; the forward's O and lse made once).
 """
 
 import argparse
@@ -18,6 +20,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE], defined in every kernel")
 parser.add_argument("--version", default=None, help="the variants' rung (flash_attn_func's version=)")
 parser.add_argument("--tile", action="append", default=[], help="D=Br,Bc: v3.6's variants kernel at another tile")
+parser.add_argument("--backward", action="store_true", help="time the backward (bwd_v2_variants) instead")
 args = parser.parse_args()
 _nvrtc.EXPERIMENT_DEFINES[:] = args.define
 if _nvrtc.EXPERIMENT_DEFINES:
@@ -63,6 +66,32 @@ def max_error(D, softcap=0.0, alibi=False, window=(-1, 0)):
 
 
 B, H, N = 2, 16, 8192
+
+
+def backward_probe():
+    """ms of the backward alone at the forward probe's shapes: plain causal on the default rung
+    and on bwd_v2 (the variants' loop nest without them), then each variant on bwd_v2_variants,
+    with the ratio of plain bwd_v2's time to it (1.0: the variant costs nothing)."""
+    from tileattn.backward import attention_backward
+
+    for D in (64, 128):
+        q, k, v, dO = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        slopes = torch.rand(H, device="cuda") * 0.1
+        out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+        t = lambda f: bench._time(f, steady=True)
+        bwd = lambda **kw: lambda: attention_backward(q, k, v, out, lse, dO, D**-0.5, "bottom_right", "bnhd", **kw)
+        print(f"D={D} backward, plain causal: default rung {t(bwd()):.3f} ms", flush=True)
+        base = t(bwd(version="bwd_v2"))
+        print(f"  bwd_v2 plain causal                  {base:.3f} ms", flush=True)
+        for name, variants in (("none on", ((-1, 0), 0.0, None)), ("window 4096", ((4096, 0), 0.0, None)),
+                               ("softcap 50", ((-1, 0), 50.0, None)), ("alibi", ((-1, 0), 0.0, slopes))):  # fmt: skip
+            ms = t(bwd(variants=variants))
+            print(f"  bwd_v2_variants {name:20s} {ms:.3f} ms  {base / ms:.3f}x of bwd_v2 plain causal time", flush=True)
+
+
+if args.backward:
+    backward_probe()
+    raise SystemExit
 for D in (64, 128):
     for name, kw in (("plain", {}), ("softcap 5", dict(softcap=5.0)), ("softcap 50", dict(softcap=50.0)),
                      ("alibi", dict(alibi=True)), ("alibi + softcap 5", dict(alibi=True, softcap=5.0)),

@@ -5,14 +5,22 @@ csrc/v3_1_mma.cu): every instantiation compiles without spills to the instructio
 picked per arch, head dim and version, and bad input raises naming the argument (CPU); outputs and
 lse against float64 on both rungs with each variant and all of them crossed with both causal
 alignments and none, Nq != Nk, GQA, N=1, strided inputs, NaN-poisoned outputs, packed sequences
-and B*H past gridDim.y (GPU)."""
+and B*H past gridDim.y, and the gradients (bwd_v2_variants) against float64 autograd (GPU)."""
 
 import numpy as np
 import pytest
 import torch
 
 from tileattn import _nvrtc, flash_attn_func, flash_attn_varlen_func, reference, serving
-from tileattn.testing import assert_serving_output, compile_entry_spill_free, compile_in_parallel, cu_seqlens
+from tileattn.testing import (
+    assert_serving_output,
+    assert_within_torch_error,
+    compile_entry_spill_free,
+    compile_in_parallel,
+    cu_seqlens,
+    poison_allocator,
+    reference_grads,
+)
 from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, V3_6_VARIANTS, VERSIONS
 
 WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS) for i in e.instantiations()]
@@ -160,11 +168,17 @@ def test_variants_bad_input_names_the_argument(change, error, match):
         flash_attn_func(*_cpu(), **change)
 
 
-def test_variants_refuse_inputs_that_require_grad():
-    q, k, v = _cpu()
+@pytest.mark.parametrize("D,deterministic,match", [
+    (40, False, "no backward pass for window_size, softcap or alibi_slopes with float16 at head dim 40"),
+    (64, True, "no deterministic mode"),
+])  # fmt: skip
+def test_variants_refuse_gradients_they_cannot_give(D, deterministic, match):
+    """An input that requires grad where bwd_v2_variants has no instantiation, or with
+    deterministic=True (its dQ adds are atomics), raises before anything runs."""
+    q, k, v = _cpu(D=D)
     q.requires_grad_()
-    with pytest.raises(RuntimeError, match="no backward pass for window_size, softcap or alibi_slopes"):
-        flash_attn_func(q, k, v, window_size=(4, 0))
+    with pytest.raises(RuntimeError, match=match):
+        flash_attn_func(q, k, v, window_size=(4, 0), deterministic=deterministic)
 
 
 def test_which_arguments_are_variants():
@@ -384,6 +398,29 @@ def test_fwd_variants_op_fake_shapes():
     assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (2, 4, 10) and lse.dtype == torch.float32
 
 
+def test_variants_autograd_formula_fake_shapes():
+    """tileattn::fwd_variants' autograd formula (backward.py's setup_context and backward, called
+    as autograd would, with fake tensors and no device): the backward reaches
+    tileattn::bwd_variants, whose fake gives each input's gradient its shape (k and v of fewer
+    heads under GQA), and no argument past v takes a gradient."""
+    import types
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tileattn import backward
+
+    with FakeTensorMode():
+        q = torch.empty(2, 10, 4, 64, dtype=torch.bfloat16, device="cuda")
+        k, v = (torch.empty(2, 12, 2, 64, dtype=torch.bfloat16, device="cuda") for _ in "kv")
+        inputs = (q, k, v, None, 0.125, 2, 5, -1, 1.5, None)
+        output = torch.ops.tileattn.fwd_variants(*inputs[:-1])
+        ctx = types.SimpleNamespace(mark_non_differentiable=lambda *t: None)
+        ctx.save_for_backward = lambda *t: setattr(ctx, "saved_tensors", t)
+        backward._setup_variants_context(ctx, inputs, output)
+        grads = backward._backward_variants(ctx, torch.empty_like(q), None)
+    assert [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape] and grads[3:] == (None,) * 7
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", ["v3.3", "v3.1"])
 def test_variants_under_torch_compile_fullgraph(version):
@@ -406,3 +443,54 @@ def test_variants_under_torch_compile_fullgraph(version):
         eager = f(q, k, v)
         compiled = torch.compile(f, fullgraph=True)(q, k, v)
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+
+
+# ---- gradients (bwd_v2_variants) ---------------------------------------------------------------
+
+
+def _check_variant_grads(dtype, D, B, Nq, Nk, H, H_kv, causal, scale, spec, gen):
+    """flash_attn_func's gradients under the variants of ``spec`` against float64 autograd of the
+    same scores (testing.reference_grads), within twice PyTorch's own error at ``dtype`` plus the
+    floor; the inputs unchanged, the backward's buffers NaN-poisoned first."""
+    q = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    dO = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
+    slopes = _slopes(spec.get("alibi"), B, H, gen)
+    window, softcap = spec.get("window", (-1, -1)), spec.get("softcap", 0.0)
+    inputs = [t.clone() for t in (q, k, v, dO)]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attn_func(*leaves, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
+                          alibi_slopes=slopes)  # fmt: skip
+    poison_allocator(4 * (3 * q.numel() + 3 * k.numel()))
+    out.backward(dO)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, (q, k, v, dO))), "an input was modified"
+    mode = {False: None, True: "bottom_right"}.get(causal, causal)
+    variants = dict(window=window, softcap=softcap, alibi_slopes=slopes)
+    expected = reference_grads(q, k, v, dO, scale, mode, "bnhd", **variants)
+    torch_grads = reference_grads(q, k, v, dO, scale, mode, "bnhd", dtype, **variants)
+    got = [t.grad for t in leaves]
+    assert_within_torch_error(got, expected, torch_grads, str(dtype).removeprefix("torch."))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128, 256])  # bwd_v2's two K/V tiles (Bc = 64; 32 above D = 128)
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+def test_variant_gradients_match_float64(dtype, D, causal, variant):
+    """Each variant and all three, crossed with both causal alignments and none, Nq != Nk (neither
+    a multiple of a tile), GQA 2:1; the forward on the default dense path (v3.6 / v3.3 on Hopper)."""
+    gen = torch.Generator(device="cuda").manual_seed(D + len(variant) + len(str(causal)))
+    _check_variant_grads(dtype, D, 2, 300, 457, 4, 2, causal, D**-0.5, _VARIANTS[variant], gen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("scale", [-0.07, 0.3])
+@pytest.mark.parametrize("Nq,Nk", [(457, 300), (1, 1), (1, 130), (65, 1)])
+def test_variant_gradients_awkward(causal, scale, Nq, Nk):
+    """More queries than keys (bottom-right: early rows see no key, their gradients 0), N = 1, MQA,
+    a negative scale (the forward negates q: the backward negates dq back), all three variants."""
+    gen = torch.Generator(device="cuda").manual_seed(Nq + 7 * Nk)
+    spec = dict(window=(90, 40), softcap=2.0, alibi="BH")
+    _check_variant_grads(torch.float16, 128, 2, Nq, Nk, 4, 1, causal, scale, spec, gen)

@@ -225,6 +225,7 @@ BWD_ARGS: list[tuple[str, str]] = (
     + [("dk_out", "Q"), ("dv_out", "Q"), ("dkv_sb", "q"), ("dkv_sh", "q"), ("dkv_sn", "q")]
     + [("softmax_scale", "f"), ("causal_offset", "i"), ("bh_offset", "i")]
     + [("tail_from", "i"), ("tail_segments", "i"), ("tail_accum", "Q"), ("dq_zero", "i"), ("tail_zero", "i")]
+    + [("window_left", "i"), ("window_right", "i"), ("softcap", "f"), ("alibi_slopes", "Q"), ("alibi_sb", "q")]
 )
 
 

@@ -85,10 +85,11 @@ def flash_attn_func(
             window are skipped.
         softcap: > 0 caps each scaled score s at softcap * tanh(s / softcap) (Gemma 2).
         alibi_slopes: float32 (H,) or (B, H): adds -slope * |p - j| to the scaled score (BLOOM, MPT).
-            The three variants run in fp16/bf16, forward only (an input that requires grad
-            raises): v3.3's variants kernel on Hopper at head dims 64, 128, 192, 256, v3.1's
-            (mma.sync) on sm_80+ at head dims 32, 64, 80, 96, 128, 160, 192, 256 (Hopper's others
-            included).
+            The three variants run in fp16/bf16: v3.6's or v3.3's variants kernel on Hopper at head
+            dims 64, 128, 192, 256, v3.1's (mma.sync) on sm_80+ at head dims 32, 64, 80, 96, 128,
+            160, 192, 256 (Hopper's others included).  Differentiable at bwd_v2's head dims
+            (bwd_v2_variants, mma.sync; not deterministic): an input that requires grad elsewhere,
+            or with deterministic=True, raises.
         version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.  With
             a variant: None, "v3.3" or "v3.1" (the mma.sync variants kernel, also on Hopper).
         return_lse: also return the float32 log-sum-exp of each row, (B, H, Nq); -inf for a row
@@ -120,8 +121,9 @@ def flash_attn_func(
         raise TypeError(f"descale_q, descale_k and descale_v apply to float8_e4m3fn inputs, got q of dtype {q.dtype}")
     if not (type(window_size) is tuple and window_size == (-1, -1)) or softcap or alibi_slopes is not None:
         variants = _variants_call(
-            q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, return_lse
-        )
+            q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, return_lse,
+            deterministic,
+        )  # fmt: skip
         if variants is not None:
             return variants if return_lse else variants[0]
     out, lse = _call(
@@ -146,11 +148,14 @@ def _fp8_call(q, k, v, softmax_scale, mode, version, precision, window_size, sof
     return fp8.attention(q, k, v, scale, mode, "bnhd", descales, with_lse)
 
 
-def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, with_lse):
+def _variants_call(
+    q, k, v, softmax_scale, mode, version, precision, window_size, softcap, alibi_slopes, with_lse, deterministic=False
+):
     """flash_attn_func with a window, softcap or ALiBi: (O, lse) from v3.3's or v3.1's variants
     kernel (serving.attention_variants, through the custom op tileattn::fwd_variants under
-    torch.compile), or None when the arguments amount to none of them (a window as wide as the
-    sequences, softcap 0): then the plain path runs."""
+    torch.compile or when an input requires grad: its autograd formula is backward.py's), or None
+    when the arguments amount to none of them (a window as wide as the sequences, softcap 0): then
+    the plain path runs."""
     from . import serving
 
     _check_rank(q=q, k=k, v=v)
@@ -165,15 +170,12 @@ def _variants_call(q, k, v, softmax_scale, mode, version, precision, window_size
             "window_size, softcap and alibi_slopes run on v3.6, v3.3 or v3.1 (version=None, 'v3.6', 'v3.3' or "
             f"'v3.1', precision=None); got version={version!r}, precision={precision!r}"
         )
-    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
-        raise RuntimeError(
-            "tileattn has no backward pass for window_size, softcap or alibi_slopes yet: the output would silently "
-            "carry no gradient.  Call it under `with torch.no_grad():` for inference, or train with the plain causal "
-            "mask (or torch's SDPA with an explicit mask)."
-        )
+    needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
+    if needs_grad:
+        _check_variants_backward(q, k, v, deterministic)
     _validate(q, k, v, None, None, "bnhd")
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else _scale(softmax_scale, "softmax_scale")
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or needs_grad:
         return torch.ops.tileattn.fwd_variants(q, k, v, slopes, scale, _CAUSAL_CODE[mode], *window, softcap, version)
     return serving.attention_variants(q, k, v, scale, mode, window, softcap, slopes, with_lse, version=version)
 
@@ -249,6 +251,28 @@ def _check_rank(**tensors):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dims, got {t.dim()} (shape {tuple(t.shape)})")
+
+
+def _check_variants_backward(q, k, v, deterministic: bool):
+    """An input requires grad with a window, softcap or ALiBi: bwd_v2_variants must take q's dtype
+    and head dim, and it has no deterministic mode; else the call raises (a gradient is never
+    dropped silently)."""
+    from .versions import BWD_V2_VARIANTS
+
+    dtype, D = _DTYPES.get(q.dtype), q.shape[-1]
+    needing = ", ".join(name for name, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad)
+    if dtype not in BWD_V2_VARIANTS.dtypes or D not in BWD_V2_VARIANTS.tiles:
+        raise RuntimeError(
+            f"tileattn has no backward pass for window_size, softcap or alibi_slopes with {dtype or q.dtype} at head "
+            f"dim {D} (it has one for {' and '.join(BWD_V2_VARIANTS.dtypes)} at head dims "
+            f"{', '.join(map(str, BWD_V2_VARIANTS.tiles))}), but {needing} require grad: the output would silently "
+            "carry no gradient.  Call it under `with torch.no_grad():` for inference."
+        )
+    if deterministic:
+        raise RuntimeError(
+            "tileattn's backward pass for window_size, softcap and alibi_slopes has no deterministic mode (its dQ "
+            f"is added with atomics), but {needing} require grad and deterministic=True was asked for"
+        )
 
 
 def _check_backward_exists(q, k, v):

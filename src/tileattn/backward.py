@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from . import _nvrtc, api
+from . import _nvrtc, api, serving
 from ._params import BWD_ARGS
-from .versions import BWD_DQ_CONVERT, BWD_PRE_ROWS, BWD_PREPROCESS, BWD_VERSIONS
+from .versions import BWD_DQ_CONVERT, BWD_PRE_ROWS, BWD_PREPROCESS, BWD_V2_VARIANTS, BWD_VERSIONS
 
 
 def attention_backward(
@@ -31,6 +31,7 @@ def attention_backward(
     deterministic: bool = False,
     float32_grads: bool = False,
     precision: str | None = None,
+    variants: tuple | None = None,
 ):
     """dq, dk, dv of attention(q, k, v) for the upstream gradient ``dout``, given the forward's
     ``out`` and ``lse`` ((B, H, Nq) float32).  All in ``layout`` ("bnhd" or "bhnd"), dq like q,
@@ -39,10 +40,20 @@ def attention_backward(
     summed by torch, so two calls give bitwise-identical gradients (bwd_common.cuh).
     float32_grads: return the float32 accumulators (for a caller that sums several calls' gradients,
     as the ring of tileattn.distributed does) instead of rounding them to the inputs' dtype.
-    precision: the forward's (FP32 inputs): "tf32" picks, and is needed by, the TF32 rung."""
+    precision: the forward's (FP32 inputs): "tf32" picks, and is needed by, the TF32 rung.
+    variants: the forward's score variants as the kernels take them, ((left, right), softcap,
+    alibi_slopes) from serving._variants with softcap through serving._kernel_softcap, and
+    softmax_scale >= 0 (a negative one: the caller negates q and dq): bwd_v2_variants runs."""
     dtype, (B, H, Nq, D), _, (_, H_kv, Nk, _), _, _, device_index = api._validate(q, k, v, None, None, layout)
-    name = version or default_rung(dtype, D, deterministic, device_index, precision)
-    entry = BWD_VERSIONS[name]
+    if variants is not None:
+        # (no deterministic mode: a window's K/V blocks do not all add into a Q block from j = 0,
+        # which dq_semaphore's ordered adds wait for)
+        if deterministic:
+            raise ValueError("the score variants' backward (bwd_v2_variants) has no deterministic mode")
+        name, entry = BWD_V2_VARIANTS.name, BWD_V2_VARIANTS
+    else:
+        name = version or default_rung(dtype, D, deterministic, device_index, precision)
+        entry = BWD_VERSIONS[name]
     if dtype not in entry.dtypes or D not in entry.tiles:
         raise ValueError(
             f"backward rung {name!r} takes {entry.dtypes} at head dims {entry.head_dims}, got {dtype} D={D}"
@@ -90,7 +101,9 @@ def attention_backward(
         )
     if launched:
         Di = torch.empty((B, H, Nq), **f32)
-        offset = 0 if causal != "bottom_right" else Nk - Nq
+        # The forward's alignment: the variants place rows at i + Nk - Nq without a causal mask too.
+        offset = 0 if causal == "top_left" or (causal is None and variants is None) else Nk - Nq
+        (left, right), softcap, slopes = variants if variants is not None else ((-1, -1), 0.0, None)
         tail = _tail_plan(entry, causal, deterministic, direct or H != H_kv, B * H, Nq, Nk, Br, Bc, device_index)
         # The tail's parts add dK, dV into a float32 [dK | dV] tile a K/V block, then one int count
         # each (bwd_tail_finish), zeroed by the D_i kernel (its length rounded up to whole float4s).
@@ -100,7 +113,8 @@ def attention_backward(
                 Di.data_ptr(), dq_acc.data_ptr(), *acc_ptrs, 0 if semaphore is None else semaphore.data_ptr(),
                 0 if split_amax is None else split_amax.data_ptr(), Nq, Nk, H, H // H_kv,
                 *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields, softmax_scale, offset, 0, 0, 0,
-                tail_acc.data_ptr(), dq_acc[0, 0].numel(), tail_acc.numel()]
+                tail_acc.data_ptr(), dq_acc[0, 0].numel(), tail_acc.numel(),
+                left, right, softcap, 0 if slopes is None else slopes.data_ptr(), serving._alibi_stride(slopes)]
         # fmt: on
         stream = api._current_stream(device_index)
         # D_i over query rows (its CAUSAL template argument is unused: one instantiation), then the
@@ -273,3 +287,56 @@ def _backward(ctx, dout, _dlse):
 
 
 api._fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("tileattn::bwd_variants", mutates_args=(), device_types="cuda")
+def _bwd_variants_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    alibi_slopes: torch.Tensor | None,
+    softmax_scale: float,
+    causal: int,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tileattn::bwd_variants: the gradients of tileattn::fwd_variants (its arguments, then O, lse,
+    dO as tileattn::bwd's) by bwd_v2_variants; dq, dk, dv contiguous in flash-attn's layout."""
+    mode = api._CAUSAL_OF_CODE[causal]
+    B, Nq, H, _ = q.shape
+    window, softcap, slopes = serving._variants(
+        (window_left, window_right), softcap, alibi_slopes, mode is not None, B, H, Nq + k.shape[1], q.device
+    )
+    negate = softmax_scale < 0  # the forward ran on -q at |scale| (serving._prepare_scale_and_rows)
+    scale = abs(softmax_scale)
+    variants = (window, serving._kernel_softcap(softcap, scale), slopes)
+    dq, dk, dv = attention_backward(-q if negate else q, k, v, out, lse, dout, scale, mode, "bnhd", variants=variants)
+    return (-dq if negate else dq), dk, dv
+
+
+@_bwd_variants_op.register_fake
+def _(q, k, v, out, lse, dout, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v))
+
+
+def _setup_variants_context(ctx, inputs, output):
+    q, k, v, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap, _version = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
+    ctx.args = (softmax_scale, causal, window_left, window_right, softcap)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_variants(ctx, dout, _dlse):
+    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    dq, dk, dv = torch.ops.tileattn.bwd_variants(q, k, v, out, lse, dout, alibi_slopes, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+serving._fwd_variants_op.register_autograd(_backward_variants, setup_context=_setup_variants_context)

@@ -177,15 +177,78 @@ def reference(q, k, v, softmax_scale: float, causal: str | None):
     return P @ v, lse
 
 
-def reference_grads(q, k, v, dO, softmax_scale: float, causal: str | None, layout: str = "bhnd", dtype=None):
+# The floor under "2x PyTorch's own error", on RMS errors: a part relative to the gradient's RMS
+# and an absolute part for exact gradients of 0 (N=1: dq = dk = 0; PyTorch's math backward gets 0
+# exactly, FA2's dS = P (dP - D_i) gets the rounding of dO.v - dO.O).  The relative part is what
+# FA2's backward inherits from the forward, which PyTorch's math backward does not: P rebuilt as
+# exp(S - lse) from a float32 lse (~|lse| 6e-8) and D_i = rowsum(dO O) from the forward's O
+# (~2e-6 relative in FP32), whose error reaches dS = P (dP - D_i) undivided; at scale 0.7, D=128
+# (logits of ~8 standard deviations) dq's error measured 2e-5 of its RMS on an H200.  The absolute
+# part grows with the head dim (dO.v - dO.O sums D products): at N=1, D=128 dq's RMS error
+# measured 1.06e-6 on an H200 (9b67c3a) for an exact 0, so FP32's is 4e-6.
+FLOOR = {"float32": (5e-5, 4e-6), "float16": (1e-3, 1e-4), "bfloat16": (1e-3, 1e-4)}  # relative, absolute
+
+
+def rms(x) -> float:
+    return (x.double().norm() / max(x.numel(), 1) ** 0.5).item()
+
+
+def assert_within_torch_error(got, expected, torch_grads, dtype: str, what: str = ""):
+    """Each of dq, dk, dv has the inputs' dtype and shape, no NaN, and an RMS error vs float64 at
+    most twice PyTorch's math backward's at the same precision, plus FLOOR (issue 11)."""
+    for name, g, e, r in zip(("dq", "dk", "dv"), got, expected, torch_grads):
+        assert g.shape == e.shape and g.dtype == getattr(torch, dtype), f"{what}{name}: {g.shape} {g.dtype}"
+        assert not g.isnan().any(), f"{what}{name} has NaN"
+        err, torch_err = rms(g.double() - e), rms(r.double() - e)
+        rel, absolute = FLOOR[dtype]
+        limit = 2 * torch_err + rel * rms(e) + absolute
+        assert err <= limit, f"{what}{name}: RMS error {err:.2e}, PyTorch's {torch_err:.2e}, limit {limit:.2e}"
+
+
+def poison_allocator(nbytes: int):
+    """Fill memory the caching allocator will hand out next with NaN, so a buffer the backward
+    allocates (D_i, the converted gradients) and a kernel fails to write shows up as NaN."""
+    torch.empty(nbytes // 4 + 1, device="cuda").fill_(float("nan"))
+
+
+def _score_variants(S, causal: str | None, window, softcap: float, alibi_slopes):
+    """flash_attn_func's score variants on (B, H, Nq, Nk) scaled scores S (-inf where the causal
+    mask hides a key): row i at position p = i + offset (0 top-left, else Nk - Nq, also without a
+    causal mask), softcap * tanh(S / softcap), then -slope |p - j|, then keys outside [p - left,
+    p + right] hidden."""
+    Nq, Nk = S.shape[-2:]
+    pos = torch.arange(Nq, device=S.device)[:, None] + (0 if causal == "top_left" else Nk - Nq)
+    key = torch.arange(Nk, device=S.device)[None, :]
+    hidden = torch.isinf(S)
+    if softcap:
+        S = softcap * torch.tanh(S / softcap)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(S.device, S.dtype)
+        slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
+        S = S - slopes * (pos - key).abs().to(S.dtype)
+    left, right = window
+    if left >= 0:
+        hidden = hidden | (key < pos - left)
+    if right >= 0 and causal is None:
+        hidden = hidden | (key > pos + right)
+    return S.masked_fill(hidden, -math.inf)
+
+
+def reference_grads(
+    q, k, v, dO, softmax_scale: float, causal: str | None, layout: str = "bhnd", dtype=None,
+    window=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+):  # fmt: skip
     """(dq, dk, dv) by autograd of PyTorch's math attention, in the tensors' layout ("bhnd" or
     "bnhd"): in float64 (dtype None, the ground truth) or in ``dtype`` with the softmax in at
     least float32, as SDPA's math backend computes it (PyTorch's own error at that precision).
-    GQA by repeating k/v heads; a row that sees no key gets gradient 0 (masked_fill's backward)."""
+    GQA by repeating k/v heads; a row that sees no key gets gradient 0 (masked_fill's backward).
+    window, softcap, alibi_slopes: flash_attn_func's score variants (_score_variants)."""
     t = [x.detach().to(dtype or torch.float64).requires_grad_() for x in (q, k, v)]
     qq, kk, vv = (x.transpose(1, 2) for x in t) if layout == "bnhd" else t
     kk, vv = _expand_kv(qq, kk, vv)
     S = _scores(qq, kk, softmax_scale, causal, torch.promote_types(qq.dtype, torch.float32))
+    if tuple(window) != (-1, -1) or softcap or alibi_slopes is not None:
+        S = _score_variants(S, causal, window, softcap, alibi_slopes)
     O = torch.softmax(S, dim=-1).nan_to_num(0.0).to(vv.dtype) @ vv
     O = O.transpose(1, 2) if layout == "bnhd" else O
     O.backward(dO.to(O.dtype))

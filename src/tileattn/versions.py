@@ -878,10 +878,23 @@ V3_5_VT = KernelEntry(
 PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
+# The gradients of the score variants (a sliding window, softcap, ALiBi): bwd_v2's body with the
+# forward's scores rebuilt (bwd_common.cuh frag_p_ds_variants), for flash_attn_func's variants
+# path (backward.attention_backward's `variants`).  Not a rung of the ladder: the same loop nest.
+BWD_V2_VARIANTS = dataclasses.replace(
+    BWD_VERSIONS["bwd_v2"],
+    name="bwd_v2_variants",
+    kernel="bwd_v2_variants",
+    summary="bwd_v2 with the forward's window, softcap (tanh's derivative on dS) and ALiBi",
+    # bwd_v2's spills at D = 96 .. 128 and 224, 256 (255 registers), a little more at 96 .. 128
+    # (the variants' constants live beside dK_j, dV_j, S and dP; NVRTC 13.0, sm_80 and sm_90).
+    spill_bytes={96: 32, 112: 40, 128: 36, 224: 16, 256: 48},
+)
+
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
     e.name: e
     for e in (
-        *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_DQ_CONVERT, SPLIT_BLOCKS),
+        *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, BWD_DQ_CONVERT, SPLIT_BLOCKS),
         *(*DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT),
     )
 }

@@ -47,7 +47,10 @@ namespace tileattn {
   X(const long long, dkv_sb) SEP X(const long long, dkv_sh) SEP X(const long long, dkv_sn) SEP \
   X(const float, softmax_scale) SEP X(const int, causal_offset) SEP X(const int, bh_offset) SEP \
   X(const int, tail_from) SEP X(const int, tail_segments) SEP X(float* __restrict__, tail_accum) SEP \
-  X(const int, dq_zero) SEP X(const int, tail_zero)
+  X(const int, dq_zero) SEP X(const int, tail_zero) SEP                                   \
+  /* the score variants (bwd_v2_variants; the forward's fields of the same names, common.cuh) */ \
+  X(const int, window_left) SEP X(const int, window_right) SEP X(const float, softcap) SEP \
+  X(const float* __restrict__, alibi_slopes) SEP X(const long long, alibi_sb)
 
 #define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
 #define TILEATTN_BWD_ARGS TILEATTN_BWD_FIELDS(TILEATTN_NAME_, TILEATTN_COMMA_)  // (a shared body's call)
@@ -241,6 +244,54 @@ __device__ __forceinline__ void frag_p_ds(float (&S)[NT][4], float (&dP)[NT][4],
         dP[nt][2 * hh + e] = p * (dP[nt][2 * hh + e] - di);
       }
   }
+}
+
+// frag_p_ds under the score variants (bwd_v2_variants): the forward's scores rebuilt from the raw
+// S = Q K^T with head_variants's constants (the units of fragment_variants: softcap's tanh(S s /
+// c), ALiBi's -slope |pos - key| over s or c), weighted with the forward's lse, and masked to the
+// window, the causal diagonal and Nk.  Rows sit at positions pos = row + offset (causal_offset,
+// the forward's alignment).  dS is taken back through the softcap: d(c tanh(S s / c)) / dS =
+// s (1 - tanh^2), the factor s being the caller's (as for plain scores), so dS = P (dP - D_i)
+// (1 - tanh^2) here, tanh and P computed in one pass (no second fragment of tanh values live).
+template <bool CAUSAL, int NT>
+__device__ __forceinline__ void frag_p_ds_variants(float (&S)[NT][4], float (&dP)[NT][4], const float* lse_i,
+                                                   const float* Di_i, const ScoreVariants& var, int warp_row0,
+                                                   int q_start, int kv_start, int Nk, int offset, float exp_scale,
+                                                   int g, int t) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = warp_row0 + 8 * hh + g, pos = q_start + r + offset;
+    const float l = lse_i[r], m = l * TILEATTN_LOG2E, di = Di_i[r];
+    const int kend = l == TILEATTN_NEG_INF ? 0 : key_end<CAUSAL>(q_start + r, Nk, offset);
+    const int lo = var.left >= 0 ? pos - var.left : 0, hi = var.right >= 0 ? pos + var.right : Nk - 1;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = kv_start + 8 * nt + 2 * t + e;
+        float x = S[nt][2 * hh + e], tanh_x = 0.0f;
+        if (var.softcap) x = tanh_x = tanh_approx(x * var.inv_cap_s);
+        if (var.alibi) x = fmaf(-var.slope_s, fabsf(static_cast<float>(pos - key)), x);
+        const bool seen = key < kend && key >= lo && key <= hi;
+        const float p = seen ? exp2_ftz(fmaf(x, exp_scale, -m)) : 0.0f;
+        float ds = p * (dP[nt][2 * hh + e] - di);
+        if (var.softcap) ds *= 1.0f - tanh_x * tanh_x;
+        S[nt][2 * hh + e] = p;
+        dP[nt][2 * hh + e] = ds;
+      }
+  }
+}
+
+// The Q blocks [q_begin, q_end) a K/V block of keys kv_start .. kv_start + Bc - 1 is seen from
+// under the variants' window (rows i at positions i + offset see keys pos - left .. pos + right),
+// within the causal range first_q_start .. Nq.
+template <bool CAUSAL, int Br, int Bc>
+__device__ __forceinline__ void variants_q_range(const ScoreVariants& var, int kv_start, int offset, int Nq,
+                                                 int& q_begin, int& q_end) {
+  q_begin = first_q_start<CAUSAL, Br>(kv_start, offset);
+  q_end = Nq;
+  if (var.right >= 0) q_begin = max(q_begin, max(0, kv_start - offset - var.right) / Br * Br);
+  if (var.left >= 0) q_end = min(Nq, max(0, kv_start + Bc + var.left - offset));
 }
 
 // The end of a K/V block: its dK (already scaled) and dV values at (key, column) of query head h.

@@ -37,8 +37,11 @@ __host__ __device__ constexpr int bwd_v2_smem(int D, int Br, int Bc) {
   return (2 * Bc * D + 2 * Br * D + 2 * Br * Bc) * 2 + 2 * Br * 4;
 }
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(T)) {
+// VARIANTS (bwd_v2_variants): the gradients of the forward's score variants (a sliding window,
+// softcap, ALiBi: the window_left .. alibi_sb fields), the K/V block's Q blocks cut to the window
+// (variants_q_range) and P, dS by frag_p_ds_variants.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS>
+__device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
   static_assert(sizeof(T) == 2, "bwd_v2 takes 16-bit (fp16 / bf16) inputs");
   static_assert(Br == 64 && (Bc == 64 || Bc == 32), "four warps: 16 query rows each in steps 2-3");
   constexpr int NTHREADS = BWD_V2_THREADS, KSTEPS = HEAD_DIM / 16, NT = Bc / 8, DT = HEAD_DIM / 8;
@@ -92,7 +95,13 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
     for (int e = 0; e < 4; ++e) dK[dt][e] = dV[dt][e] = 0.0f;
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
-  for (int q_start = first_q_start<CAUSAL, Br>(kv_start, causal_offset); q_start < Nq; q_start += Br) {
+  int q_begin = first_q_start<CAUSAL, Br>(kv_start, causal_offset), q_end = Nq;
+  ScoreVariants var{};
+  if constexpr (VARIANTS) {  // (the host passes softmax_scale >= 0: a negative one negated q)
+    var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b, h, window_left, window_right);
+    variants_q_range<CAUSAL, Br, Bc>(var, kv_start, causal_offset, Nq, q_begin, q_end);
+  }
+  for (int q_start = q_begin; q_start < q_end; q_start += Br) {
     __syncthreads();  // the previous Q block's tiles are no longer read
     // 1. Qi, dOi, lse_i, D_i.
     tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(Qs, q_bh, q_sn, q_start, Nq, tid);
@@ -124,7 +133,11 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
       }
     }
     // P and dS in place (S becomes P, dP becomes dS).
-    frag_p_ds<CAUSAL>(S, dP, lse_s, Di_s, 16 * warp, q_start, kv_start, Nk, causal_offset, scale_log2, g, t);
+    if constexpr (VARIANTS)
+      frag_p_ds_variants<CAUSAL>(S, dP, lse_s, Di_s, var, 16 * warp, q_start, kv_start, Nk, causal_offset,
+                                 exp_scale_log2(var, folded_scale_log2(softmax_scale)), g, t);
+    else
+      frag_p_ds<CAUSAL>(S, dP, lse_s, Di_s, 16 * warp, q_start, kv_start, Nk, causal_offset, scale_log2, g, t);
 
     // 3. P and dS to shared memory (this warp's rows), dS as the A fragments of dS Kj.
     unsigned ds_frag[Bc / 16][4];
@@ -217,6 +230,16 @@ __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(
   }
 }
 
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(T)) {
+  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, false>(TILEATTN_BWD_ARGS);
+}
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2_variants(TILEATTN_BWD_PARAMS(T)) {
+  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, true>(TILEATTN_BWD_ARGS);
+}
+
 TILEATTN_SMEM_BYTES(bwd_v2, bwd_v2_smem(HEAD_DIM, Br, Bc));
+TILEATTN_SMEM_BYTES(bwd_v2_variants, bwd_v2_smem(HEAD_DIM, Br, Bc));
 
 }  // namespace tileattn
