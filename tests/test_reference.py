@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from tileattn.reference import (
     attention_backward_naive,
     attention_backward_tiled,
+    attention_backward_variants_tiled,
     attention_naive,
     attention_serving,
     attention_split_kv,
@@ -15,6 +16,7 @@ from tileattn.reference import (
     kv_block_range,
     packed_tile_schedule,
     paged_kv,
+    variants_q_range,
 )
 
 
@@ -161,6 +163,81 @@ def test_backward_references_match_autograd(Nq, Nk, D, causal, group, scale, see
     for name, e, n, t in zip(("dQ", "dK", "dV"), expected, naive, tiled):
         np.testing.assert_allclose(n, e, rtol=1e-9, atol=1e-10, err_msg=name)
         np.testing.assert_allclose(t, e, rtol=1e-9, atol=1e-10, err_msg=name)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    Nq=st.integers(1, 150),
+    Nk=st.integers(1, 150),
+    causal=st.sampled_from([None, "top_left", "bottom_right"]),
+    left=st.sampled_from([-1, 0, 3, 40]),
+    right=st.sampled_from([-1, 0, 5, 70]),
+    softcap=st.sampled_from([0.0, 2.0, 30.0]),
+    alibi=st.sampled_from([None, "H", "BH"]),
+    group=st.sampled_from([1, 2]),
+    scale=st.sampled_from([0.3, 0.0, 1.1]),
+    tile=st.sampled_from([(64, 64), (64, 32)]),  # bwd_v2's Br, Bc (Bc = 32 above D = 128)
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_backward_variants_loop_nest_matches_autograd(
+    Nq, Nk, causal, left, right, softcap, alibi, group, scale, tile, seed
+):
+    """bwd_v2_variants' loop nest (K/V blocks visiting only the Q blocks their window reaches,
+    the forward's scores rebuilt, softcap's 1 - tanh^2 on dS) against float64 autograd of the same
+    scores (testing.reference_grads), with GQA, rows that see no key and a scale of 0."""
+    import torch
+
+    from tileattn.testing import reference_grads
+
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((2, 2 * group, Nq, 16))
+    k, v = (rng.standard_normal((2, 2, Nk, 16)) for _ in range(2))
+    dO = rng.standard_normal(q.shape)
+    slopes = {None: None, "H": 2.0 ** -np.arange(1, 2 * group + 1), "BH": rng.random((2, 2 * group))}[alibi]
+    offset = 0 if causal == "top_left" else None
+    O, lse = attention_serving(q, k, v, scale, causal is not None, (left, right), softcap, slopes, offset)
+    Br, Bc = tile
+    got = attention_backward_variants_tiled(q, k, v, O, lse, dO, scale, causal, (left, right), softcap, slopes, Br, Bc)
+    t = lambda x: torch.from_numpy(np.ascontiguousarray(x))
+    expected = reference_grads(
+        t(q), t(k), t(v), t(dO), scale, causal, window=(left, right), softcap=softcap,
+        alibi_slopes=None if slopes is None else t(slopes),
+    )  # fmt: skip
+    for name, g, e in zip(("dQ", "dK", "dV"), got, expected):
+        np.testing.assert_allclose(g, e.numpy(), rtol=1e-9, atol=1e-10, err_msg=name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kv_block=st.integers(0, 6),
+    Bc=st.sampled_from([32, 64]),
+    Nq=st.integers(1, 400),
+    offset=st.integers(-300, 300),
+    causal=st.booleans(),
+    left=st.sampled_from([-1, 0, 1, 63, 64, 65, 130]),
+    right=st.sampled_from([-1, 0, 1, 63, 64, 130]),
+)
+def test_variants_q_range_visits_exactly_the_blocks_some_row_sees(kv_block, Bc, Nq, offset, causal, left, right):
+    """bwd_v2_variants' Q-block range of a K/V block: a visited Q block may hold no row that sees
+    the block only below q_begin's rounding (its first block) or past q_end's cut (none), and
+    every Q block holding such a row is visited."""
+    Br, kv_start = 64, kv_block * Bc
+    q_begin, q_end = variants_q_range(kv_start, Nq, offset, causal, left, right, Br, Bc)
+    pos = np.arange(Nq)[:, None] + offset
+    key = kv_start + np.arange(Bc)[None, :]
+    seen = np.ones((Nq, Bc), bool)
+    if causal:
+        seen &= key <= pos
+    if left >= 0:
+        seen &= key >= pos - left
+    if right >= 0 and not causal:
+        seen &= key <= pos + right
+    rows_seeing = np.flatnonzero(seen.any(axis=1))
+    visited = set(range(q_begin, q_end, Br))
+    assert {r // Br * Br for r in rows_seeing} <= visited
+    assert q_begin % Br == 0 and all(r < q_end for r in rows_seeing)
+    if len(rows_seeing):  # no visited block lies wholly past the last row that sees the block
+        assert q_end <= Nq and (q_end - 1) // Br * Br <= rows_seeing[-1] // Br * Br
 
 
 def test_backward_rows_without_keys_get_zero_gradient():

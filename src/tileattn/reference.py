@@ -238,6 +238,67 @@ def attention_backward_tiled(q, k, v, O, lse, dO, softmax_scale=None, causal=Non
     return dQ, _reduce_groups(dK, H_kv), _reduce_groups(dV, H_kv)
 
 
+def variants_q_range(kv_start, Nq, offset, causal, left, right, Br, Bc):
+    """bwd_common.cuh's variants_q_range: [q_begin, q_end) covering the Q blocks (from q_begin, a
+    multiple of Br) whose rows (at positions i + offset) see a key of kv_start .. kv_start + Bc - 1
+    under the causal mask and the window (left, right; right unused under the causal mask)."""
+    q_begin = max(0, kv_start - offset) // Br * Br if causal else 0
+    q_end = Nq
+    if right >= 0 and not causal:
+        q_begin = max(q_begin, max(0, kv_start - offset - right) // Br * Br)
+    if left >= 0:
+        q_end = min(Nq, max(0, kv_start + Bc + left - offset))
+    return q_begin, q_end
+
+
+def attention_backward_variants_tiled(
+    q, k, v, O, lse, dO, softmax_scale, causal=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, Br=64, Bc=64
+):
+    """bwd_v2_variants' loop nest (csrc/bwd_v2_mma.cu, bwd_common.cuh) in float64: the gradients
+    of attention_serving's scores, flash_attn_func's alignment (row i at position p = i + offset,
+    offset 0 top-left, else Nk - Nq, also without a causal mask).  Each K/V block visits only the
+    Q blocks whose rows see one of its keys (variants_q_range: the right edge without a causal
+    mask, the left edge always), rebuilds P = exp(score - lse) of the forward's score (softcap c
+    tanh(s S / c), then -slope |p - j|, keys outside the window, the causal mask and Nk at 0), and
+    takes dS = P (dP - D_i) back through the softcap: times 1 - tanh^2 (s with dQ's, dK's scale)."""
+    q, k, v, O, dO, lse = (np.asarray(t, dtype=np.float64) for t in (q, k, v, O, dO, lse))
+    H_kv = k.shape[1]
+    k_, v_ = _expand_kv(q, k, v)
+    B, H, Nq, D = q.shape
+    Nk = k_.shape[2]
+    offset = 0 if causal == "top_left" else Nk - Nq
+    left, right = window[0], (-1 if causal else window[1])
+    slopes = None if alibi_slopes is None else np.broadcast_to(np.asarray(alibi_slopes, np.float64), (B, H))
+    Di = (dO * O).sum(axis=-1)
+    dQ, dK, dV = np.zeros_like(q), np.zeros_like(k_), np.zeros_like(v_)
+    for kv_start in range(0, Nk, Bc):
+        cols = np.arange(kv_start, min(kv_start + Bc, Nk))
+        Kj, Vj = k_[:, :, cols], v_[:, :, cols]
+        for q_start in range(*variants_q_range(kv_start, Nq, offset, causal, left, right, Br, Bc), Br):
+            rows = np.arange(q_start, min(q_start + Br, Nq))
+            Qi, dOi = q[:, :, rows], dO[:, :, rows]
+            x = (Qi @ np.swapaxes(Kj, -1, -2)) * softmax_scale
+            if softcap > 0:
+                tanh_x = np.tanh(x / softcap)
+                x = softcap * tanh_x
+            dist = rows[:, None] + offset - cols[None, :]  # p - j
+            if slopes is not None:
+                x = x - slopes[:, :, None, None] * np.abs(dist)
+            seen = np.ones(dist.shape, bool) if not causal else dist >= 0
+            if left >= 0:
+                seen &= dist <= left
+            if right >= 0:
+                seen &= dist >= -right
+            P = np.where(seen, _probabilities(np.where(seen, x, 0.0), lse[:, :, rows]), 0.0)
+            dV[:, :, cols] += np.swapaxes(P, -1, -2) @ dOi
+            dS = P * (dOi @ np.swapaxes(Vj, -1, -2) - Di[:, :, rows, None])
+            if softcap > 0:
+                dS = dS * (1.0 - tanh_x**2)
+            dQ[:, :, rows] += softmax_scale * (dS @ Kj)
+            dK[:, :, cols] += softmax_scale * (np.swapaxes(dS, -1, -2) @ Qi)
+    return dQ, _reduce_groups(dK, H_kv), _reduce_groups(dV, H_kv)
+
+
 # ---- serving (issue 12): window, softcap, ALiBi, variable-length batches, paged KV caches -------
 # flash-attn's conventions, so that its users' arguments mean the same here.  Positions are
 # bottom-right aligned: query i of Nq and key j of Nk are at distance i + Nk - Nq - j.
