@@ -477,16 +477,18 @@ def _check_variant_grads(dtype, D, B, Nq, Nk, H, H_kv, causal, scale, spec, gen)
 @pytest.mark.parametrize("D", [64, 128, 256])  # bwd_v2's two K/V tiles (Bc = 64; 32 above D = 128)
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("variant", list(_VARIANTS))
-def test_variant_gradients_match_float64(dtype, D, causal, variant):
+@pytest.mark.parametrize("H_kv", [4, 2])
+def test_variant_gradients_match_float64(dtype, D, causal, variant, H_kv):
     """Each variant and all three, crossed with both causal alignments and none, Nq != Nk (neither
-    a multiple of a tile), GQA 2:1; the forward on the default dense path (v3.6 / v3.3 on Hopper)."""
-    gen = torch.Generator(device="cuda").manual_seed(D + len(variant) + len(str(causal)))
-    _check_variant_grads(dtype, D, 2, 300, 457, 4, 2, causal, D**-0.5, _VARIANTS[variant], gen)
+    a multiple of a tile), MHA (dK, dV written straight into the poisoned gradients, K/V blocks no
+    row sees included) and GQA 2:1; the forward on the default dense path (v3.6 / v3.3 on Hopper)."""
+    gen = torch.Generator(device="cuda").manual_seed(D + len(variant) + len(str(causal)) + H_kv)
+    _check_variant_grads(dtype, D, 2, 300, 457, 4, H_kv, causal, D**-0.5, _VARIANTS[variant], gen)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
-@pytest.mark.parametrize("scale", [-0.07, 0.3])
+@pytest.mark.parametrize("scale", [-0.07, 0.3, 0.0])
 @pytest.mark.parametrize("Nq,Nk", [(457, 300), (1, 1), (1, 130), (65, 1)])
 def test_variant_gradients_awkward(causal, scale, Nq, Nk):
     """More queries than keys (bottom-right: early rows see no key, their gradients 0), N = 1, MQA,

@@ -48,8 +48,8 @@ def attention_backward(
     if variants is not None:
         # (no deterministic mode: a window's K/V blocks do not all add into a Q block from j = 0,
         # which dq_semaphore's ordered adds wait for)
-        if deterministic:
-            raise ValueError("the score variants' backward (bwd_v2_variants) has no deterministic mode")
+        if deterministic or version is not None:
+            raise ValueError("the score variants' backward is bwd_v2_variants, without a deterministic mode")
         name, entry = BWD_V2_VARIANTS.name, BWD_V2_VARIANTS
     else:
         name = version or default_rung(dtype, D, deterministic, device_index, precision)
