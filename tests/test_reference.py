@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 from tileattn.reference import (
     attention_backward_naive,
     attention_backward_tiled,
-    attention_backward_variants_tiled,
     attention_naive,
     attention_serving,
     attention_split_kv,
@@ -197,7 +196,22 @@ def test_backward_variants_loop_nest_matches_autograd(
     offset = 0 if causal == "top_left" else None
     O, lse = attention_serving(q, k, v, scale, causal is not None, (left, right), softcap, slopes, offset)
     Br, Bc = tile
-    got = attention_backward_variants_tiled(q, k, v, O, lse, dO, scale, causal, (left, right), softcap, slopes, Br, Bc)
+    got = attention_backward_tiled(
+        q,
+        k,
+        v,
+        O,
+        lse,
+        dO,
+        scale,
+        causal,
+        Br,
+        Bc,
+        np.float64,
+        window=(left, right),
+        softcap=softcap,
+        alibi_slopes=slopes,
+    )
     t = lambda x: torch.from_numpy(np.ascontiguousarray(x))
     expected = reference_grads(
         t(q), t(k), t(v), t(dO), scale, causal, window=(left, right), softcap=softcap,

@@ -196,48 +196,6 @@ def attention_backward_naive(q, k, v, dO, softmax_scale=None, causal=None):
     return dQ, _reduce_groups(dK, H_kv), _reduce_groups(dV, H_kv)
 
 
-def attention_backward_tiled(q, k, v, O, lse, dO, softmax_scale=None, causal=None, Br=64, Bc=64, dtype=np.float32):
-    """FlashAttention-2's backward loop nest, block by block, in ``dtype``: first D_i =
-    rowsum(dO * O) per query row (the preprocessing kernel), then K/V blocks outer (one thread
-    block each: dK_j, dV_j stay on chip and are written once), Q blocks inner (P rebuilt from the
-    forward's lse, no N x N matrix anywhere), dQ accumulated across K/V blocks (atomics on the
-    GPU, an in-order sum here).  Causal: Q blocks entirely above the diagonal are skipped and the
-    block that straddles it is masked.  Returns (dQ, dK, dV) like ``attention_backward_naive``."""
-    q, k, v, O, dO = (np.asarray(t, dtype=dtype) for t in (q, k, v, O, dO))
-    lse = np.asarray(lse, dtype=dtype)
-    H_kv = k.shape[1]
-    k_, v_ = _expand_kv(q, k, v)
-    B, H, Nq, D = q.shape
-    Nk = k_.shape[2]
-    scale = dtype(1.0 / np.sqrt(D) if softmax_scale is None else softmax_scale)
-    offset = causal_offset(Nq, Nk, causal)
-    Di = (dO * O).sum(axis=-1)  # (B, H, Nq)
-    dQ = np.zeros((B, H, Nq, D), dtype)
-    dK = np.zeros((B, H, Nk, D), dtype)
-    dV = np.zeros((B, H, Nk, D), dtype)
-    for kv_start in range(0, Nk, Bc):  # K/V blocks: the outer loop, one thread block each
-        cols = np.arange(kv_start, min(kv_start + Bc, Nk))
-        Kj, Vj = k_[:, :, cols], v_[:, :, cols]
-        dKj = np.zeros_like(Kj)
-        dVj = np.zeros_like(Vj)
-        # Causal: the first query row that sees key kv_start is kv_start - offset.
-        q_first = 0 if offset is None else max(0, kv_start - offset)
-        for q_start in range(q_first // Br * Br, Nq, Br):
-            rows = np.arange(q_start, min(q_start + Br, Nq))
-            Qi, dOi = q[:, :, rows], dO[:, :, rows]
-            S = (Qi @ np.swapaxes(Kj, -1, -2)) * scale
-            if offset is not None and kv_start + Bc - 1 > q_start + offset:
-                S = np.where(cols[None, :] <= rows[:, None] + offset, S, -np.inf)
-            P = _probabilities(S, lse[:, :, rows]).astype(dtype)
-            dVj += np.swapaxes(P, -1, -2) @ dOi
-            dP = dOi @ np.swapaxes(Vj, -1, -2)
-            dS = P * (dP - Di[:, :, rows, None])
-            dQ[:, :, rows] += scale * (dS @ Kj)
-            dKj += scale * (np.swapaxes(dS, -1, -2) @ Qi)
-        dK[:, :, cols], dV[:, :, cols] = dKj, dVj
-    return dQ, _reduce_groups(dK, H_kv), _reduce_groups(dV, H_kv)
-
-
 def variants_q_range(kv_start, Nq, offset, causal, left, right, Br, Bc):
     """bwd_common.cuh's variants_q_range: [q_begin, q_end) covering the Q blocks (from q_begin, a
     multiple of Br) whose rows (at positions i + offset) see a key of kv_start .. kv_start + Bc - 1
@@ -251,51 +209,66 @@ def variants_q_range(kv_start, Nq, offset, causal, left, right, Br, Bc):
     return q_begin, q_end
 
 
-def attention_backward_variants_tiled(
-    q, k, v, O, lse, dO, softmax_scale, causal=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, Br=64, Bc=64
-):
-    """bwd_v2_variants' loop nest (csrc/bwd_v2_mma.cu, bwd_common.cuh) in float64: the gradients
-    of attention_serving's scores, flash_attn_func's alignment (row i at position p = i + offset,
-    offset 0 top-left, else Nk - Nq, also without a causal mask).  Each K/V block visits only the
-    Q blocks whose rows see one of its keys (variants_q_range: the right edge without a causal
-    mask, the left edge always), rebuilds P = exp(score - lse) of the forward's score (softcap c
-    tanh(s S / c), then -slope |p - j|, keys outside the window, the causal mask and Nk at 0), and
-    takes dS = P (dP - D_i) back through the softcap: times 1 - tanh^2 (s with dQ's, dK's scale)."""
-    q, k, v, O, dO, lse = (np.asarray(t, dtype=np.float64) for t in (q, k, v, O, dO, lse))
+def attention_backward_tiled(
+    q, k, v, O, lse, dO, softmax_scale=None, causal=None, Br=64, Bc=64, dtype=np.float32,
+    window=(-1, -1), softcap=0.0, alibi_slopes=None,
+):  # fmt: skip
+    """FlashAttention-2's backward loop nest, block by block, in ``dtype``: first D_i =
+    rowsum(dO * O) per query row (the preprocessing kernel), then K/V blocks outer (one thread
+    block each: dK_j, dV_j stay on chip and are written once), Q blocks inner (P rebuilt from the
+    forward's lse, no N x N matrix anywhere), dQ accumulated across K/V blocks (atomics on the
+    GPU, an in-order sum here).  Each K/V block visits only the Q blocks whose rows see one of its
+    keys (variants_q_range: causal, Q blocks entirely above the diagonal are skipped), and the
+    keys a row does not see are masked.  Returns (dQ, dK, dV) like ``attention_backward_naive``.
+    window, softcap, alibi_slopes: attention_serving's score variants in flash_attn_func's
+    alignment (row i at position i + offset: the causal offset, else Nk - Nq), as bwd_v2_variants
+    takes them back (bwd_common.cuh frag_p_ds_variants): P = exp(score - lse) of the forward's
+    score (softcap c tanh(s S / c), then -slope |p - j|), and dS = P (dP - D_i) times 1 - tanh^2
+    under a softcap (s with dQ's, dK's scale)."""
+    q, k, v, O, dO = (np.asarray(t, dtype=dtype) for t in (q, k, v, O, dO))
+    lse = np.asarray(lse, dtype=dtype)
     H_kv = k.shape[1]
     k_, v_ = _expand_kv(q, k, v)
     B, H, Nq, D = q.shape
     Nk = k_.shape[2]
-    offset = 0 if causal == "top_left" else Nk - Nq
+    scale = dtype(1.0 / np.sqrt(D) if softmax_scale is None else softmax_scale)
+    offset = causal_offset(Nq, Nk, causal)
+    pos_offset = Nk - Nq if offset is None else offset  # the rows' positions on the key axis
     left, right = window[0], (-1 if causal else window[1])
-    slopes = None if alibi_slopes is None else np.broadcast_to(np.asarray(alibi_slopes, np.float64), (B, H))
-    Di = (dO * O).sum(axis=-1)
-    dQ, dK, dV = np.zeros_like(q), np.zeros_like(k_), np.zeros_like(v_)
-    for kv_start in range(0, Nk, Bc):
+    slopes = None if alibi_slopes is None else np.broadcast_to(np.asarray(alibi_slopes, dtype), (B, H))
+    Di = (dO * O).sum(axis=-1)  # (B, H, Nq)
+    dQ = np.zeros((B, H, Nq, D), dtype)
+    dK = np.zeros((B, H, Nk, D), dtype)
+    dV = np.zeros((B, H, Nk, D), dtype)
+    for kv_start in range(0, Nk, Bc):  # K/V blocks: the outer loop, one thread block each
         cols = np.arange(kv_start, min(kv_start + Bc, Nk))
         Kj, Vj = k_[:, :, cols], v_[:, :, cols]
-        for q_start in range(*variants_q_range(kv_start, Nq, offset, causal, left, right, Br, Bc), Br):
+        dKj = np.zeros_like(Kj)
+        dVj = np.zeros_like(Vj)
+        for q_start in range(*variants_q_range(kv_start, Nq, pos_offset, causal, left, right, Br, Bc), Br):
             rows = np.arange(q_start, min(q_start + Br, Nq))
             Qi, dOi = q[:, :, rows], dO[:, :, rows]
-            x = (Qi @ np.swapaxes(Kj, -1, -2)) * softmax_scale
+            S = (Qi @ np.swapaxes(Kj, -1, -2)) * scale
             if softcap > 0:
-                tanh_x = np.tanh(x / softcap)
-                x = softcap * tanh_x
-            dist = rows[:, None] + offset - cols[None, :]  # p - j
+                tanh_S = np.tanh(S / dtype(softcap))
+                S = dtype(softcap) * tanh_S
+            dist = rows[:, None] + pos_offset - cols[None, :]  # p - j
             if slopes is not None:
-                x = x - slopes[:, :, None, None] * np.abs(dist)
-            seen = np.ones(dist.shape, bool) if not causal else dist >= 0
+                S = S - slopes[:, :, None, None] * np.abs(dist).astype(dtype)
+            seen = np.ones(dist.shape, bool) if offset is None else dist >= 0
             if left >= 0:
                 seen &= dist <= left
             if right >= 0:
                 seen &= dist >= -right
-            P = np.where(seen, _probabilities(np.where(seen, x, 0.0), lse[:, :, rows]), 0.0)
-            dV[:, :, cols] += np.swapaxes(P, -1, -2) @ dOi
-            dS = P * (dOi @ np.swapaxes(Vj, -1, -2) - Di[:, :, rows, None])
+            P = _probabilities(np.where(seen, S, -np.inf), lse[:, :, rows]).astype(dtype)
+            dVj += np.swapaxes(P, -1, -2) @ dOi
+            dP = dOi @ np.swapaxes(Vj, -1, -2)
+            dS = P * (dP - Di[:, :, rows, None])
             if softcap > 0:
-                dS = dS * (1.0 - tanh_x**2)
-            dQ[:, :, rows] += softmax_scale * (dS @ Kj)
-            dK[:, :, cols] += softmax_scale * (np.swapaxes(dS, -1, -2) @ Qi)
+                dS = dS * (1 - tanh_S**2)
+            dQ[:, :, rows] += scale * (dS @ Kj)
+            dKj += scale * (np.swapaxes(dS, -1, -2) @ Qi)
+        dK[:, :, cols], dV[:, :, cols] = dKj, dVj
     return dQ, _reduce_groups(dK, H_kv), _reduce_groups(dV, H_kv)
 
 
