@@ -282,16 +282,14 @@ __device__ __forceinline__ void frag_p_ds_variants(float (&S)[NT][4], float (&dP
   }
 }
 
-// The Q blocks [q_begin, q_end) a K/V block of keys kv_start .. kv_start + Bc - 1 is seen from
-// under the variants' window (rows i at positions i + offset see keys pos - left .. pos + right),
-// within the causal range first_q_start .. Nq.
-template <bool CAUSAL, int Br, int Bc>
-__device__ __forceinline__ void variants_q_range(const ScoreVariants& var, int kv_start, int offset, int Nq,
-                                                 int& q_begin, int& q_end) {
-  q_begin = first_q_start<CAUSAL, Br>(kv_start, offset);
-  q_end = Nq;
+// The causal range [q_begin, q_end) of Q blocks (first_q_start .. Nq) of a K/V block of keys
+// kv_start .. kv_start + Bc - 1, narrowed to the rows the variants' window lets see one of them
+// (rows i at positions i + offset see keys pos - left .. pos + right; reference.variants_q_range).
+template <int Br, int Bc>
+__device__ __forceinline__ void variants_q_range(const ScoreVariants& var, int kv_start, int offset, int& q_begin,
+                                                 int& q_end) {
   if (var.right >= 0) q_begin = max(q_begin, max(0, kv_start - offset - var.right) / Br * Br);
-  if (var.left >= 0) q_end = min(Nq, max(0, kv_start + Bc + var.left - offset));
+  if (var.left >= 0) q_end = min(q_end, max(0, kv_start + Bc + var.left - offset));
 }
 
 // The end of a K/V block: its dK (already scaled) and dV values at (key, column) of query head h.

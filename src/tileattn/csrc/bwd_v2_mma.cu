@@ -99,7 +99,7 @@ __device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
   ScoreVariants var{};
   if constexpr (VARIANTS) {  // (the host passes softmax_scale >= 0: a negative one negated q)
     var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b, h, window_left, window_right);
-    variants_q_range<CAUSAL, Br, Bc>(var, kv_start, causal_offset, Nq, q_begin, q_end);
+    variants_q_range<Br, Bc>(var, kv_start, causal_offset, q_begin, q_end);
   }
   for (int q_start = q_begin; q_start < q_end; q_start += Br) {
     __syncthreads();  // the previous Q block's tiles are no longer read
