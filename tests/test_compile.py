@@ -8,7 +8,7 @@ import pytest
 
 from tileattn import _nvrtc, _params
 from tileattn.testing import compile_in_parallel
-from tileattn.versions import VERSIONS, arch_number
+from tileattn.versions import KERNEL_ENTRIES, VERSIONS, arch_number
 
 ARCHS = ["sm_80", "sm_90a"]
 # Consumer Ampere/Ada (99 KB of shared memory) compile too; checked for the tensor-core rung.
@@ -140,15 +140,18 @@ def test_sass(name, D, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_v3_3_d64_exponentials_precede_pv_wait(causal):
-    """v3.3 at D = 64 pins its P V wait behind the softmax (wgmma_wait_all_after): in the loop,
-    every MUFU.EX2 of a block (64 scores and 2 rescales per thread) issues between the wait for S
-    (gsb0 <= 1) and the wait for P V (gsb0 == 0), while P V runs on the tensor core."""
-    ops = [
-        line
-        for line in _nvrtc.sass(compiled("v3.3", 64, causal, "sm_90a")).splitlines()
-        if "DEPBAR" in line or "MUFU" in line
-    ]
+@pytest.mark.parametrize("name", ["v3.3", "v3.7_variants"])
+def test_d64_exponentials_precede_pv_wait(name, causal):
+    """v3.3 at D = 64 pins its P V wait behind the softmax (wgmma_wait_all_after), and so does
+    v3.7's variants kernel: in the loop, every MUFU.EX2 of a block (64 scores and 2 rescales per
+    thread) issues between the wait for S (gsb0 <= 1) and the wait for P V (gsb0 == 0), while P V
+    runs on the tensor core."""
+    if name in VERSIONS:
+        cubin = compiled(name, 64, causal, "sm_90a")
+    else:
+        e = KERNEL_ENTRIES[name]
+        cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", 64, causal), "sm_90a")
+    ops = [line for line in _nvrtc.sass(cubin).splitlines() if "DEPBAR" in line or "MUFU" in line]
     s_wait = next(i for i, op in enumerate(ops) if "DEPBAR.LE gsb0, 0x1" in op)
     pv_wait = next(i for i, op in enumerate(ops) if i > s_wait and "DEPBAR.LE gsb0, 0x0" in op)
     assert sum("MUFU.EX2" in op for op in ops[s_wait:pv_wait]) == 66

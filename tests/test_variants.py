@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tileattn import _nvrtc, flash_attn_func, flash_attn_varlen_func, reference, serving
+from tileattn import _nvrtc, api, flash_attn_func, flash_attn_varlen_func, reference, serving
 from tileattn.testing import (
     assert_serving_output,
     assert_within_torch_error,
@@ -21,9 +21,9 @@ from tileattn.testing import (
     poison_allocator,
     reference_grads,
 )
-from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, V3_6_VARIANTS, VERSIONS
+from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS, VERSIONS
 
-WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS) for i in e.instantiations()]
+WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS) for i in e.instantiations()]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,10 @@ def test_packed_path_picks_the_kernel(monkeypatch, cc, D, version, variants, dty
     "cc,D,version,dtype,expected",
     [
         ((9, 0), 128, None, torch.bfloat16, "v3.6_variants"),
+        ((9, 0), 64, None, torch.bfloat16, "v3.6_variants"),  # three=False: a softcap, or short causal
         ((9, 0), 64, "v3.6", torch.float16, "v3.6_variants"),
+        ((9, 0), 64, "v3.7", torch.float16, "v3.7_variants"),
+        ((9, 0), 128, "v3.7", torch.float16, r"version='v3.7' runs x on Hopper .* at head dims \(64,\)"),
         ((9, 0), 128, "v3.3", torch.bfloat16, "v3.3_variants"),  # the named rung
         ((9, 0), 256, None, torch.bfloat16, "v3.3_variants"),  # a head dim v3.6 has not
         ((9, 0), 96, None, torch.float16, "v3.1_variants"),
@@ -120,7 +123,8 @@ def test_packed_path_picks_the_kernel(monkeypatch, cc, D, version, variants, dty
 )
 def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, dtype, expected):
     """Dense calls with variants (flash_attn_func): v3.6's persistent variants kernel on Hopper at
-    its head dims, else as packed calls; version="v3.6" elsewhere raises naming where it runs."""
+    its head dims, else as packed calls; version="v3.6" or "v3.7" elsewhere raises naming where
+    it runs."""
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: cc)
     device = torch.device("cuda", 0)
     if expected.endswith("_variants"):
@@ -128,6 +132,32 @@ def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, 
     else:
         with pytest.raises(NotImplementedError, match=expected):
             serving._packed_path("x", dtype, D, device, True, version, dense=True)
+
+
+@pytest.mark.parametrize(
+    "D,softcap,window,causal,Nq,expected",
+    [
+        (64, 0.0, (-1, -1), False, 100, "v3.7_variants"),  # plain non-causal D = 64 runs v3.7
+        (64, 0.0, (-1, 0), True, 4096, "v3.7_variants"),
+        (64, 0.0, (-1, 0), True, 1000, "v3.6_variants"),  # a short causal call: plain runs v3.6 there
+        (64, 30.0, (-1, 0), True, 4096, "v3.6_variants"),  # softcap: the SFU binds on three consumers
+        (64, 0.0, (300, 0), True, 4096, "v3.6_variants"),  # a window
+        (64, 0.0, (-1, 300), False, 4096, "v3.6_variants"),  # a window to the right
+        (128, 0.0, (-1, 0), True, 4096, "v3.6_variants"),
+    ],
+)
+def test_dense_variants_take_three_consumers_as_plain_v3_7(monkeypatch, D, softcap, window, causal, Nq, expected):
+    """attention_variants's default on Hopper: v3.7's variants kernel for ALiBi alone where the
+    plain dispatch takes v3.7 (D = 64, not a short causal call); windows and softcap stay on v3.6's."""
+    monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (9, 0))
+    chosen = []
+    monkeypatch.setattr(serving, "_launch_packed", lambda *a, kernel, **kw: chosen.append(kernel))
+    q = torch.zeros(1, Nq, 2, D, dtype=torch.bfloat16, device="meta")
+    k = v = torch.zeros(1, Nq, 2, D, dtype=torch.bfloat16, device="meta")
+    monkeypatch.setattr(serving, "_prepare_scale_and_rows", lambda q, k, v, s, f: (q, k, v, s))
+    monkeypatch.setattr(api, "_outputs", lambda out, lse, shape, dtype, *_: (torch.empty(shape, device="meta"), None))
+    serving.attention_variants(q, k, v, 0.1, "top_left" if causal else None, window, softcap, None, False)
+    assert chosen == [expected]
 
 
 def test_reference_top_left_window_is_causal_mask():
@@ -152,7 +182,7 @@ BAD_INPUT = [
     (dict(softcap="big"), TypeError, "softcap must be a float"),
     (dict(alibi_slopes=torch.zeros(3)), ValueError, r"alibi_slopes must be a float32 tensor of shape \(4,\)"),
     (dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be a float32"),
-    (dict(window_size=(8, 0), version="v2.3"), ValueError, "alibi_slopes run on v3.6, v3.3 or v3.1"),
+    (dict(window_size=(8, 0), version="v2.3"), ValueError, "alibi_slopes run on v3.7, v3.6, v3.3 or v3.1"),
     (dict(softcap=1.0, precision="tf32"), ValueError, r"precision=None\); got version=None, precision='tf32'"),
     (dict(window_size=(8, 0), version="v3.1"), ValueError, "q must be a CUDA tensor"),  # (v3.1 takes variants)
     (dict(softcap=1.0), ValueError, "q must be a CUDA tensor"),
@@ -240,12 +270,13 @@ _VARIANTS = {
 # (rung, head dim): v3.3's head dims, and v3.1's (mma.sync) at its two row tiles per warp (64:
 # Bc=64, 128: Bc=32), a head dim v3.3 has not (96) and its one row tile per warp (256: Br=64).
 _RUNG_DIMS = [("v3.3", 64), ("v3.3", 128), ("v3.3", 256), ("v3.1", 64), ("v3.1", 96), ("v3.1", 128), ("v3.1", 256)]
-_DENSE_RUNG_DIMS = [("v3.6", 64), ("v3.6", 128), *_RUNG_DIMS]  # (v3.6's variants kernel: dense calls only)
+# (v3.7's and v3.6's variants kernels: dense calls only)
+_DENSE_RUNG_DIMS = [("v3.7", 64), ("v3.6", 64), ("v3.6", 128), *_RUNG_DIMS]
 
 
 def _needs(version):
     """v3.6 and v3.3 run on Hopper only, v3.1 (and version=None) on any GPU of the tests (sm_80+)."""
-    if version in ("v3.6", "v3.3") and torch.cuda.get_device_capability() != (9, 0):
+    if version in ("v3.7", "v3.6", "v3.3") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("v3.3 runs on Hopper")
 
 
@@ -316,7 +347,9 @@ def test_variants_more_queries_than_keys_and_scale_zero(version, causal, scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.3", 64), ("v3.1", 64), (None, 96)])  # (96: v3.1 everywhere)
+@pytest.mark.parametrize(
+    "version,D", [("v3.7", 64), ("v3.6", 64), ("v3.3", 64), ("v3.1", 64), (None, 96)]
+)  # (96: v3.1)
 @pytest.mark.parametrize("Nq,Nk", [(1, 1), (1, 700), (129, 1), (700, 700)])
 def test_variants_public_call_awkward(version, D, Nq, Nk):
     """flash_attn_func itself: N=1, strided views of one qkv buffer, a negative scale."""
@@ -332,10 +365,10 @@ def test_variants_public_call_awkward(version, D, Nq, Nk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["v3.6", "v3.3", "v3.1"])
+@pytest.mark.parametrize("version", ["v3.7", "v3.6", "v3.3", "v3.1"])
 def test_variants_past_grid_y(version):
     """B*H = 65,600 with a window and (B, H) ALiBi slopes: two launches (v3.6: one persistent
-    launch over every tile); the second's batches must find their own slopes and lse rows."""
+    launch over every tile, as v3.7); the second's batches must find their own slopes and lse rows."""
     _needs(version)
     gen = torch.Generator(device="cuda").manual_seed(3)
     B, H, N, D = 4100, 16, 3, 64

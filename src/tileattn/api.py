@@ -165,10 +165,10 @@ def _variants_call(
     )
     if not serving.any_variant(window, softcap, slopes, mode is not None):
         return None
-    if version not in serving._VARIANTS_VERSIONS or precision is not None:  # (versions.V3_6/V3_3/V3_1_VARIANTS)
+    if version not in serving._VARIANTS_VERSIONS or precision is not None:  # (versions.V3_7/V3_6/V3_3/V3_1_VARIANTS)
         raise ValueError(
-            "window_size, softcap and alibi_slopes run on v3.6, v3.3 or v3.1 (version=None, 'v3.6', 'v3.3' or "
-            f"'v3.1', precision=None); got version={version!r}, precision={precision!r}"
+            "window_size, softcap and alibi_slopes run on v3.7, v3.6, v3.3 or v3.1 (version=None, 'v3.7', 'v3.6', "
+            f"'v3.3' or 'v3.1', precision=None); got version={version!r}, precision={precision!r}"
         )
     needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
     if needs_grad:

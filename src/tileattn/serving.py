@@ -424,10 +424,11 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
 _VARLEN = "v3.3_packed"  # v3.3 reading cu_seqlens (csrc/common.cuh), on Hopper (versions.py)
 _VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
 _VARIANTS_DENSE = "v3.6_variants"  # the variants on v3.6's persistent walk, dense calls (versions.py)
+_VARIANTS_THREE = "v3.7_variants"  # ... on v3.7's three consumers: D=64, no softcap, as plain v3.7 (versions.py)
 _VARLEN_MMA = "v3.1_varlen"  # variable-length batches on the mma.sync path, sm_80+ (versions.py)
 _VARIANTS_MMA = "v3.1_variants"  # its body compiled with the score variants, packed or dense (versions.py)
 _PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version=
-_VARIANTS_VERSIONS = (None, "v3.6", "v3.3", "v3.1")  # flash_attn_func's version= with variants
+_VARIANTS_VERSIONS = (None, "v3.7", "v3.6", "v3.3", "v3.1")  # flash_attn_func's version= with variants
 
 
 def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: int):
@@ -438,28 +439,33 @@ def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: 
     return api.entry_kernel(kernel, dtype, D, causal, device_index), KERNEL_ENTRIES[kernel].tiles[D]
 
 
-def _packed_path(what: str, dtype, D: int, device, variants: bool, version=None, dense: bool = False) -> str:
+def _packed_path(
+    what: str, dtype, D: int, device, variants: bool, version=None, dense: bool = False, three: bool = False
+) -> str:
     """The kernel a packed (or, with variants, dense) call runs: v3.3's (its variants kernel with
     variants) on Hopper at its head dims, else v3.1's variable-length kernel or its variants kernel
     (sm_80+, Hopper's other head dims included); dense calls with variants on Hopper take v3.6's
-    variants kernel (persistent) at its head dims.  ``version`` ("v3.6", "v3.3" or "v3.1") forces
-    one.  Raises NotImplementedError naming what runs where."""
+    variants kernel (persistent) at its head dims, or with ``three`` (ALiBi alone and not a short
+    causal call: attention_variants) v3.7's at its one.  ``version`` ("v3.7", "v3.6", "v3.3" or
+    "v3.1") forces one.  Raises NotImplementedError naming what runs where."""
     from . import _nvrtc
     from .versions import KERNEL_ENTRIES
 
     v33 = KERNEL_ENTRIES[_VARIANTS if variants else _VARLEN]
-    v36 = KERNEL_ENTRIES[_VARIANTS_DENSE]
     mma = KERNEL_ENTRIES[_VARIANTS_MMA if variants else _VARLEN_MMA]
     cc = _nvrtc.device_arch(device.index)
     arch = cc[0] * 10 + cc[1]
     half = dtype in (torch.float16, torch.bfloat16)
-    if variants and dense and half and version in (None, "v3.6") and v36.runs_on(arch) and D in v36.head_dims:
-        return v36.name
-    if version == "v3.6":
-        raise NotImplementedError(
-            f"version='v3.6' runs {what} on Hopper (sm_90) in float16/bfloat16 at head dims {v36.head_dims} "
-            f"(dense calls); got {dtype} at head dim {D} on sm_{arch}"
-        )
+    for name, rung, default in ((_VARIANTS_THREE, "v3.7", three), (_VARIANTS_DENSE, "v3.6", True)):
+        entry = KERNEL_ENTRIES[name]
+        fits = variants and dense and half and entry.runs_on(arch) and D in entry.head_dims
+        if fits and (version == rung or (version is None and default)):
+            return name
+        if version == rung:
+            raise NotImplementedError(
+                f"version={rung!r} runs {what} on Hopper (sm_90) in float16/bfloat16 at head dims "
+                f"{entry.head_dims} (dense calls); got {dtype} at head dim {D} on sm_{arch}"
+            )
     if half:
         if version in (None, "v3.3") and v33.runs_on(arch) and D in v33.head_dims:
             return v33.name
@@ -651,10 +657,18 @@ def attention_variants(
     """flash_attn_func with a window, softcap or ALiBi: (B, Nq, H, D) q, (B, Nk, H_kv, D) k, v,
     already checked by api._validate (dtype, shapes, devices, strides), and the variants by
     _variants.  Returns (O, lse or None); out / lse: buffers to write (the tests hand in
-    NaN-poisoned ones).  version: None, "v3.6", "v3.3" or "v3.1" (_packed_path's choice, or the one named)."""
+    NaN-poisoned ones).  version: None, "v3.7", "v3.6", "v3.3" or "v3.1" (_packed_path's choice, or
+    the one named)."""
+    from .versions import SHORT_CAUSAL_ROWS
+
     B, Nq, H, D = q.shape
     Nk, H_kv = k.shape[1], k.shape[2]
-    kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True, version, dense=True)
+    # v3.7's three consumers for ALiBi alone where the plain dispatch takes v3.7: not under a
+    # softcap (its two SFU operations a score bind there) nor a window (its 192-row tiles ran 5%
+    # slower); csrc/v3_7_three_consumers.cu has the measurements.
+    windowed = window[0] >= 0 or (mode is None and window[1] >= 0)
+    three = softcap == 0.0 and not windowed and not (mode is not None and Nq < SHORT_CAUSAL_ROWS)
+    kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True, version, dense=True, three=three)
     no_work = B * H * Nq == 0 or Nk == 0
     out, lse = api._outputs(out, lse, (B, Nq, H, D), q.dtype, (B, H, Nq), return_lse, q.device, no_work)
     if no_work:

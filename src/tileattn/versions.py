@@ -812,6 +812,18 @@ V3_6_VARIANTS = dataclasses.replace(
     persistent=True,
 )
 
+# The same at D = 64 on v3.7's three consumer warpgroups (csrc/v3_7_three_consumers.cu): dense
+# calls with ALiBi alone (no window, no softcap), where the plain dispatch would take v3.7 (not a
+# short causal call); serving.attention_variants chooses.
+V3_7_VARIANTS = dataclasses.replace(
+    V3_6_VARIANTS,
+    name="v3.7_variants",
+    file=_V3_7.file,
+    kernel="v3_7_variants_fwd",
+    tiles=_V3_7.tiles,  # spill-free (NVRTC 13.0), causal included
+    summary="v3.7's three consumer warpgroups with the score variants (dense calls with ALiBi alone at D=64)",
+)
+
 # Variable-length batches on the mma.sync path (flash_attn_varlen_func off Hopper, and on Hopper at
 # the head dims v3.3 has not): v3.1's body run per sequence (csrc/fa2_mma.cuh), at v3.1's default
 # (spill-free) tiles, for the common head dims.
@@ -875,7 +887,7 @@ V3_5_VT = KernelEntry(
 )
 
 # The forward kernels the packed paths launch with every field (serving._launch_packed).
-PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
+PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
 
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 # The gradients of the score variants (a sliding window, softcap, ALiBi): bwd_v2's body with the

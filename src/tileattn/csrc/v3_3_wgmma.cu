@@ -470,8 +470,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         // runs, bf16 causal N=8192): pinned behind the exponentials, the plain kernel runs 4% faster
         // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
         // v3.4 (PINGPONG) leaves the wait to ptxas: pinned, v3.4 ran 0.98x of v3.3 at causal D=64;
-        // unpinned 1.16x (and 1.10x more without a mask), 2026-12-02.
-        if constexpr (!VARIANTS && HEAD_DIM == 64 && !PINGPONG)
+        // unpinned 1.16x (and 1.10x more without a mask), 2026-12-02.  The variants kernels pin it
+        // at Br = 192 only (v3_7_variants_fwd; at Br = 128 it moved ALiBi 0.817x -> 0.824x of
+        // plain causal and nothing-on 0.962x -> 0.916x, 2026-12-05).
+        if constexpr (HEAD_DIM == 64 && !PINGPONG && (!VARIANTS || Br == 192))
           wgmma_wait_all_after(l_i[0] + l_i[1]);
         else
           wgmma_wait<0>();

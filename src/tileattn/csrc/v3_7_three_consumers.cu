@@ -34,4 +34,21 @@ __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_7_fwd(TILEATTN_FWD_PAR
 // v3.6's layout (v3_6_smem_bytes): Q (192 rows), 2 stages of K and V, 10 mbarriers and O's stage.
 TILEATTN_SMEM_BYTES(v3_7_fwd, v3_6_smem_bytes<HEAD_DIM>(Br, Bc));
 
+// The score variants on the same walk (versions.V3_7_VARIANTS: flash_attn_func's dense calls at
+// D = 64 with ALiBi alone, where the plain dispatch would take v3.7), the P V wait pinned behind
+// the exponentials as in v3_7_fwd.  Measured on an H200 against v3.6's variants kernel (Br = 128,
+// no ping-pong; scripts/variants_probe.py, bf16 causal N=8192, two runs, bench/NOTES.md): ALiBi
+// 0.817x -> 0.881-0.890x of plain causal time, nothing on 0.962x -> 0.968-0.971x.  The others
+// stay on v3.6's variants kernel: window 4096 went 1.206x -> 1.134-1.147x (each tile's 192-row
+// diagonal a larger share of its fewer blocks), softcap 0.731x -> 0.663-0.673x (its two MUFU a
+// score, tanh and exp2, make the SFU the limit, and a third warpgroup's softmax only queues there).
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(v3_3_threads(Br), 1)
+    v3_7_variants_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*VARIANTS=*/true, /*PINGPONG=*/false, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS,
+                                                                                                    &tmaps);
+}
+
+TILEATTN_SMEM_BYTES(v3_7_variants_fwd, v3_6_smem_bytes<HEAD_DIM>(Br, Bc));
+
 }  // namespace tileattn
