@@ -424,7 +424,7 @@ def _decode(kernels, Bc, row_blocks, q, k_cache, v_cache, seqlens, block_table, 
 _VARLEN = "v3.3_packed"  # v3.3 reading cu_seqlens (csrc/common.cuh), on Hopper (versions.py)
 _VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
 _VARIANTS_DENSE = "v3.6_variants"  # the variants on v3.6's persistent walk, dense calls (versions.py)
-_VARIANTS_THREE = "v3.7_variants"  # ... on v3.7's three consumers: D=64, no softcap, as plain v3.7 (versions.py)
+_VARIANTS_THREE = "v3.7_variants"  # ... on v3.7's three consumers: ALiBi alone at D=64 (versions.py)
 _VARLEN_MMA = "v3.1_varlen"  # variable-length batches on the mma.sync path, sm_80+ (versions.py)
 _VARIANTS_MMA = "v3.1_variants"  # its body compiled with the score variants, packed or dense (versions.py)
 _PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version=
