@@ -3,7 +3,7 @@ variant alone (bf16 causal N=8192).  No experiment is compiled in now (earlier o
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined (an experiment's
 switch in the CUDA sources; the kernel cache keys on the options, so every build stays cached).
-`--version v3.6|v3.3|v3.1` runs the variants on that rung's kernel (default: the dispatch's), and
+`--version v3.7|v3.6|v3.3|v3.1` runs the variants on that rung's kernel (default: the dispatch's), and
 `--tile D=Br,Bc` (repeatable) runs v3.6's variants kernel at another tile.  `--backward` times the
 backward instead: plain causal on the default rung and on bwd_v2, and each variant on
 bwd_v2_variants (the same shapes; the forward's O and lse made once).

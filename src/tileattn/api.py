@@ -40,7 +40,7 @@ import torch
 
 from . import _nvrtc, _params
 from .reference import CAUSAL_MODES
-from .versions import SHORT_CAUSAL_ROWS, SPLIT_BLOCKS, VERSIONS, Version, select
+from .versions import SPLIT_BLOCKS, VERSIONS, Version, select, short_causal
 
 _DTYPES = {
     torch.float32: "float32",
@@ -85,13 +85,14 @@ def flash_attn_func(
             window are skipped.
         softcap: > 0 caps each scaled score s at softcap * tanh(s / softcap) (Gemma 2).
         alibi_slopes: float32 (H,) or (B, H): adds -slope * |p - j| to the scaled score (BLOOM, MPT).
-            The three variants run in fp16/bf16: v3.6's or v3.3's variants kernel on Hopper at head
-            dims 64, 128, 192, 256, v3.1's (mma.sync) on sm_80+ at head dims 32, 64, 80, 96, 128,
-            160, 192, 256 (Hopper's others included).  Differentiable at bwd_v2's head dims
-            (bwd_v2_variants, mma.sync; not deterministic): an input that requires grad elsewhere,
-            or with deterministic=True, raises.
+            The three variants run in fp16/bf16: v3.7's (ALiBi alone at D=64), v3.6's or v3.3's
+            variants kernel on Hopper at head dims 64, 128, 192, 256, v3.1's (mma.sync) on sm_80+
+            at head dims 32, 64, 80, 96, 128, 160, 192, 256 (Hopper's others included).
+            Differentiable at bwd_v2's head dims (bwd_v2_variants, mma.sync; not deterministic): an
+            input that requires grad elsewhere, or with deterministic=True, raises.
         version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.  With
-            a variant: None, "v3.3" or "v3.1" (the mma.sync variants kernel, also on Hopper).
+            a variant: None, "v3.7", "v3.6", "v3.3" or "v3.1" (the mma.sync variants kernel, also on
+            Hopper).
         return_lse: also return the float32 log-sum-exp of each row, (B, H, Nq); -inf for a row
             that sees no key (its output is 0).
         precision: FP32 inputs only.  None or "fp32" (default): FP32-level accuracy (relative error
@@ -623,7 +624,7 @@ _PLANS: dict[tuple, Plan] = {}
 
 
 def _plan(dtype: str, D: int, causal: bool, version, precision, device_index: int, Nq: int) -> Plan:
-    short = causal and Nq < SHORT_CAUSAL_ROWS  # the default dispatch's one shape rule (versions.select)
+    short = short_causal(causal, Nq)
     key = (dtype, D, causal, version, precision, device_index, short)
     plan = _PLANS.get(key)
     if plan is None:

@@ -306,11 +306,7 @@ def _bwd_variants_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """tileattn::bwd_variants: the gradients of tileattn::fwd_variants (its arguments, then O, lse,
     dO as tileattn::bwd's) by bwd_v2_variants; dq, dk, dv contiguous in flash-attn's layout."""
-    mode = api._CAUSAL_OF_CODE[causal]
-    B, Nq, H, _ = q.shape
-    window, softcap, slopes = serving._variants(
-        (window_left, window_right), softcap, alibi_slopes, mode is not None, B, H, Nq + k.shape[1], q.device
-    )
+    mode, window, softcap, slopes = serving._op_variants(q, k, causal, window_left, window_right, softcap, alibi_slopes)
     negate = softmax_scale < 0  # the forward ran on -q at |scale| (serving._prepare_scale_and_rows)
     scale = abs(softmax_scale)
     variants = (window, serving._kernel_softcap(softcap, scale), slopes)

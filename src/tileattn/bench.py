@@ -447,7 +447,7 @@ def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
     """One line per shape: TFLOP/s of every rung and of the given peers (timed in the same run), and
     every rung's ratio to the first peer; then, on Hopper, the rung the default dispatch picks there
     (versions.select) and its ratio to the other peers."""
-    from .versions import SHORT_CAUSAL_ROWS, select
+    from .versions import select, short_causal
 
     rungs = [i for i in dict.fromkeys(r["impl"] for r in result["rows"]) if i in VERSIONS]
     peers = [p for p in peers if any(r["impl"] == p and r.get("tflops") for r in result["rows"])]
@@ -457,7 +457,7 @@ def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
 
     def default(shape):
         dtype, D, N, _, causal = shape
-        v = select(dtype, D, 90, short_causal=causal and N < SHORT_CAUSAL_ROWS) if hopper else None
+        v = select(dtype, D, 90, short_causal=short_causal(causal, N)) if hopper else None
         return v.name if v is not None and v.name in rungs else None
 
     head = ["dtype", "D", "N", "B", "causal"] + [f"{i} TFLOP/s" for i in rungs + peers]

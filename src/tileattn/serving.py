@@ -659,7 +659,7 @@ def attention_variants(
     _variants.  Returns (O, lse or None); out / lse: buffers to write (the tests hand in
     NaN-poisoned ones).  version: None, "v3.7", "v3.6", "v3.3" or "v3.1" (_packed_path's choice, or
     the one named)."""
-    from .versions import SHORT_CAUSAL_ROWS
+    from .versions import short_causal
 
     B, Nq, H, D = q.shape
     Nk, H_kv = k.shape[1], k.shape[2]
@@ -667,7 +667,7 @@ def attention_variants(
     # softcap (its two SFU operations a score bind there) nor a window (its 192-row tiles ran 5%
     # slower); csrc/v3_7_three_consumers.cu has the measurements.
     windowed = window[0] >= 0 or (mode is None and window[1] >= 0)
-    three = softcap == 0.0 and not windowed and not (mode is not None and Nq < SHORT_CAUSAL_ROWS)
+    three = softcap == 0.0 and not windowed and not short_causal(mode is not None, Nq)
     kernel = _packed_path("a window, softcap and ALiBi", q.dtype, D, q.device, True, version, dense=True, three=three)
     no_work = B * H * Nq == 0 or Nk == 0
     out, lse = api._outputs(out, lse, (B, Nq, H, D), q.dtype, (B, H, Nq), return_lse, q.device, no_work)
@@ -684,6 +684,17 @@ def attention_variants(
         window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )  # fmt: skip
     return out, lse
+
+
+def _op_variants(q, k, causal: int, window_left: int, window_right: int, softcap: float, alibi_slopes):
+    """tileattn::fwd_variants's and tileattn::bwd_variants's variant arguments as the kernels take
+    them: (mode, window, softcap, alibi_slopes) through _variants."""
+    mode = api._CAUSAL_OF_CODE[causal]
+    B, Nq, H, _ = q.shape
+    window, softcap, alibi_slopes = _variants(
+        (window_left, window_right), softcap, alibi_slopes, mode is not None, B, H, Nq + k.shape[1], q.device
+    )
+    return mode, window, softcap, alibi_slopes
 
 
 @torch.library.custom_op("tileattn::fwd_variants", mutates_args=(), device_types="cuda")
@@ -703,11 +714,7 @@ def _fwd_variants_op(
     tileattn::fwd codes it; version as attention_variants takes it) -> (O, lse (B, H, Nq))."""
     # (flash_attn_func checked all of it; a direct call has not)
     api._validate(q, k, v, None, None, "bnhd")
-    mode = api._CAUSAL_OF_CODE[causal]
-    B, Nq, H, _ = q.shape
-    window, softcap, alibi_slopes = _variants(
-        (window_left, window_right), softcap, alibi_slopes, mode is not None, B, H, Nq + k.shape[1], q.device
-    )
+    mode, window, softcap, alibi_slopes = _op_variants(q, k, causal, window_left, window_right, softcap, alibi_slopes)
     return attention_variants(q, k, v, softmax_scale, mode, window, softcap, alibi_slopes, True, version=version)
 
 

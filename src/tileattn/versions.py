@@ -396,6 +396,11 @@ VERSIONS: dict[str, Version] = {
 SHORT_CAUSAL_ROWS = 2048
 
 
+def short_causal(causal: bool, Nq: int) -> bool:
+    """The default dispatch's one shape rule: a causal call of fewer than SHORT_CAUSAL_ROWS query rows."""
+    return bool(causal) and Nq < SHORT_CAUSAL_ROWS
+
+
 def select(
     dtype: str, head_dim: int, arch: int, precision: str | None = None, short_causal: bool = False
 ) -> Version | None:
@@ -889,7 +894,6 @@ V3_5_VT = KernelEntry(
 # The forward kernels the packed paths launch with every field (serving._launch_packed).
 PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS, V3_1_VARLEN, V3_1_VARIANTS)
 
-# Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 # The gradients of the score variants (a sliding window, softcap, ALiBi): bwd_v2's body with the
 # forward's scores rebuilt (bwd_common.cuh frag_p_ds_variants), for flash_attn_func's variants
 # path (backward.attention_backward's `variants`).  Not a rung of the ladder: the same loop nest.
@@ -906,6 +910,7 @@ BWD_V2_VARIANTS = dataclasses.replace(
     spill_bytes={96: 32, 112: 40, 128: 36, 224: 16, 256: 48},
 )
 
+# Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
     e.name: e
     for e in (
