@@ -1,7 +1,7 @@
 """SASS fingerprints of every instantiation (the forward ladder's first dtype; the backward and
 decode kernels' every dtype), to show that a refactor leaves the kernels alone.
 
-    python scripts/sass_fingerprint.py OUT.json [--arch sm_90a] [--jobs 2]
+    python scripts/sass_fingerprint.py OUT.json [--arch sm_90a] [--jobs 2] [--files v3_3 v3_6 ...]
     python scripts/sass_fingerprint.py --diff BEFORE.json AFTER.json
 
 Each kernel's SASS is normalised (addresses, encodings and the constant-bank offsets of kernel
@@ -44,6 +44,7 @@ def main():
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--diff", nargs=2)
+    ap.add_argument("--files", nargs="+", help="only kernels whose source file's name contains one of these")
     a = ap.parse_args()
     if a.diff:
         before, after = (json.load(open(p)) for p in a.diff)
@@ -79,6 +80,8 @@ def main():
         if e.runs_on(cc)
         for inst in e.instantiations()
     ]
+    if a.files:
+        jobs = [job for job in jobs if any(f in job[0] for f in a.files)]
     with ProcessPoolExecutor(a.jobs) as pool:
         result = dict(pool.map(_one, jobs))
     json.dump(result, open(a.out, "w"), indent=0, sort_keys=True)

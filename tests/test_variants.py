@@ -10,6 +10,8 @@ and B*H past gridDim.y, and the gradients (bwd_v2_variants) against float64 auto
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tileattn import _nvrtc, api, flash_attn_func, flash_attn_varlen_func, reference, serving
 from tileattn.testing import (
@@ -211,6 +213,20 @@ def test_variants_refuse_gradients_they_cannot_give(D, deterministic, match):
         flash_attn_func(q, k, v, window_size=(4, 0), deterministic=deterministic)
 
 
+def test_variants_refuse_gradients_under_deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) asks for the deterministic backward as
+    deterministic=True does, which the variants do not have: the call raises."""
+    q, k, v = _cpu(D=64)
+    q.requires_grad_()
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="use_deterministic_algorithms"):
+            flash_attn_func(q, k, v, softcap=30.0)
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
 def test_which_arguments_are_variants():
     """A causal mask's right = 0 is no window (the plain kernels run); anything else is."""
     cases = [  # window_size, softcap, slopes, causal -> a variant?
@@ -250,6 +266,32 @@ def test_a_window_wider_than_the_sequences_is_no_variant():
     q, k, v = _cpu()
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
         flash_attn_func(q, k, v, causal=True, window_size=(100, 100))
+
+
+@given(Tr=st.integers(1, 90), window_left=st.integers(0, 100 * 128), B=st.sampled_from([64, 128]))
+def test_window_units_cover_every_block_once_in_equal_work(Tr, window_left, B):
+    """The variants' persistent walk under a causal left window (csrc/common.cuh window_unit_blocks,
+    mirrored by serving.window_units): every Q block of a head once, each unit c + 1 K/V blocks of
+    work as the kernel counts them (its j_lo and Tc), but a lone middle block of (c + 1) / 2."""
+    N = Tr * B
+    c = serving.window_unit_span(window_left, 0, N, N, Tr, B)
+    if c is None:  # the window does not bind: persistent_tile's causal pairs
+        assert -(-window_left // B) >= Tr
+        return
+    units = serving.window_units(Tr, c)
+    assert sorted(qb for unit in units for qb in unit) == list(range(Tr))
+    assert len(units) == Tr - c + (c + 1) // 2  # the host's grid (_launch_packed)
+    Tc = lambda qb: qb + 1 - max(0, qb * B - window_left) // B  # v3_3_wgmma.cu tile_at, offset 0
+    work = [sum(Tc(qb) for qb in unit) for unit in units]
+    assert work == [c + 1] * (len(units) - c % 2) + [(c + 1) // 2] * (c % 2)
+
+
+def test_window_units_apply_only_at_offset_zero():
+    assert serving.window_unit_span(130, 0, 300, 457, 3, 128) == 2  # top-left, Nk > Nq
+    assert serving.window_unit_span(130, 157, 300, 457, 3, 128) is None  # bottom-right
+    assert serving.window_unit_span(130, 0, 457, 300, 4, 128) is None  # Nk < Nq: late blocks clipped
+    assert serving.window_unit_span(-1, 0, 300, 300, 3, 128) is None  # no left window
+    assert serving.window_unit_span(300, 0, 300, 300, 3, 128) is None  # c = 3: wider than the sequence
 
 
 # ---- GPU -------------------------------------------------------------------------------------
@@ -325,6 +367,28 @@ def test_variants_match_float64(dtype, version, D, causal, variant):
         q, k, v, D**-0.5, mode, checked[0], softcap, slopes, True, out=out, lse=lse, version=version
     )
     _assert_matches_float64(out, lse, q, k, v, D**-0.5, causal, window, softcap, slopes, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window_left", [0, 1, 127, 128, 129, 300, 511, 640, 896, 1000])
+@pytest.mark.parametrize(
+    "Nq,Nk,causal", [(1000, 1000, "bottom_right"), (1000, 1000, "top_left"), (777, 1029, "top_left")]
+)
+def test_window_units_match_float64(window_left, Nq, Nk, causal):
+    """v3.6's variants kernel on the window's units (serving.window_units; offset 0): c odd and
+    even, windows on and off a block edge, none (1000: c = Tr), 64 heads so that CTAs take several
+    units; bf16, D=64, float64 reference, NaN-poisoned outputs."""
+    _needs("v3.6")
+    gen = torch.Generator(device="cuda").manual_seed(window_left + Nq)
+    B, H, H_kv, D, dtype = 8, 8, 2, 64, torch.bfloat16
+    q = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    out = torch.full((B, Nq, H, D), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((B, H, Nq), float("nan"), device="cuda")
+    window = (window_left, 0)
+    checked = serving._variants(window, 0.0, None, True, B, H, Nq + Nk, q.device)
+    serving.attention_variants(q, k, v, D**-0.5, causal, checked[0], 0.0, None, True, out=out, lse=lse, version="v3.6")
+    _assert_matches_float64(out, lse, q, k, v, D**-0.5, causal, window, 0.0, None, dtype)
 
 
 @pytest.mark.gpu

@@ -173,7 +173,7 @@ def _variants_call(
         )
     needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
     if needs_grad:
-        _check_variants_backward(q, k, v, deterministic)
+        _check_variants_backward(q, k, v, bool(deterministic) or torch.are_deterministic_algorithms_enabled())
     _validate(q, k, v, None, None, "bnhd")
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else _scale(softmax_scale, "softmax_scale")
     if torch.compiler.is_compiling() or needs_grad:
@@ -272,7 +272,8 @@ def _check_variants_backward(q, k, v, deterministic: bool):
     if deterministic:
         raise RuntimeError(
             "tileattn's backward pass for window_size, softcap and alibi_slopes has no deterministic mode (its dQ "
-            f"is added with atomics), but {needing} require grad and deterministic=True was asked for"
+            f"is added with atomics), but {needing} require grad and deterministic=True (or "
+            "torch.use_deterministic_algorithms(True)) was asked for"
         )
 
 

@@ -21,14 +21,15 @@ What runs where:
   * No mask, no dropout, a head dim and dtype tileattn takes (for training: one its backward
     takes too, tileattn.api.backward_head_dims): tileattn, GQA without repeating k/v.  The
     logit softcap (Gemma 2) and a sliding window (Mistral, Gemma 2/3) run in tileattn's variants
-    kernels, without gradients.
+    kernels, and train through their backward (bwd_v2_variants: fp16/bf16, not deterministic).
   * A padding mask (batched generation's prefill and decode steps, static caches): the valid
     tokens are gathered (one host sync for their count, as transformers' flash-attention path)
     and run through ``flash_attn_varlen_func``, causal bottom-right per sequence, windows and
     softcap included; padded query rows get zeros.  No gradients (the fallback serves training).
   * Anything else falls back to transformers' own SDPA path, with one warning per reason:
-    dropout, position bias, softcap or a sliding window on inputs that require grad (no backward
-    for them yet), a padded batch that requires grad, inputs that require grad at a head dim
+    dropout, position bias, softcap or a sliding window on inputs that require grad where the
+    variants' backward does not run (FP32, its head dims, deterministic algorithms), a padded
+    batch that requires grad, inputs that require grad at a head dim
     without a backward rung (the fallback keeps training correct), an unsupported head dim or
     dtype, a mask of another kind (chunked attention).  A padding mask is turned into SDPA's 4-D
     mask for it.  (transformers' SDPA path itself drops the softcap: run such models with "eager"
@@ -181,13 +182,27 @@ def _unsupported(query, key, value, attention_mask, dropout, kwargs) -> str | No
     dtype, D = api._DTYPES[query.dtype], query.shape[-1]
     needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     if needs_grad and (kwargs.get("softcap") or kwargs.get("sliding_window")):
-        return "softcap and sliding windows have no backward pass yet"
+        reason = _variants_backward_missing(dtype, D)
+        if reason:
+            return reason
     if needs_grad and attention_mask is not None:
         return "padded batches have no backward pass yet"
     if needs_grad and D not in api.backward_head_dims(dtype):
         return f"inputs require grad and tileattn has no backward pass for {dtype} at head dim {D}"
     if D not in api.head_dims(dtype) or key.shape[-1] != D:
         return f"head dim {D} is not supported for {query.dtype}"
+    return None
+
+
+def _variants_backward_missing(dtype: str, D: int) -> str | None:
+    """Why a softcap or sliding-window layer that trains cannot run tileattn's variants backward
+    (bwd_v2_variants: fp16/bf16 at its head dims, no deterministic mode), or None."""
+    from ..versions import BWD_V2_VARIANTS
+
+    if dtype not in BWD_V2_VARIANTS.dtypes or D not in BWD_V2_VARIANTS.tiles:
+        return f"softcap and sliding windows have no backward pass for {dtype} at head dim {D}"
+    if torch.are_deterministic_algorithms_enabled():
+        return "softcap and sliding windows have no deterministic backward pass"
     return None
 
 
