@@ -89,7 +89,8 @@ def flash_attn_func(
             variants kernel on Hopper at head dims 64, 128, 192, 256, v3.1's (mma.sync) on sm_80+
             at head dims 32, 64, 80, 96, 128, 160, 192, 256 (Hopper's others included).
             Differentiable at bwd_v2's head dims (bwd_v2_variants, mma.sync; not deterministic): an
-            input that requires grad elsewhere, or with deterministic=True, raises.
+            input that requires grad elsewhere, or with deterministic=True (or under
+            torch.use_deterministic_algorithms(True)), raises.
         version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.  With
             a variant: None, "v3.7", "v3.6", "v3.3" or "v3.1" (the mma.sync variants kernel, also on
             Hopper).
