@@ -10,8 +10,6 @@ and B*H past gridDim.y, and the gradients (bwd_v2_variants) against float64 auto
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 
 from tileattn import _nvrtc, api, flash_attn_func, flash_attn_varlen_func, reference, serving
 from tileattn.testing import (
@@ -268,32 +266,6 @@ def test_a_window_wider_than_the_sequences_is_no_variant():
         flash_attn_func(q, k, v, causal=True, window_size=(100, 100))
 
 
-@given(Tr=st.integers(1, 90), window_left=st.integers(0, 100 * 128), B=st.sampled_from([64, 128]))
-def test_window_units_cover_every_block_once_in_equal_work(Tr, window_left, B):
-    """The variants' persistent walk under a causal left window (csrc/common.cuh window_unit_blocks,
-    mirrored by serving.window_units): every Q block of a head once, each unit c + 1 K/V blocks of
-    work as the kernel counts them (its j_lo and Tc), but a lone middle block of (c + 1) / 2."""
-    N = Tr * B
-    c = serving.window_unit_span(window_left, 0, N, N, Tr, B)
-    if c is None:  # the window does not bind: persistent_tile's causal pairs
-        assert -(-window_left // B) >= Tr
-        return
-    units = serving.window_units(Tr, c)
-    assert sorted(qb for unit in units for qb in unit) == list(range(Tr))
-    assert len(units) == Tr - c + (c + 1) // 2  # the host's grid (_launch_packed)
-    Tc = lambda qb: qb + 1 - max(0, qb * B - window_left) // B  # v3_3_wgmma.cu tile_at, offset 0
-    work = [sum(Tc(qb) for qb in unit) for unit in units]
-    assert work == [c + 1] * (len(units) - c % 2) + [(c + 1) // 2] * (c % 2)
-
-
-def test_window_units_apply_only_at_offset_zero():
-    assert serving.window_unit_span(130, 0, 300, 457, 3, 128) == 2  # top-left, Nk > Nq
-    assert serving.window_unit_span(130, 157, 300, 457, 3, 128) is None  # bottom-right
-    assert serving.window_unit_span(130, 0, 457, 300, 4, 128) is None  # Nk < Nq: late blocks clipped
-    assert serving.window_unit_span(-1, 0, 300, 300, 3, 128) is None  # no left window
-    assert serving.window_unit_span(300, 0, 300, 300, 3, 128) is None  # c = 3: wider than the sequence
-
-
 # ---- GPU -------------------------------------------------------------------------------------
 
 _VARIANTS = {
@@ -374,10 +346,10 @@ def test_variants_match_float64(dtype, version, D, causal, variant):
 @pytest.mark.parametrize(
     "Nq,Nk,causal", [(1000, 1000, "bottom_right"), (1000, 1000, "top_left"), (777, 1029, "top_left")]
 )
-def test_window_units_match_float64(window_left, Nq, Nk, causal):
-    """v3.6's variants kernel on the window's units (serving.window_units; offset 0): c odd and
-    even, windows on and off a block edge, none (1000: c = Tr), 64 heads so that CTAs take several
-    units; bf16, D=64, float64 reference, NaN-poisoned outputs."""
+def test_causal_left_windows_match_float64(window_left, Nq, Nk, causal):
+    """v3.6's variants kernel (persistent) under causal left windows at offset 0 and beside it: windows
+    of whole blocks and not, under one block, none that binds (1000), 64 heads so that CTAs take
+    several pairs; bf16, D=64, float64 reference, NaN-poisoned outputs."""
     _needs("v3.6")
     gen = torch.Generator(device="cuda").manual_seed(window_left + Nq)
     B, H, H_kv, D, dtype = 8, 8, 2, 64, torch.bfloat16

@@ -28,7 +28,7 @@ import operator
 import numpy as np
 import torch
 
-from . import _nvrtc, _params, api
+from . import _params, api
 from .versions import DEC_COMBINE, DEC_COMBINE_ROWS, DEC_VERSIONS
 
 _MAX_SPLITS = 128
@@ -82,6 +82,8 @@ def _decode_entry(dtype: str, D: int, device_index: int, version=None, page_size
     0.86x its contiguous speed where dec_v3 keeps 0.97x (H200, bf16, B=16, GQA 32:8, 16k keys,
     D=128; measured, not yet explained: both look the block table up per row).  A kernel named
     by version runs unless its rule is "copy_engine" and it cannot take the pages (ValueError)."""
+    from . import _nvrtc
+
     cc = _nvrtc.device_arch(device_index)
     arch = cc[0] * 10 + cc[1]
     fits = [e for e in _entries(version) if dtype in e.dtypes and D in e.tiles and e.min_arch <= arch]
@@ -446,6 +448,7 @@ def _packed_path(
     variants kernel (persistent) at its head dims, or with ``three`` (ALiBi alone and not a short
     causal call: attention_variants) v3.7's at its one.  ``version`` ("v3.7", "v3.6", "v3.3" or
     "v3.1") forces one.  Raises NotImplementedError naming what runs where."""
+    from . import _nvrtc
     from .versions import KERNEL_ENTRIES
 
     v33 = KERNEL_ENTRIES[_VARIANTS if variants else _VARLEN]
@@ -473,23 +476,6 @@ def _packed_path(
         f"sm_80+ (v3.1) at head dims {mma.head_dims}; got {dtype} at head dim {D} on sm_{arch}"
         + (f" with version={version!r}" if version else "")
     )
-
-
-def window_units(Tr: int, c: int) -> list[tuple[int, ...]]:
-    """A head's units of the variants' persistent walk under a causal left window, in order
-    (csrc/common.cuh window_unit_blocks, c from window_unit_span): Q blocks c .. Tr - 1 alone,
-    longest first, then (c - 1 - j, j), the middle block alone when c is odd."""
-    singles = [(qb,) for qb in range(Tr - 1, c - 1, -1)]
-    return singles + [(c - 1 - j, j) if c - 1 - j != j else (j,) for j in range((c + 1) // 2)]
-
-
-def window_unit_span(window_left: int, offset: int, Nq: int, Nk: int, Tr: int, B: int) -> int | None:
-    """csrc/common.cuh window_unit_span: c = ceil(window_left / B) where the window's units apply
-    (a left window, the diagonal at offset 0, Nk >= Nq, c < Tr), else None."""
-    if window_left < 0 or offset != 0 or Nk < Nq:
-        return None
-    c = -(-window_left // B)
-    return c if c < Tr else None
 
 
 def _launch_packed(
@@ -534,12 +520,7 @@ def _launch_packed(
     ]  # fmt: skip
     if entry.persistent:
         assert cu_seqlens[0] is None, "persistent kernels take dense calls only"
-        c = window_unit_span(window[0], causal_offset, Nq, Nk, Tr, Br) if causal and Br == Bc else None
-        if c is None:
-            ctas = api.persistent_ctas(Tr, BH, causal, q.device.index)
-        else:  # the window's units (v3_3_wgmma.cu v3_3_for_my_tiles): a CTA each, up to one per SM
-            ctas = min(_nvrtc.sm_count(q.device.index), BH * (Tr - c + (c + 1) // 2))  # len(window_units)
-        kern.launch(stream, ctas, 1, args(0), maps)
+        kern.launch(stream, api.persistent_ctas(Tr, BH, causal, q.device.index), 1, args(0), maps)
         return
     for off in range(0, BH, api._GRID_Y_MAX):
         kern.launch(stream, Tr, min(api._GRID_Y_MAX, BH - off), args(off), maps)

@@ -154,28 +154,6 @@ __device__ __forceinline__ TileIndex persistent_tile(int tile, int Tr, int bh_co
   return {bh, r % 2 == 0 ? Tr - 1 - r / 2 : r / 2};
 }
 
-// The variants' persistent walk under a causal left window W (v3_6_variants_fwd; Br = Bc = B, the
-// diagonal at offset 0, Nk >= Nq): Q block qb sees K/V blocks max(0, qb - c) .. qb, c = ceil(W / B),
-// so min(qb, c) + 1 blocks.  persistent_tile's pairs (Tr - 1 - r, r) are then unequal: at N = 8192,
-// W = 4096 they hold 34 to 66 blocks, and a model of the static schedule (132 CTAs, B * H = 32)
-// puts the busiest CTA at 1 / 0.941 of the ideal makespan against 1 / 0.970 for plain causal.
-// The window's units: blocks c .. Tr - 1 alone (c + 1 blocks each), then blocks 0 .. c - 1 in pairs
-// (c - 1 - j, j) of c + 1 blocks together (the middle one alone when c is odd), a head's units
-// consecutive (its K/V shared in L2 as in persistent_tile): the model gives 0.97.
-// window_unit_span: c where the units apply (c < Tr: the window binds), else -1.
-__device__ __forceinline__ int window_unit_span(int window_left, int offset, int Nq, int Nk, int Tr, int B) {
-  if (window_left < 0 || offset != 0 || Nk < Nq) return -1;
-  const int c = (window_left + B - 1) / B;
-  return c < Tr ? c : -1;
-}
-__device__ __forceinline__ int window_units_per_head(int Tr, int c) { return Tr - c + (c + 1) / 2; }
-// The Q blocks of a head's unit u: (x, y), y = -1 for a unit of one block.
-__device__ __forceinline__ int2 window_unit_blocks(int u, int Tr, int c) {
-  if (u < Tr - c) return make_int2(Tr - 1 - u, -1);
-  const int j = u - (Tr - c);
-  return make_int2(c - 1 - j, c - 1 - j == j ? -1 : j);
-}
-
 // The tile scheduler of packed sequences (v3.3's variable-length batches): blockIdx.x enumerates
 // every sequence's Q blocks in turn, so no CTA is launched for the blocks a grid over the longest
 // sequence would hold past a short one's end.  Sequence b's blocks are tiles first(b) ..

@@ -125,40 +125,17 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
   trace_at(i, slot, ev, clock64());
 #endif
 }
-// WINDOW_UNITS (the variants' causal persistent kernel): where window_c >= 0 (common.cuh
-// window_unit_span, a causal left window) the units are window_unit_blocks's, tile_at then
-// reading tiles as bh * Tr + Q block; else persistent_tile's pairs.  f has one call site (a second
-// would inline the whole tile twice).
-template <bool PERSISTENT, bool CAUSAL, bool WINDOW_UNITS = false, typename TileAt, typename F>
+template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
-                                                  bool warp_uniform, int Tr = 0, int window_c = -1) {
+                                                  bool warp_uniform) {
   if constexpr (PERSISTENT) {
     constexpr int U = CAUSAL ? 2 : 1;
     int c0 = 0, i = 0;
-    if constexpr (WINDOW_UNITS) {
-      const int per_head = window_c >= 0 ? window_units_per_head(Tr, window_c) : 0;
-      const int units = window_c >= 0 ? per_head * (total / Tr) : (total + 1) / 2;
-      for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-        int2 tiles = make_int2(2 * unit, 2 * unit + 1 < total ? 2 * unit + 1 : -1);
-        if (window_c >= 0) {
-          const int bh = unit / per_head;
-          const int2 qb = window_unit_blocks(unit % per_head, Tr, window_c);
-          tiles = make_int2(bh * Tr + qb.x, qb.y >= 0 ? bh * Tr + qb.y : -1);
-        }
-#pragma unroll 1
-        for (int t = 0; t < 2 && (t == 0 || tiles.y >= 0); ++t, ++i) {
-          const auto w = tile_at(t == 0 ? tiles.x : tiles.y);
-          f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
-          c0 += w.Tc;
-        }
-      }
-    } else {
-      for (int unit = blockIdx.x; unit * U < total; unit += gridDim.x) {
-        for (int tile = unit * U; tile < min(total, unit * U + U); ++tile, ++i) {
-          const auto w = tile_at(tile);
-          f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
-          c0 += w.Tc;
-        }
+    for (int unit = blockIdx.x; unit * U < total; unit += gridDim.x) {
+      for (int tile = unit * U; tile < min(total, unit * U + U); ++tile, ++i) {
+        const auto w = tile_at(tile);
+        f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
+        c0 += w.Tc;
       }
     }
   } else {
@@ -206,15 +183,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // over Tr * bh_count tiles (v3_3_for_my_tiles); dense calls only (the host launches packed
   // sequences on the non-persistent kernels, so cu_seqlens is null here).
   const int Tr = (Nq + Br - 1) / Br;
-  // Causal with a left window, the variants' persistent kernel: the window's units of equal work
-  // (common.cuh window_unit_span), else -1 (persistent_tile's order).
-  constexpr bool WINDOW_UNITS = PERSISTENT && CAUSAL && VARIANTS && Br == Bc;
-  const int window_c =
-      WINDOW_UNITS ? window_unit_span(window_left, causal_offset, Nq, Nk, Tr, Bc) : -1;
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
     if constexpr (PERSISTENT) {
-      const TileIndex ti = window_c >= 0 ? TileIndex{tile / Tr, tile % Tr} : persistent_tile<CAUSAL>(tile, Tr, bh_count);
+      const TileIndex ti = persistent_tile<CAUSAL>(tile, Tr, bh_count);
       w.bh = ti.bh;
       w.qb = ti.q_block;
     } else {
@@ -290,8 +262,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       }
       trace_clock(i, 3, 2);
     };
-    v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_UNITS>(tile_at, Tr * bh_count, w0, produce_tile, false, Tr,
-                                                        window_c);
+    v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, produce_tile, false);
     return;
   }
 
@@ -563,8 +534,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     }
     if (tracer) trace_clock(i, cwg, 5);
   };
-  v3_3_for_my_tiles<PERSISTENT, CAUSAL, WINDOW_UNITS>(tile_at, Tr * bh_count, w0, consume_tile, true, Tr,
-                                                      window_c);
+  v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true);
   if constexpr (STAGE_O) {  // the last tile's copies read the stage: it must outlive them
     if (lane == 0) bulk_wait_read<0>();
   }
