@@ -79,10 +79,17 @@ def test_varlen_bad_input_names_the_argument(change, error, match):
         flash_attn_varlen_func(**kwargs)
 
 
-def test_varlen_refuses_inputs_that_require_grad():
-    kwargs = _cpu()
-    kwargs["q"].requires_grad_()
-    with pytest.raises(RuntimeError, match="has no backward yet"):
+@pytest.mark.parametrize("D,change,match", [
+    (40, {}, "no backward pass for float16 at head dim 40"),
+    (40, dict(softcap=5.0), "no backward pass for window_size, softcap or alibi_slopes with float16 at head dim 40"),
+    (64, dict(softcap=5.0, deterministic=True), "no deterministic mode"),
+])  # fmt: skip
+def test_varlen_refuses_gradients_it_cannot_give(D, change, match):
+    """An input that requires grad where no backward rung takes the head dim, or with a variant
+    and deterministic=True, raises before anything runs (here: before the CUDA check)."""
+    kwargs = {**_cpu(D=D), **change}
+    kwargs["k"].requires_grad_()
+    with pytest.raises(RuntimeError, match=match):
         flash_attn_varlen_func(**kwargs)
 
 
@@ -209,3 +216,63 @@ def test_varlen_variants_past_grid_y(version):
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
     # (H, total_q); tanh.approx's 2^-11 relative error is not averaged away over 3 keys a row
     torch.testing.assert_close(lse, torch.logsumexp(S, dim=-1).permute(1, 0, 2).reshape(H, B * n_q), rtol=0, atol=2e-3)
+
+
+_GRAD_VARIANTS = {
+    "plain": {},
+    "window": dict(window_size=(61, 29)),
+    "softcap": dict(softcap=1.5),
+    "alibi_bh": dict(alibi="BH"),
+    "all": dict(window_size=(200, 7), softcap=3.0, alibi="BH"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("variant", list(_GRAD_VARIANTS))
+@pytest.mark.parametrize("scale", [None, -0.07])
+def test_varlen_gradients_match_float64(dtype, D, causal, variant, scale):
+    """dq, dk, dv of flash_attn_varlen_func against float64 autograd of each sequence alone
+    (testing.reference_grads of a dense batch of one), within twice PyTorch's own error plus the
+    floor: awkward lengths, Nq != Nk per sequence (more queries than keys too), a sequence with no
+    queries, one with no keys, N = 1, GQA 4:2, rows of q past cu_seqlens_q[-1], a negative scale,
+    each variant (ALiBi per sequence); gradients 0 where no sequence reaches, inputs unchanged."""
+    from tileattn.testing import assert_within_torch_error, reference_grads
+
+    gen = torch.Generator(device="cuda").manual_seed(D + len(variant) + len(str(causal)))
+    lens_q, lens_k = [1, 130, 0, 77, 300, 45], [1, 64, 9, 0, 457, 45]
+    H, H_kv, extra = 4, 2, 3  # extra: rows of q past the last sequence
+    spec = dict(_GRAD_VARIANTS[variant])
+    slopes = None
+    if spec.pop("alibi", None):
+        slopes = torch.rand(len(lens_q), H, device="cuda", generator=gen) * 0.3
+    q = torch.randn(sum(lens_q) + extra, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(sum(lens_k), H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    dO = torch.randn_like(q)
+    inputs = [t.clone() for t in (q, k, v, dO)]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    out = flash_attn_varlen_func(
+        *leaves, cu_q, cu_k, max(lens_q), max(lens_k), softmax_scale=scale, causal=causal, alibi_slopes=slopes, **spec
+    )
+    out.backward(dO)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, (q, k, v, dO))), "an input was modified"
+    dq, dk, dv = (t.grad for t in leaves)
+    assert not dq[sum(lens_q) :].any(), "rows past the last sequence"
+    mode = {False: None, True: "bottom_right"}.get(causal, causal)
+    scale = D**-0.5 if scale is None else scale
+    for b in range(len(lens_q)):
+        (q0, q1), (k0, k1) = cu_q[b : b + 2].tolist(), cu_k[b : b + 2].tolist()
+        if q1 == q0 or k1 == k0:  # nothing to attend: every gradient of the sequence's rows is 0
+            assert not dq[q0:q1].any() and not dk[k0:k1].any() and not dv[k0:k1].any(), f"sequence {b}"
+            continue
+        one = lambda t, r0, r1: t[r0:r1].unsqueeze(0)
+        args = (one(q, q0, q1), one(k, k0, k1), one(v, k0, k1), one(dO, q0, q1), scale, mode, "bnhd")
+        variants = dict(window=spec.get("window_size", (-1, -1)), softcap=spec.get("softcap", 0.0),
+                        alibi_slopes=None if slopes is None else slopes[b : b + 1])  # fmt: skip
+        expected = reference_grads(*args, **variants)
+        torch_grads = reference_grads(*args, dtype, **variants)
+        got = [one(dq, q0, q1), one(dk, k0, k1), one(dv, k0, k1)]
+        assert_within_torch_error(got, expected, torch_grads, str(dtype).removeprefix("torch."), f"sequence {b} ")

@@ -583,8 +583,11 @@ def flash_attn_varlen_func(
     Runs on Hopper (sm_90) at head dims 64, 128, 192 and 256 on the v3.3 rung, and on sm_80+
     (Hopper's other head dims included) at head dims 32, 64, 80, 96, 128, 160, 192, 256 on v3.1's
     (mma.sync); with a window, softcap or ALiBi, on the same rung's variants kernel.  Other dtypes
-    or head dims raise NotImplementedError, and so does dropout.  Not
-    differentiable yet: an input that requires grad while grad mode is on raises.  Rows of q past
+    or head dims raise NotImplementedError, and so does dropout.  Differentiable in q, k and v
+    (lse is not) where a backward rung takes the dtype and head dim (with a variant:
+    bwd_v2_variants, not deterministic); elsewhere an input that requires grad raises.  The
+    backward runs the dense backward rungs one sequence at a time and reads the offsets on the host
+    once (a sync; the forward makes none).  Rows of q past
     cu_seqlens_q[-1] have unspecified output; the offsets' values are not checked (that would
     need a sync)."""
     if dropout_p:
@@ -604,8 +607,7 @@ def flash_attn_varlen_func(
     for name, t in tensors:
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last (head) dim, got strides {t.stride()}")
-    if torch.is_grad_enabled() and any(t.requires_grad for _, t in tensors):
-        raise RuntimeError("flash_attn_varlen_func has no backward yet: call it under torch.no_grad()")
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for _, t in tensors)
     total_q, H, D = q.shape
     total_k, H_kv, Dk = k.shape
     if v.shape != k.shape:
@@ -630,14 +632,41 @@ def flash_attn_varlen_func(
     )
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else api._scale(softmax_scale, "softmax_scale")
     variants = any_variant(window, softcap, alibi_slopes, mode is not None)
+    deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
+    if needs_grad:  # a gradient this call cannot give raises here, never silently later
+        if variants:
+            api._check_variants_backward(q, k, v, deterministic)
+        else:
+            api._check_backward_exists(q, k, v)
     if q.device.type != "cuda":
         raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
     what = "variable-length batches" + (" with a window, softcap or ALiBi" if variants else "")
     kernel = _packed_path(what, q.dtype, D, q.device, variants, version)
+    if needs_grad:
+        grad_args = (scale, mode, (window, softcap, alibi_slopes) if variants else None, deterministic)
+        run = lambda: _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mode,
+                                      window, softcap, alibi_slopes, variants, kernel, True)  # fmt: skip
+        out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, run, grad_args)
+        return (out, lse) if return_lse else out
+    out, lse = _varlen_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mode, window, softcap, alibi_slopes,
+        variants, kernel, return_lse,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+def _varlen_forward(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mode, window, softcap, alibi_slopes,
+    variants, kernel, return_lse,
+):  # fmt: skip
+    """flash_attn_varlen_func's launch, its arguments checked: (O, lse or None)."""
+    total_q, H, D = q.shape
+    total_k, H_kv, _ = k.shape
+    B = cu_seqlens_q.shape[0] - 1
     no_key = total_k == 0 or max_seqlen_k == 0  # no key anywhere: O = 0, lse -inf
     out, lse = api._outputs(None, None, (total_q, H, D), q.dtype, (H, total_q), return_lse, q.device, no_key)
     if B == 0 or total_q == 0 or max_seqlen_q == 0 or no_key:
-        return (out, lse) if return_lse else out
+        return out, lse
     q, k, v, scale = _prepare_scale_and_rows(q, k, v, scale, lambda t: (0, *t.stride()[:2]))
     # One "batch" of total rows to the kernel: (sb, sh, sn) = (0, stride(1), stride(0)).
     strides = [(0, t.stride(1), t.stride(0)) for t in (q, k, v, out)]
@@ -648,7 +677,61 @@ def flash_attn_varlen_func(
         bottom_right=mode == "bottom_right" or (mode is None and variants), window=window, softcap=softcap,
         alibi_slopes=alibi_slopes,
     )  # fmt: skip
-    return (out, lse) if return_lse else out
+    return out, lse
+
+
+class _VarlenAttention(torch.autograd.Function):
+    """flash_attn_varlen_func with inputs that require grad: the forward as without them (``run``,
+    O and lse), the backward one sequence at a time through the dense backward rungs
+    (_varlen_backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, run, grad_args):
+        out, lse = run()
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.grad_args = grad_args
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        return *_varlen_backward(*ctx.saved_tensors, dout, *ctx.grad_args), None, None, None, None
+
+
+def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale, mode, variants, deterministic):
+    """dq, dk, dv of flash_attn_varlen_func: sequence b's rows of q, k, v, O, dO and lse as a dense
+    batch of one (views, lse's (H, rows) slice copied) through backward.attention_backward, the
+    plain rungs or bwd_v2_variants with the same alignment (bottom-right per sequence, or top-left).
+    Reading the offsets is one host sync, in the backward only (the forward makes none).  Rows no
+    sequence holds, and every row of a sequence without keys, get gradient 0.  A negative scale:
+    the forward ran on -q (exact), so the backward does too and negates dq back."""
+    from .backward import attention_backward
+
+    if dout.stride(-1) != 1:  # the kernels read dO rows with a contiguous head dim
+        dout = dout.contiguous()
+    negate = scale < 0
+    if negate:
+        q, scale = -q, -scale
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    offsets_q, offsets_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(offsets_q) - 1):
+        (q0, q1), (k0, k1) = offsets_q[b : b + 2], offsets_k[b : b + 2]
+        if q1 <= q0 or k1 <= k0:
+            continue
+        kernel_variants = None
+        if variants is not None:
+            window, softcap, slopes = variants
+            slopes = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
+            kernel_variants = (window, _kernel_softcap(softcap, scale), slopes)
+        one = lambda t, r0, r1: t[r0:r1].unsqueeze(0)  # (1, rows, heads, D): a dense "bnhd" batch of one
+        grads = attention_backward(
+            one(q, q0, q1), one(k, k0, k1), one(v, k0, k1), one(out, q0, q1), lse[:, q0:q1].contiguous().unsqueeze(0),
+            one(dout, q0, q1), scale, mode, "bnhd", deterministic=deterministic, variants=kernel_variants,
+        )  # fmt: skip
+        dq[q0:q1] += grads[0][0]
+        dk[k0:k1] += grads[1][0]
+        dv[k0:k1] += grads[2][0]
+    return (-dq if negate else dq), dk, dv
 
 
 def attention_variants(
