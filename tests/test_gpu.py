@@ -697,3 +697,47 @@ def test_transformers_gemma2_trains_through_the_variants_backward():
         return ((g - reference).norm() / reference.norm()).item()
 
     assert error(ours) <= 1.5 * error(eager_bf16) + 1e-3, (error(ours), error(eager_bf16))
+
+
+def test_transformers_padded_batch_trains_through_the_varlen_backward():
+    """Training on a left-padded bf16 batch runs the packed path (padding_aware_mask's (B, L) mask,
+    flash_attn_varlen_func and its backward; no fallback warning), and the attention weights'
+    gradients are as close to a float32 SDPA run's as bf16 SDPA's are (padded positions carry
+    label -100, so neither path's padded rows reach the loss)."""
+    import copy
+    import warnings
+
+    import torch
+
+    pytest.importorskip("transformers", reason="transformers is an optional extra (the device image has it)")
+    import tileattn.integrations.transformers as tileattn_hf
+
+    tileattn_hf.register()
+    torch.manual_seed(0)
+    base = _tiny_llama().float().train()
+    base.config.attention_dropout = 0.0
+    ids = torch.randint(0, 1000, (3, 97), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :40], mask[2, :1] = 0, 0  # left padding
+    labels = ids.masked_fill(mask == 0, -100)
+    calls, padded = [], tileattn_hf._padded_attention
+
+    def attention_grads(impl, dtype):
+        model = copy.deepcopy(base).to(dtype)
+        model.set_attn_implementation(impl)
+        tileattn_hf._warned.clear()
+        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tileattn_hf, "_padded_attention", lambda q, *a: calls.append(q.requires_grad) or padded(q, *a))
+            warnings.filterwarnings("error", message="tileattn:")  # a fallback to SDPA warns
+            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        return torch.cat([p.grad.float().flatten() for n, p in model.named_parameters() if ".self_attn." in n])
+
+    reference = attention_grads("sdpa", torch.float32)
+    sdpa_bf16 = attention_grads("sdpa", torch.bfloat16)
+    ours = attention_grads("tileattn", torch.bfloat16)
+    assert calls == [True, True]  # both layers, on the packed path, with gradients
+
+    def error(g):
+        return ((g - reference).norm() / reference.norm()).item()
+
+    assert error(ours) <= 1.5 * error(sdpa_bf16) + 1e-3, (error(ours), error(sdpa_bf16))

@@ -25,12 +25,13 @@ What runs where:
   * A padding mask (batched generation's prefill and decode steps, static caches): the valid
     tokens are gathered (one host sync for their count, as transformers' flash-attention path)
     and run through ``flash_attn_varlen_func``, causal bottom-right per sequence, windows and
-    softcap included; padded query rows get zeros.  No gradients (the fallback serves training).
+    softcap included; padded query rows get zeros.  Training too: flash_attn_varlen_func's
+    backward (the dense rungs a sequence at a time, one more host sync) and the gather's.
   * Anything else falls back to transformers' own SDPA path, with one warning per reason:
     dropout, position bias, softcap or a sliding window on inputs that require grad where the
-    variants' backward does not run (FP32, its head dims, deterministic algorithms), a padded
-    batch that requires grad, inputs that require grad at a head dim
-    without a backward rung (the fallback keeps training correct), an unsupported head dim or
+    variants' backward does not run (FP32, its head dims, deterministic algorithms), inputs that
+    require grad at a head dim without a backward rung (the fallback keeps training correct), an
+    unsupported head dim or
     dtype, a mask of another kind (chunked attention).  A padding mask is turned into SDPA's 4-D
     mask for it.  (transformers' SDPA path itself drops the softcap: run such models with "eager"
     for a reference.)
@@ -185,8 +186,6 @@ def _unsupported(query, key, value, attention_mask, dropout, kwargs) -> str | No
         reason = _variants_backward_missing(dtype, D)
         if reason:
             return reason
-    if needs_grad and attention_mask is not None:
-        return "padded batches have no backward pass yet"
     if needs_grad and D not in api.backward_head_dims(dtype):
         return f"inputs require grad and tileattn has no backward pass for {dtype} at head dim {D}"
     if D not in api.head_dims(dtype) or key.shape[-1] != D:
