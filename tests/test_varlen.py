@@ -227,6 +227,60 @@ _GRAD_VARIANTS = {
 }
 
 
+_LENS_Q, _LENS_K = [1, 130, 0, 77, 300, 45], [1, 64, 9, 0, 457, 45]
+
+
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("variant", list(_GRAD_VARIANTS))
+@pytest.mark.parametrize("scale", [0.125, -0.07])
+def test_varlen_backward_composes_per_sequence(monkeypatch, causal, variant, scale):
+    """serving._varlen_backward's bookkeeping on the CPU, the dense backward it calls played by
+    float64 autograd (testing.reference_grads, which the GPU tests hold the rungs to): each
+    sequence's rows and alignment, ALiBi's row of slopes per sequence, a negative scale's sign
+    (the dense call sees -q at |scale|), GQA, zeros where no sequence or no key reaches; against
+    float64 autograd of each sequence alone."""
+    from tileattn import backward, serving
+    from tileattn.testing import reference_grads
+
+    def dense(q, k, v, out, lse, dout, scale, mode, layout, deterministic=False, variants=None):
+        assert scale >= 0 and out.shape == q.shape and lse.shape == (1, q.shape[2], q.shape[1])
+        window, softcap, slopes = variants or ((-1, -1), 0.0, None)
+        return reference_grads(q, k, v, dout, scale, mode, layout, window=window, softcap=softcap, alibi_slopes=slopes)
+
+    monkeypatch.setattr(backward, "attention_backward", dense)
+    gen = torch.Generator().manual_seed(len(variant) + len(str(causal)))
+    H, H_kv, D, extra = 4, 2, 16, 3
+    spec = dict(_GRAD_VARIANTS[variant])
+    slopes = torch.rand(len(_LENS_Q), H, generator=gen) * 0.3 if spec.pop("alibi", None) else None
+    q = torch.randn(sum(_LENS_Q) + extra, H, D, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(sum(_LENS_K), H_kv, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    dO = torch.randn(q.shape, generator=gen, dtype=torch.float64)
+    cu_q, cu_k = cu_seqlens(_LENS_Q, "cpu"), cu_seqlens(_LENS_K, "cpu")
+    mode = {False: None, True: "bottom_right"}.get(causal, causal)
+    # the variants as flash_attn_varlen_func hands them on (grad_args)
+    window, softcap, checked = serving._variants(
+        spec.get("window_size", (-1, -1)), spec.get("softcap", 0.0), slopes, mode is not None, len(_LENS_Q), H,
+        q.shape[0] + k.shape[0], q.device,
+    )  # fmt: skip
+    variants = (window, softcap, checked) if serving.any_variant(window, softcap, checked, mode is not None) else None
+    out, lse = torch.zeros_like(q), torch.zeros(H, q.shape[0])
+    dq, dk, dv = serving._varlen_backward(q, k, v, out, lse, cu_q, cu_k, dO, scale, mode, variants, False)
+    assert not dq[sum(_LENS_Q) :].any()
+    for b in range(len(_LENS_Q)):
+        (q0, q1), (k0, k1) = cu_q[b : b + 2].tolist(), cu_k[b : b + 2].tolist()
+        if q1 == q0 or k1 == k0:
+            assert not dq[q0:q1].any() and not dk[k0:k1].any() and not dv[k0:k1].any(), f"sequence {b}"
+            continue
+        one = lambda t, r0, r1: t[r0:r1].unsqueeze(0)
+        expected = reference_grads(
+            one(q, q0, q1), one(k, k0, k1), one(v, k0, k1), one(dO, q0, q1), scale, mode, "bnhd",
+            window=spec.get("window_size", (-1, -1)), softcap=spec.get("softcap", 0.0),
+            alibi_slopes=None if slopes is None else slopes[b : b + 1].double(),
+        )  # fmt: skip
+        for got, want in zip((one(dq, q0, q1), one(dk, k0, k1), one(dv, k0, k1)), expected):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"sequence {b}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("D", [64, 128])
@@ -242,7 +296,7 @@ def test_varlen_gradients_match_float64(dtype, D, causal, variant, scale):
     from tileattn.testing import assert_within_torch_error, reference_grads
 
     gen = torch.Generator(device="cuda").manual_seed(D + len(variant) + len(str(causal)))
-    lens_q, lens_k = [1, 130, 0, 77, 300, 45], [1, 64, 9, 0, 457, 45]
+    lens_q, lens_k = _LENS_Q, _LENS_K
     H, H_kv, extra = 4, 2, 3  # extra: rows of q past the last sequence
     spec = dict(_GRAD_VARIANTS[variant])
     slopes = None
