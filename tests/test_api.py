@@ -436,6 +436,71 @@ def test_transformers_padded_batches_run_packed(monkeypatch, model_name):
     torch.testing.assert_close(logits["tileattn"][1], logits[peer][1], rtol=0, atol=2e-2)
 
 
+def _differentiable_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                           causal=False, **kwargs):  # fmt: skip
+    """flash_attn_varlen_func's contract in differentiable float64 torch (no variants): each
+    sequence alone, causal bottom-right, a row without keys 0."""
+    from tileattn.testing import _expand_kv, _scores
+
+    assert causal in (False, "bottom_right") and not kwargs.get("softcap")
+    out = q.new_zeros(q.shape, dtype=torch.float64)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        qq, kk, vv = (t[r0:r1].double().transpose(0, 1)[None] for t, (r0, r1) in
+                      ((q, cq[b : b + 2]), (k, ck[b : b + 2]), (v, ck[b : b + 2])))  # fmt: skip
+        kk, vv = _expand_kv(qq, kk, vv)
+        S = _scores(qq, kk, softmax_scale, "bottom_right" if causal else None)
+        out = out.index_copy(
+            0, torch.arange(cq[b], cq[b + 1]), (torch.softmax(S, -1).nan_to_num(0.0) @ vv)[0].transpose(0, 1)
+        )
+    return out.to(q.dtype)
+
+
+def test_transformers_padded_batch_trains_on_the_cpu(monkeypatch):
+    """Training on a left-padded batch takes the packed path with gradients (no fallback): the
+    gather into packed rows, flash_attn_varlen_func (here a differentiable float64 stand-in; the
+    GPU test runs the kernels) and the scatter back give the gradients of transformers' SDPA path
+    on the same bf16 model, as close to a float32 SDPA run as bf16 SDPA's own."""
+    pytest.importorskip("transformers")
+    import copy
+    import warnings
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import tileattn.integrations.transformers as tileattn_hf
+    from tileattn import serving
+
+    tileattn_hf.register()
+    monkeypatch.setattr(tileattn_hf, "_variants_run", lambda *a: True)
+    monkeypatch.setattr(tileattn_hf, "_unsupported", lambda *a: None)  # (the CPU itself would fall back)
+    monkeypatch.setattr(serving, "flash_attn_varlen_func", _differentiable_varlen)
+    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, vocab_size=100, attention_dropout=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(config).train()
+    ids = torch.randint(0, 100, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[0, :7], mask[2, :1] = 0, 0  # left padding
+    labels = ids.masked_fill(mask == 0, -100)
+    calls, padded = [], tileattn_hf._padded_attention
+    monkeypatch.setattr(tileattn_hf, "_padded_attention", lambda q, *a: calls.append(q.requires_grad) or padded(q, *a))
+
+    def attention_grads(impl, dtype):
+        model = copy.deepcopy(base).to(dtype)
+        model.set_attn_implementation(impl)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="tileattn:")  # a fallback warns
+            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        return torch.cat([p.grad.float().flatten() for n, p in model.named_parameters() if ".self_attn." in n])
+
+    reference = attention_grads("sdpa", torch.float32)
+    sdpa_bf16 = attention_grads("sdpa", torch.bfloat16)
+    ours = attention_grads("tileattn", torch.bfloat16)
+    assert calls == [True, True]
+    error = lambda g: ((g - reference).norm() / reference.norm()).item()
+    assert error(ours) <= 1.5 * error(sdpa_bf16) + 1e-3, (error(ours), error(sdpa_bf16))
+
+
 def test_transformers_padding_mask_as_sdpa_mask():
     """The fallback's 4-D mask from a padding mask (_dense_mask) is transformers' own SDPA mask on
     every valid query row: prefill and a decode step, causal with and without a sliding window."""
