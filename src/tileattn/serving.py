@@ -714,6 +714,7 @@ def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale,
         q, scale = -q, -scale
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     offsets_q, offsets_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    one = lambda t, r0, r1: t[r0:r1].unsqueeze(0)  # (1, rows, heads, D): a dense "bnhd" batch of one
     for b in range(len(offsets_q) - 1):
         (q0, q1), (k0, k1) = offsets_q[b : b + 2], offsets_k[b : b + 2]
         if q1 <= q0 or k1 <= k0:
@@ -723,7 +724,6 @@ def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale,
             window, softcap, slopes = variants
             slopes = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
             kernel_variants = (window, _kernel_softcap(softcap, scale), slopes)
-        one = lambda t, r0, r1: t[r0:r1].unsqueeze(0)  # (1, rows, heads, D): a dense "bnhd" batch of one
         grads = attention_backward(
             one(q, q0, q1), one(k, k0, k1), one(v, k0, k1), one(out, q0, q1), lse[:, q0:q1].contiguous().unsqueeze(0),
             one(dout, q0, q1), scale, mode, "bnhd", deterministic=deterministic, variants=kernel_variants,

@@ -31,9 +31,8 @@ What runs where:
     dropout, position bias, softcap or a sliding window on inputs that require grad where the
     variants' backward does not run (FP32, its head dims, deterministic algorithms), inputs that
     require grad at a head dim without a backward rung (the fallback keeps training correct), an
-    unsupported head dim or
-    dtype, a mask of another kind (chunked attention).  A padding mask is turned into SDPA's 4-D
-    mask for it.  (transformers' SDPA path itself drops the softcap: run such models with "eager"
+    unsupported head dim or dtype, a mask of another kind (chunked attention).  A padding mask is
+    turned into SDPA's 4-D mask for it.  (transformers' SDPA path itself drops the softcap: run such models with "eager"
     for a reference.)
 transformers is an optional dependency: ``pip install 'tileattn[transformers]'``.
 """
