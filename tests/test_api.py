@@ -390,6 +390,19 @@ def _fake_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     return torch.from_numpy(O).to(q.dtype)
 
 
+def _packed_path_on_the_cpu(monkeypatch, varlen):
+    """The integration registered, taking its packed path on the CPU, with ``varlen`` playing
+    flash_attn_varlen_func; returns the integration's module."""
+    import tileattn.integrations.transformers as tileattn_hf
+    from tileattn import serving
+
+    tileattn_hf.register()
+    monkeypatch.setattr(tileattn_hf, "_variants_run", lambda *a: True)
+    monkeypatch.setattr(tileattn_hf, "_unsupported", lambda *a: None)  # (the CPU itself would fall back)
+    monkeypatch.setattr(serving, "flash_attn_varlen_func", varlen)
+    return tileattn_hf
+
+
 @pytest.mark.parametrize("model_name", ["llama", "gemma2"])
 def test_transformers_padded_batches_run_packed(monkeypatch, model_name):
     """A left-padded batch, its prefill and a decode step with the cache, takes tileattn's packed
@@ -401,14 +414,9 @@ def test_transformers_padded_batches_run_packed(monkeypatch, model_name):
     pytest.importorskip("transformers")
     from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    import tileattn.integrations.transformers as tileattn_hf
-    from tileattn import serving
     from tileattn.testing import padded_prefill_and_step
 
-    tileattn_hf.register()
-    monkeypatch.setattr(tileattn_hf, "_variants_run", lambda *a: True)
-    monkeypatch.setattr(tileattn_hf, "_unsupported", lambda *a: None)  # (the CPU itself would fall back)
-    monkeypatch.setattr(serving, "flash_attn_varlen_func", _fake_varlen)
+    tileattn_hf = _packed_path_on_the_cpu(monkeypatch, _fake_varlen)
     common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=32, vocab_size=100)  # fmt: skip
     if model_name == "llama":
@@ -467,13 +475,7 @@ def test_transformers_padded_batch_trains_on_the_cpu(monkeypatch):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    import tileattn.integrations.transformers as tileattn_hf
-    from tileattn import serving
-
-    tileattn_hf.register()
-    monkeypatch.setattr(tileattn_hf, "_variants_run", lambda *a: True)
-    monkeypatch.setattr(tileattn_hf, "_unsupported", lambda *a: None)  # (the CPU itself would fall back)
-    monkeypatch.setattr(serving, "flash_attn_varlen_func", _differentiable_varlen)
+    tileattn_hf = _packed_path_on_the_cpu(monkeypatch, _differentiable_varlen)
     config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=32, vocab_size=100, attention_dropout=0.0)  # fmt: skip
     torch.manual_seed(0)
