@@ -470,10 +470,9 @@ def test_transformers_padded_batch_trains_on_the_cpu(monkeypatch):
     GPU test runs the kernels) and the scatter back give the gradients of transformers' SDPA path
     on the same bf16 model, as close to a float32 SDPA run as bf16 SDPA's own."""
     pytest.importorskip("transformers")
-    import copy
-    import warnings
-
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tileattn.testing import assert_grads_as_close_as, attention_weight_grads
 
     tileattn_hf = _packed_path_on_the_cpu(monkeypatch, _differentiable_varlen)
     config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -486,21 +485,12 @@ def test_transformers_padded_batch_trains_on_the_cpu(monkeypatch):
     labels = ids.masked_fill(mask == 0, -100)
     calls, padded = [], tileattn_hf._padded_attention
     monkeypatch.setattr(tileattn_hf, "_padded_attention", lambda q, *a: calls.append(q.requires_grad) or padded(q, *a))
-
-    def attention_grads(impl, dtype):
-        model = copy.deepcopy(base).to(dtype)
-        model.set_attn_implementation(impl)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message="tileattn:")  # a fallback warns
-            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-        return torch.cat([p.grad.float().flatten() for n, p in model.named_parameters() if ".self_attn." in n])
-
-    reference = attention_grads("sdpa", torch.float32)
-    sdpa_bf16 = attention_grads("sdpa", torch.bfloat16)
-    ours = attention_grads("tileattn", torch.bfloat16)
+    inputs = dict(input_ids=ids, attention_mask=mask, labels=labels)
+    grads = lambda impl, dtype: attention_weight_grads(base, impl, dtype, **inputs)
+    reference, sdpa_bf16 = grads("sdpa", torch.float32), grads("sdpa", torch.bfloat16)
+    ours = grads("tileattn", torch.bfloat16)
     assert calls == [True, True]
-    error = lambda g: ((g - reference).norm() / reference.norm()).item()
-    assert error(ours) <= 1.5 * error(sdpa_bf16) + 1e-3, (error(ours), error(sdpa_bf16))
+    assert_grads_as_close_as(ours, sdpa_bf16, reference)
 
 
 def test_transformers_padding_mask_as_sdpa_mask():

@@ -649,15 +649,13 @@ def test_transformers_gemma2_trains_through_the_variants_backward():
     call with inputs that require grad), and its attention weights' gradients are as close to a
     float32 eager run's as bf16 eager's are.  The q and k projections are scaled up so that the
     scores reach the softcap: with the random weights as drawn tanh would be the identity."""
-    import copy
-    import warnings
-
     import torch
 
     pytest.importorskip("transformers", reason="transformers is an optional extra (the device image has it)")
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     import tileattn.integrations.transformers as tileattn_hf
+    from tileattn.testing import assert_grads_as_close_as, attention_weight_grads
 
     tileattn_hf.register()
     config = Gemma2Config(
@@ -678,25 +676,14 @@ def test_transformers_gemma2_trains_through_the_variants_backward():
         calls.append((kwargs["window_size"], kwargs["softcap"], q.requires_grad))
         return flash_attn_func(q, *args, **kwargs)
 
-    def attention_grads(impl, dtype):
-        model = copy.deepcopy(base).to(dtype)
-        model.set_attn_implementation(impl)
-        tileattn_hf._warned.clear()
-        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
-            mp.setattr(tileattn_hf.api, "flash_attn_func", spy)
-            warnings.filterwarnings("error", message="tileattn:")  # a fallback to SDPA warns
-            model(input_ids=ids, labels=ids).loss.backward()
-        return torch.cat([p.grad.float().flatten() for n, p in model.named_parameters() if ".self_attn." in n])
-
-    reference = attention_grads("eager", torch.float32)
-    eager_bf16 = attention_grads("eager", torch.bfloat16)
-    ours = attention_grads("tileattn", torch.bfloat16)
+    tileattn_hf._warned.clear()  # (a fallback warns once per reason)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tileattn_hf.api, "flash_attn_func", spy)
+        grads = lambda impl, dtype: attention_weight_grads(base, impl, dtype, input_ids=ids, labels=ids)
+        reference, eager_bf16 = grads("eager", torch.float32), grads("eager", torch.bfloat16)
+        ours = grads("tileattn", torch.bfloat16)
     assert calls == [((39, 0), 5.0, True), ((-1, -1), 5.0, True)]  # the sliding layer, then the full one
-
-    def error(g):
-        return ((g - reference).norm() / reference.norm()).item()
-
-    assert error(ours) <= 1.5 * error(eager_bf16) + 1e-3, (error(ours), error(eager_bf16))
+    assert_grads_as_close_as(ours, eager_bf16, reference)
 
 
 def test_transformers_padded_batch_trains_through_the_varlen_backward():
@@ -704,13 +691,11 @@ def test_transformers_padded_batch_trains_through_the_varlen_backward():
     flash_attn_varlen_func and its backward; no fallback warning), and the attention weights'
     gradients are as close to a float32 SDPA run's as bf16 SDPA's are (padded positions carry
     label -100, so neither path's padded rows reach the loss)."""
-    import copy
-    import warnings
-
     import torch
 
     pytest.importorskip("transformers", reason="transformers is an optional extra (the device image has it)")
     import tileattn.integrations.transformers as tileattn_hf
+    from tileattn.testing import assert_grads_as_close_as, attention_weight_grads
 
     tileattn_hf.register()
     torch.manual_seed(0)
@@ -721,23 +706,12 @@ def test_transformers_padded_batch_trains_through_the_varlen_backward():
     mask[0, :40], mask[2, :1] = 0, 0  # left padding
     labels = ids.masked_fill(mask == 0, -100)
     calls, padded = [], tileattn_hf._padded_attention
-
-    def attention_grads(impl, dtype):
-        model = copy.deepcopy(base).to(dtype)
-        model.set_attn_implementation(impl)
-        tileattn_hf._warned.clear()
-        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
-            mp.setattr(tileattn_hf, "_padded_attention", lambda q, *a: calls.append(q.requires_grad) or padded(q, *a))
-            warnings.filterwarnings("error", message="tileattn:")  # a fallback to SDPA warns
-            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-        return torch.cat([p.grad.float().flatten() for n, p in model.named_parameters() if ".self_attn." in n])
-
-    reference = attention_grads("sdpa", torch.float32)
-    sdpa_bf16 = attention_grads("sdpa", torch.bfloat16)
-    ours = attention_grads("tileattn", torch.bfloat16)
+    tileattn_hf._warned.clear()  # (a fallback warns once per reason)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tileattn_hf, "_padded_attention", lambda q, *a: calls.append(q.requires_grad) or padded(q, *a))
+        inputs = dict(input_ids=ids, attention_mask=mask, labels=labels)
+        grads = lambda impl, dtype: attention_weight_grads(base, impl, dtype, **inputs)
+        reference, sdpa_bf16 = grads("sdpa", torch.float32), grads("sdpa", torch.bfloat16)
+        ours = grads("tileattn", torch.bfloat16)
     assert calls == [True, True]  # both layers, on the packed path, with gradients
-
-    def error(g):
-        return ((g - reference).norm() / reference.norm()).item()
-
-    assert error(ours) <= 1.5 * error(sdpa_bf16) + 1e-3, (error(ours), error(sdpa_bf16))
+    assert_grads_as_close_as(ours, sdpa_bf16, reference)

@@ -236,14 +236,14 @@ _LENS_Q, _LENS_K = [1, 130, 0, 77, 300, 45], [1, 64, 9, 0, 457, 45]
 def test_varlen_backward_composes_per_sequence(monkeypatch, causal, variant, scale):
     """serving._varlen_backward's bookkeeping on the CPU, the dense backward it calls played by
     float64 autograd (testing.reference_grads, which the GPU tests hold the rungs to): each
-    sequence's rows and alignment, ALiBi's row of slopes per sequence, a negative scale's sign
-    (the dense call sees -q at |scale|), GQA, zeros where no sequence or no key reaches; against
+    sequence's rows and alignment, ALiBi's row of slopes per sequence, a negative scale (passed
+    on as it is: attention_backward handles its sign), GQA, zeros where no sequence or no key reaches; against
     float64 autograd of each sequence alone."""
     from tileattn import backward, serving
     from tileattn.testing import reference_grads
 
     def dense(q, k, v, out, lse, dout, scale, mode, layout, deterministic=False, variants=None):
-        assert scale >= 0 and out.shape == q.shape and lse.shape == (1, q.shape[2], q.shape[1])
+        assert out.shape == q.shape and lse.shape == (1, q.shape[2], q.shape[1])
         window, softcap, slopes = variants or ((-1, -1), 0.0, None)
         return reference_grads(q, k, v, dout, scale, mode, layout, window=window, softcap=softcap, alibi_slopes=slopes)
 

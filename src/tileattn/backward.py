@@ -42,8 +42,16 @@ def attention_backward(
     as the ring of tileattn.distributed does) instead of rounding them to the inputs' dtype.
     precision: the forward's (FP32 inputs): "tf32" picks, and is needed by, the TF32 rung.
     variants: the forward's score variants as the kernels take them, ((left, right), softcap,
-    alibi_slopes) from serving._variants with softcap through serving._kernel_softcap, and
-    softmax_scale >= 0 (a negative one: the caller negates q and dq): bwd_v2_variants runs."""
+    alibi_slopes) from serving._variants with softcap through serving._kernel_softcap:
+    bwd_v2_variants runs."""
+    if variants is not None and softmax_scale < 0:
+        # bwd_v2_variants folds a scale >= 0 into its exponent, as the forward (which ran on -q at
+        # |scale|, serving._prepare_scale_and_rows): the same here, then dq negated back (exact).
+        dq, dk, dv = attention_backward(
+            -q, k, v, out, lse, dout, -softmax_scale, causal, layout, version, deterministic, float32_grads,
+            precision, variants,
+        )  # fmt: skip
+        return -dq, dk, dv
     dtype, (B, H, Nq, D), _, (_, H_kv, Nk, _), _, _, device_index = api._validate(q, k, v, None, None, layout)
     if variants is not None:
         # (no deterministic mode: a window's K/V blocks do not all add into a Q block from j = 0,
@@ -307,11 +315,8 @@ def _bwd_variants_op(
     """tileattn::bwd_variants: the gradients of tileattn::fwd_variants (its arguments, then O, lse,
     dO as tileattn::bwd's) by bwd_v2_variants; dq, dk, dv contiguous in flash-attn's layout."""
     mode, window, softcap, slopes = serving._op_variants(q, k, causal, window_left, window_right, softcap, alibi_slopes)
-    negate = softmax_scale < 0  # the forward ran on -q at |scale| (serving._prepare_scale_and_rows)
-    scale = abs(softmax_scale)
-    variants = (window, serving._kernel_softcap(softcap, scale), slopes)
-    dq, dk, dv = attention_backward(-q if negate else q, k, v, out, lse, dout, scale, mode, "bnhd", variants=variants)
-    return (-dq if negate else dq), dk, dv
+    variants = (window, serving._kernel_softcap(softcap, softmax_scale), slopes)
+    return attention_backward(q, k, v, out, lse, dout, softmax_scale, mode, "bnhd", variants=variants)
 
 
 @_bwd_variants_op.register_fake

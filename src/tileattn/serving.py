@@ -642,16 +642,16 @@ def flash_attn_varlen_func(
         raise ValueError(f"q, k and v must be CUDA tensors, got {q.device}")
     what = "variable-length batches" + (" with a window, softcap or ALiBi" if variants else "")
     kernel = _packed_path(what, q.dtype, D, q.device, variants, version)
-    if needs_grad:
-        grad_args = (scale, mode, (window, softcap, alibi_slopes) if variants else None, deterministic)
-        run = lambda: _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mode,
-                                      window, softcap, alibi_slopes, variants, kernel, True)  # fmt: skip
-        out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, run, grad_args)
-        return (out, lse) if return_lse else out
-    out, lse = _varlen_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mode, window, softcap, alibi_slopes,
-        variants, kernel, return_lse,
+    forward = functools.partial(
+        _varlen_forward, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, mode, window, softcap,
+        alibi_slopes, variants, kernel,
     )  # fmt: skip
+    if needs_grad:  # (the backward needs lse)
+        grad_args = (scale, mode, (window, softcap, alibi_slopes) if variants else None, deterministic)
+        with_lse = functools.partial(forward, True)
+        out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, with_lse, grad_args)
+    else:
+        out, lse = forward(return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -703,15 +703,11 @@ def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale,
     batch of one (views, lse's (H, rows) slice copied) through backward.attention_backward, the
     plain rungs or bwd_v2_variants with the same alignment (bottom-right per sequence, or top-left).
     Reading the offsets is one host sync, in the backward only (the forward makes none).  Rows no
-    sequence holds, and every row of a sequence without keys, get gradient 0.  A negative scale:
-    the forward ran on -q (exact), so the backward does too and negates dq back."""
+    sequence holds, and every row of a sequence without keys, get gradient 0."""
     from .backward import attention_backward
 
     if dout.stride(-1) != 1:  # the kernels read dO rows with a contiguous head dim
         dout = dout.contiguous()
-    negate = scale < 0
-    if negate:
-        q, scale = -q, -scale
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     offsets_q, offsets_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     one = lambda t, r0, r1: t[r0:r1].unsqueeze(0)  # (1, rows, heads, D): a dense "bnhd" batch of one
@@ -731,7 +727,7 @@ def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale,
         dq[q0:q1] += grads[0][0]
         dk[k0:k1] += grads[1][0]
         dv[k0:k1] += grads[2][0]
-    return (-dq if negate else dq), dk, dv
+    return dq, dk, dv
 
 
 def attention_variants(

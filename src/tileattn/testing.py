@@ -101,6 +101,29 @@ def padded_prefill_and_step(model, impl: str, ids, mask, step) -> tuple[torch.Te
     return first.logits.float(), then.logits.float()
 
 
+def attention_weight_grads(base, impl: str, dtype, **inputs) -> torch.Tensor:
+    """A transformers causal LM's attention weights' gradients (its parameters under
+    ``.self_attn.``, flattened, float32) after one ``loss.backward()`` on ``inputs`` (labels
+    included), on a copy of ``base`` in ``dtype`` under attention implementation ``impl``, with
+    tileattn's warnings (a fallback) raised as errors."""
+    import copy
+    import warnings
+
+    model = copy.deepcopy(base).to(dtype)
+    model.set_attn_implementation(impl)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="tileattn:")
+        model(**inputs).loss.backward()
+    return torch.cat([p.grad.float().flatten() for n, p in model.named_parameters() if ".self_attn." in n])
+
+
+def assert_grads_as_close_as(ours, peer, reference):
+    """Our gradients' relative error against ``reference`` (a float32 run) within 1.5x the peer's
+    at our precision, plus 1e-3."""
+    error = lambda g: ((g - reference).norm() / reference.norm()).item()
+    assert error(ours) <= 1.5 * error(peer) + 1e-3, (error(ours), error(peer))
+
+
 def cu_seqlens(lens, device="cuda") -> torch.Tensor:
     """flash_attn_varlen_func's (B + 1,) int32 row offsets of sequences of these lengths."""
     return torch.tensor([0, *torch.tensor(lens, dtype=torch.long).cumsum(0).tolist()], dtype=torch.int32, device=device)

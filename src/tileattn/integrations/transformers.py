@@ -182,25 +182,14 @@ def _unsupported(query, key, value, attention_mask, dropout, kwargs) -> str | No
     dtype, D = api._DTYPES[query.dtype], query.shape[-1]
     needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     if needs_grad and (kwargs.get("softcap") or kwargs.get("sliding_window")):
-        reason = _variants_backward_missing(dtype, D)
-        if reason:
-            return reason
+        try:  # flash_attn_func's own rule for the variants' gradients (bwd_v2_variants)
+            api._check_variants_backward(query, key, value, torch.are_deterministic_algorithms_enabled())
+        except RuntimeError as e:
+            return str(e)
     if needs_grad and D not in api.backward_head_dims(dtype):
         return f"inputs require grad and tileattn has no backward pass for {dtype} at head dim {D}"
     if D not in api.head_dims(dtype) or key.shape[-1] != D:
         return f"head dim {D} is not supported for {query.dtype}"
-    return None
-
-
-def _variants_backward_missing(dtype: str, D: int) -> str | None:
-    """Why a softcap or sliding-window layer that trains cannot run tileattn's variants backward
-    (bwd_v2_variants: fp16/bf16 at its head dims, no deterministic mode), or None."""
-    from ..versions import BWD_V2_VARIANTS
-
-    if dtype not in BWD_V2_VARIANTS.dtypes or D not in BWD_V2_VARIANTS.tiles:
-        return f"softcap and sliding windows have no backward pass for {dtype} at head dim {D}"
-    if torch.are_deterministic_algorithms_enabled():
-        return "softcap and sliding windows have no deterministic backward pass"
     return None
 
 
