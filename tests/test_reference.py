@@ -16,6 +16,7 @@ from tileattn.reference import (
     packed_tile_schedule,
     paged_kv,
     variants_q_range,
+    varlen_kv_blocks,
 )
 
 
@@ -416,3 +417,21 @@ def test_packed_tile_schedule_covers_every_block_once(lens, causal, start, extra
     for b in range(len(lens)):
         mine = [i for s, i in blocks if s == b]
         assert mine == sorted(mine, reverse=causal)
+
+
+@given(
+    lens=st.lists(
+        st.one_of(st.integers(0, 3), st.integers(0, 300), st.sampled_from([63, 64, 65])), min_size=1, max_size=60
+    ),
+    start=st.sampled_from([0, 0, 5, 64, 300]),  # cu_seqlens_k[0]: a slice of a longer batch's offsets
+    extra=st.sampled_from([0, 0, 1, 100]),  # rows of k past the last sequence
+    Bc=st.sampled_from([32, 64]),
+)
+def test_varlen_backward_grid_covers_every_kv_block_once(lens, start, extra, Bc):
+    """The varlen backward's ceil(total_k / Bc) + B blocks a head: every K/V block of every sequence
+    exactly once (empty sequences none), the rest without work, never a block before its
+    sequence's first key."""
+    cu = np.cumsum([start, *lens])
+    grid = varlen_kv_blocks(cu, Bc, int(cu[-1]) + extra)
+    blocks = [t for t in grid if t is not None]
+    assert sorted(blocks) == [(b, j * Bc) for b, n in enumerate(lens) for j in range(-(-n // Bc))]

@@ -293,8 +293,6 @@ def test_varlen_gradients_match_float64(dtype, D, causal, variant, scale):
     floor: awkward lengths, Nq != Nk per sequence (more queries than keys too), a sequence with no
     queries, one with no keys, N = 1, GQA 4:2, rows of q past cu_seqlens_q[-1], a negative scale,
     each variant (ALiBi per sequence); gradients 0 where no sequence reaches, inputs unchanged."""
-    from tileattn.testing import assert_within_torch_error, reference_grads
-
     gen = torch.Generator(device="cuda").manual_seed(D + len(variant) + len(str(causal)))
     lens_q, lens_k = _LENS_Q, _LENS_K
     H, H_kv, extra = 4, 2, 3  # extra: rows of q past the last sequence
@@ -313,12 +311,22 @@ def test_varlen_gradients_match_float64(dtype, D, causal, variant, scale):
     )
     out.backward(dO)
     assert all(torch.equal(a, b) for a, b in zip(inputs, (q, k, v, dO))), "an input was modified"
-    dq, dk, dv = (t.grad for t in leaves)
-    assert not dq[sum(lens_q) :].any(), "rows past the last sequence"
     mode = {False: None, True: "bottom_right"}.get(causal, causal)
     scale = D**-0.5 if scale is None else scale
-    for b in range(len(lens_q)):
-        (q0, q1), (k0, k1) = cu_q[b : b + 2].tolist(), cu_k[b : b + 2].tolist()
+    _assert_varlen_grads((q, k, v, dO), [t.grad for t in leaves], cu_q, cu_k, scale, mode, spec, slopes)
+
+
+def _assert_varlen_grads(inputs, grads, cu_q, cu_k, scale, mode, spec, slopes):
+    """Each sequence's dq, dk, dv against float64 autograd of that sequence alone (testing.reference_grads
+    of a dense batch of one), within twice PyTorch's own error plus the floor; 0 for rows of q past
+    the last sequence and for every row of a sequence with no queries or no keys."""
+    from tileattn.testing import assert_within_torch_error, reference_grads
+
+    (q, k, v, dO), (dq, dk, dv), dtype = inputs, grads, inputs[0].dtype
+    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+    assert not dq[cu_q[-1] :].any(), "rows past the last sequence"
+    for b in range(len(cu_q) - 1):
+        (q0, q1), (k0, k1) = cu_q[b : b + 2], cu_k[b : b + 2]
         if q1 == q0 or k1 == k0:  # nothing to attend: every gradient of the sequence's rows is 0
             assert not dq[q0:q1].any() and not dk[k0:k1].any() and not dv[k0:k1].any(), f"sequence {b}"
             continue
@@ -330,3 +338,35 @@ def test_varlen_gradients_match_float64(dtype, D, causal, variant, scale):
         torch_grads = reference_grads(*args, dtype, **variants)
         got = [one(dq, q0, q1), one(dk, k0, k1), one(dv, k0, k1)]
         assert_within_torch_error(got, expected, torch_grads, str(dtype).removeprefix("torch."), f"sequence {b} ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [32, 96, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_gradients_many_sequences(D, causal, deterministic):
+    """The one-launch varlen backward (bwd_v2_varlen; deterministic: the per-sequence fallback)
+    over 70 sequences of 0..300 rows, q and k of different lengths, offsets from 17 on (a slice of
+    a longer batch), GQA 6:2, at head dims with Bc = 64 and 32 (D = 256), against float64 autograd
+    per sequence; an understated max_seqlen_k must not drop keys from the gradient."""
+    gen = torch.Generator(device="cuda").manual_seed(D + causal + 2 * deterministic)
+    cpu = torch.Generator().manual_seed(D)
+    lens_q, lens_k = (torch.randint(0, 301, (70,), generator=cpu) for _ in range(2))
+    lens_q[::9], lens_k[3::11] = 0, 0
+    H, H_kv, start = 6, 2, 17
+    cu_q, cu_k = (
+        torch.cumsum(torch.cat([torch.tensor([start]), n]), 0).to("cuda", torch.int32) for n in (lens_q, lens_k)
+    )
+    q = torch.randn(int(cu_q[-1]) + 5, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(int(cu_k[-1]) + 3, H_kv, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in "kv")
+    dO = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attn_varlen_func(
+        *leaves, cu_q, cu_k, int(lens_q.max()), 8, causal=causal, deterministic=deterministic
+    )  # (max_seqlen_k = 8: understated)
+    out.backward(dO)
+    dq, dk, dv = (t.grad for t in leaves)
+    assert not dq[:start].any() and not dk[:start].any() and not dv[:start].any(), "rows before the first sequence"
+    assert not dk[int(cu_k[-1]) :].any(), "rows past the last sequence"
+    mode = "bottom_right" if causal else None
+    _assert_varlen_grads((q, k, v, dO), (dq, dk, dv), cu_q, cu_k, D**-0.5, mode, {}, None)

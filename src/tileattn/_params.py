@@ -226,6 +226,7 @@ BWD_ARGS: list[tuple[str, str]] = (
     + [("softmax_scale", "f"), ("causal_offset", "i"), ("bh_offset", "i")]
     + [("tail_from", "i"), ("tail_segments", "i"), ("tail_accum", "Q"), ("dq_zero", "i"), ("tail_zero", "i")]
     + [("window_left", "i"), ("window_right", "i"), ("softcap", "f"), ("alibi_slopes", "Q"), ("alibi_sb", "q")]
+    + [("cu_seqlens_q", "Q"), ("cu_seqlens_k", "Q"), ("num_seqs", "i"), ("bottom_right", "i")]
 )
 
 

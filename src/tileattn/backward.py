@@ -14,7 +14,15 @@ import torch
 
 from . import _nvrtc, api, serving
 from ._params import BWD_ARGS
-from .versions import BWD_DQ_CONVERT, BWD_PRE_ROWS, BWD_PREPROCESS, BWD_V2_VARIANTS, BWD_VERSIONS
+from .versions import (
+    BWD_DQ_CONVERT,
+    BWD_PRE_ROWS,
+    BWD_PREPROCESS,
+    BWD_V2_VARIANTS,
+    BWD_V2_VARIANTS_VARLEN,
+    BWD_V2_VARLEN,
+    BWD_VERSIONS,
+)
 
 
 def attention_backward(
@@ -32,6 +40,7 @@ def attention_backward(
     float32_grads: bool = False,
     precision: str | None = None,
     variants: tuple | None = None,
+    varlen: tuple | None = None,
 ):
     """dq, dk, dv of attention(q, k, v) for the upstream gradient ``dout``, given the forward's
     ``out`` and ``lse`` ((B, H, Nq) float32).  All in ``layout`` ("bnhd" or "bhnd"), dq like q,
@@ -43,17 +52,27 @@ def attention_backward(
     precision: the forward's (FP32 inputs): "tf32" picks, and is needed by, the TF32 rung.
     variants: the forward's score variants as the kernels take them, ((left, right), softcap,
     alibi_slopes) from serving._variants with softcap through serving._kernel_softcap:
-    bwd_v2_variants runs."""
+    bwd_v2_variants runs.
+    varlen: (cu_seqlens_q, cu_seqlens_k) int32 on q's device: q, k, v, out, dout are packed
+    sequences as a "bnhd" batch of one, (1, total, heads, D), and lse (1, H, total_q);
+    bwd_v2_varlen (bwd_v2_variants_varlen with variants) runs over every sequence in one launch
+    (csrc/bwd_common.cuh's bwd_varlen_sequence), each with its own lengths and, bottom-right, its
+    own causal offset.  Not deterministic.  Rows that no sequence holds get gradient 0."""
     if variants is not None and softmax_scale < 0:
         # bwd_v2_variants folds a scale >= 0 into its exponent, as the forward (which ran on -q at
         # |scale|, serving._prepare_scale_and_rows): the same here, then dq negated back (exact).
         dq, dk, dv = attention_backward(
             -q, k, v, out, lse, dout, -softmax_scale, causal, layout, version, deterministic, float32_grads,
-            precision, variants,
+            precision, variants, varlen,
         )  # fmt: skip
         return -dq, dk, dv
     dtype, (B, H, Nq, D), _, (_, H_kv, Nk, _), _, _, device_index = api._validate(q, k, v, None, None, layout)
-    if variants is not None:
+    if varlen is not None:
+        if deterministic or version is not None or B != 1:
+            raise ValueError("the variable-length backward is bwd_v2_varlen's: a batch of one, not deterministic")
+        entry = BWD_V2_VARLEN if variants is None else BWD_V2_VARIANTS_VARLEN
+        name = entry.name
+    elif variants is not None:
         # (no deterministic mode: a window's K/V blocks do not all add into a Q block from j = 0,
         # which dq_semaphore's ordered adds wait for)
         if deterministic or version is not None:
@@ -93,12 +112,12 @@ def attention_backward(
     direct = H == H_kv and not float32_grads
     if direct:
         shape = (B, Nk, H, D) if layout == "bnhd" else (B, H, Nk, D)
-        dk_out, dv_out = (
-            (torch.empty if launched else torch.zeros)(shape, dtype=k.dtype, device=q.device) for _ in "kv"
-        )
+        # (variable-length: zeros, for the rows no sequence holds)
+        alloc = torch.empty if launched and varlen is None else torch.zeros
+        dk_out, dv_out = (alloc(shape, dtype=k.dtype, device=q.device) for _ in "kv")
         acc_ptrs, out_fields = (0, 0), (dk_out.data_ptr(), dv_out.data_ptr(), *api._bhnd(dk_out, layout)[1][:3])
     else:
-        alloc = torch.empty if launched and (H == H_kv or deterministic) else torch.zeros
+        alloc = torch.empty if launched and varlen is None and (H == H_kv or deterministic) else torch.zeros
         dk_acc, dv_acc = (alloc((B, H if deterministic else H_kv, Nk, D), **f32) for _ in "kv")
         acc_ptrs, out_fields = (dk_acc.data_ptr(), dv_acc.data_ptr()), (0,) * 5
     semaphore = torch.zeros(B * H * -(-Nq // Br), dtype=torch.int32, device=q.device) if deterministic else None
@@ -110,9 +129,13 @@ def attention_backward(
     if launched:
         Di = torch.empty((B, H, Nq), **f32)
         # The forward's alignment: the variants place rows at i + Nk - Nq without a causal mask too.
-        offset = 0 if causal == "top_left" or (causal is None and variants is None) else Nk - Nq
+        bottom_right = not (causal == "top_left" or (causal is None and variants is None))
+        offset = Nk - Nq if bottom_right and varlen is None else 0  # (variable-length: the kernel's, per sequence)
         (left, right), softcap, slopes = variants if variants is not None else ((-1, -1), 0.0, None)
-        tail = _tail_plan(entry, causal, deterministic, direct or H != H_kv, B * H, Nq, Nk, Br, Bc, device_index)
+        tail = None if varlen else _tail_plan(entry, causal, deterministic, direct or H != H_kv, B * H, Nq, Nk, Br, Bc,
+                                              device_index)  # fmt: skip
+        cu_q, cu_k = varlen if varlen is not None else (None, None)
+        num_seqs = 0 if cu_q is None else cu_q.shape[0] - 1
         # The tail's parts add dK, dV into a float32 [dK | dV] tile a K/V block, then one int count
         # each (bwd_tail_finish), zeroed by the D_i kernel (its length rounded up to whole float4s).
         tail_acc = torch.empty(-(-tail[2] * (2 * Bc * D + 1) // 4) * 4 if tail and direct else 0, **f32)
@@ -122,7 +145,9 @@ def attention_backward(
                 0 if split_amax is None else split_amax.data_ptr(), Nq, Nk, H, H // H_kv,
                 *qs[:3], *ks[:3], *vs[:3], *os_[:3], *dos[:3], *out_fields, softmax_scale, offset, 0, 0, 0,
                 tail_acc.data_ptr(), dq_acc[0, 0].numel(), tail_acc.numel(),
-                left, right, softcap, 0 if slopes is None else slopes.data_ptr(), serving._alibi_stride(slopes)]
+                left, right, softcap, 0 if slopes is None else slopes.data_ptr(), serving._alibi_stride(slopes),
+                0 if cu_q is None else cu_q.data_ptr(), 0 if cu_k is None else cu_k.data_ptr(), num_seqs,
+                int(bottom_right)]
         # fmt: on
         stream = api._current_stream(device_index)
         # D_i over query rows (its CAUSAL template argument is unused: one instantiation), then the
@@ -143,6 +168,9 @@ def attention_backward(
             kern = api.entry_kernel(kernel, dtype, D, is_causal, device_index)
             rung = kernel == name
             tmaps = maps if rung else None
+            if rung and varlen is not None:  # every sequence's K/V blocks (bwd_varlen_sequence), a row a head
+                kern.launch(stream, -(-Nk // Bc) + num_seqs, H, args, tmaps)
+                continue
             if rung and tail:  # one 1-D launch: the main order's blocks, then the parts of its last ones
                 tail_from, segments, blocks = tail
                 args[_TAIL_FROM], args[_TAIL_SEGMENTS] = tail_from, segments

@@ -395,6 +395,26 @@ def packed_tile_schedule(
     return schedule
 
 
+def varlen_kv_blocks(cu_seqlens_k, Bc: int, total_k: int) -> list[tuple[int, int] | None]:
+    """The varlen backward's grid (csrc/bwd_common.cuh's bwd_varlen_sequence), block by block: the
+    (sequence b, first key of its K/V block) each of the ceil(total_k / Bc) + B thread blocks of a
+    head takes, None for one with no work.  Sequence b's K/V blocks are the blocks from
+    start(b) = (cu_seqlens_k[b] - cu_seqlens_k[0]) // Bc + b on; a block finds b by a binary
+    search for the last start(b) <= its index."""
+    cu = [int(c) for c in cu_seqlens_k]
+    B = len(cu) - 1
+    start = lambda b: (cu[b] - cu[0]) // Bc + b
+    grid = []
+    for L in range(-(-total_k // Bc) + B):
+        lo, hi = 0, B - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if start(mid) <= L else (lo, mid - 1)
+        kv_start = (L - start(lo)) * Bc
+        grid.append((lo, kv_start) if kv_start < cu[lo + 1] - cu[lo] else None)
+    return grid
+
+
 def paged_kv(k_cache, v_cache, page_table, seqused_k):
     """The keys and values a paged KV cache holds for each sequence: k_cache, v_cache
     (num_pages, page_size, H_kv, D), page_table (B, max_pages) page indices, seqused_k (B,) the

@@ -586,8 +586,9 @@ def flash_attn_varlen_func(
     or head dims raise NotImplementedError, and so does dropout.  Differentiable in q, k and v
     (lse is not) where a backward rung takes the dtype and head dim (with a variant:
     bwd_v2_variants, not deterministic); elsewhere an input that requires grad raises.  The
-    backward runs the dense backward rungs one sequence at a time and reads the offsets on the host
-    once (a sync; the forward makes none).  Rows of q past
+    backward is one launch over every sequence (bwd_v2_varlen, bwd_v2_variants_varlen: no host
+    sync), or with deterministic=True the dense rungs one sequence at a time (reading the offsets
+    on the host once).  Rows of q past
     cu_seqlens_q[-1] have unspecified output; the offsets' values are not checked (that would
     need a sync)."""
     if dropout_p:
@@ -682,8 +683,7 @@ def _varlen_forward(
 
 class _VarlenAttention(torch.autograd.Function):
     """flash_attn_varlen_func with inputs that require grad: the forward as without them (``run``,
-    O and lse), the backward one sequence at a time through the dense backward rungs
-    (_varlen_backward)."""
+    O and lse), the backward by _varlen_backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, run, grad_args):
@@ -699,15 +699,30 @@ class _VarlenAttention(torch.autograd.Function):
 
 
 def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale, mode, variants, deterministic):
-    """dq, dk, dv of flash_attn_varlen_func: sequence b's rows of q, k, v, O, dO and lse as a dense
-    batch of one (views, lse's (H, rows) slice copied) through backward.attention_backward, the
-    plain rungs or bwd_v2_variants with the same alignment (bottom-right per sequence, or top-left).
-    Reading the offsets is one host sync, in the backward only (the forward makes none).  Rows no
-    sequence holds, and every row of a sequence without keys, get gradient 0."""
+    """dq, dk, dv of flash_attn_varlen_func.  Where bwd_v2_varlen (bwd_v2_variants_varlen with a
+    variant) takes the head dim and no deterministic mode is asked for: one launch over every
+    sequence (backward.attention_backward's varlen), no host sync.
+    Otherwise sequence b's rows of q, k, v, O, dO and lse as a dense batch of one (views, lse's
+    (H, rows) slice copied) through attention_backward, the default rungs (or bwd_v2_variants), with
+    the same alignment (bottom-right per sequence, or top-left): reading the offsets is then one
+    host sync.  Rows no sequence holds, and every row of a sequence without keys, get gradient 0."""
     from .backward import attention_backward
+    from .versions import BWD_V2_VARIANTS_VARLEN, BWD_V2_VARLEN
 
     if dout.stride(-1) != 1:  # the kernels read dO rows with a contiguous head dim
         dout = dout.contiguous()
+    rung = BWD_V2_VARLEN if variants is None else BWD_V2_VARIANTS_VARLEN
+    if not deterministic and q.shape[-1] in rung.tiles:
+        kernel_variants = None
+        if variants is not None:
+            window, softcap, slopes = variants
+            kernel_variants = (window, _kernel_softcap(softcap, scale), slopes)
+        batch = lambda t: t.unsqueeze(0)  # (1, total, heads, D): the packed rows as a "bnhd" batch of one
+        dq, dk, dv = attention_backward(
+            batch(q), batch(k), batch(v), batch(out), batch(lse), batch(dout), scale, mode, "bnhd",
+            variants=kernel_variants, varlen=(cu_seqlens_q, cu_seqlens_k),
+        )  # fmt: skip
+        return dq[0], dk[0], dv[0]
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     offsets_q, offsets_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     one = lambda t, r0, r1: t[r0:r1].unsqueeze(0)  # (1, rows, heads, D): a dense "bnhd" batch of one

@@ -910,11 +910,36 @@ BWD_V2_VARIANTS = dataclasses.replace(
     spill_bytes={96: 32, 112: 40, 128: 36, 224: 16, 256: 48},
 )
 
+# flash_attn_varlen_func's backward: bwd_v2's body over packed sequences in one launch
+# (bwd_v2_mma.cu's VARLEN, bwd_common.cuh's bwd_varlen_sequence), at the varlen forward's head
+# dims (v3.1's).  Kernels of their own: in the dense ones the per-sequence lengths cost registers
+# and spills.  Their spill budgets: the most of sm_80 and sm_90 under NVRTC 13.0 (bwd_v2's own plus
+# up to 20 bytes at D = 96, 128; the variants' up to 52 at D = 256 and 40 at D = 96).
+_VARLEN_DIMS = (32, 64, 80, 96, 128, 160, 192, 256)
+BWD_V2_VARLEN = dataclasses.replace(
+    BWD_VERSIONS["bwd_v2"],
+    name="bwd_v2_varlen",
+    kernel="bwd_v2_varlen",
+    tiles={D: BWD_VERSIONS["bwd_v2"].tiles[D] for D in _VARLEN_DIMS},
+    summary="bwd_v2 over packed sequences, one launch (flash_attn_varlen_func's gradients)",
+    deterministic=False,
+    spill_bytes={96: 20, 128: 40, 256: 52},
+)
+BWD_V2_VARIANTS_VARLEN = dataclasses.replace(
+    BWD_V2_VARIANTS,
+    name="bwd_v2_variants_varlen",
+    kernel="bwd_v2_variants_varlen",
+    tiles={D: BWD_V2_VARIANTS.tiles[D] for D in _VARLEN_DIMS},
+    summary="bwd_v2_variants over packed sequences, one launch",
+    spill_bytes={80: 32, 96: 72, 128: 56, 256: 100},
+)
+
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
     e.name: e
     for e in (
-        *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, BWD_DQ_CONVERT, SPLIT_BLOCKS),
+        *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN),
+        *(BWD_DQ_CONVERT, SPLIT_BLOCKS),
         *(*DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT),
     )
 }

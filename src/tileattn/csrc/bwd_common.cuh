@@ -50,7 +50,10 @@ namespace tileattn {
   X(const int, dq_zero) SEP X(const int, tail_zero) SEP                                   \
   /* the score variants (bwd_v2_variants; the forward's fields of the same names, common.cuh) */ \
   X(const int, window_left) SEP X(const int, window_right) SEP X(const float, softcap) SEP \
-  X(const float* __restrict__, alibi_slopes) SEP X(const long long, alibi_sb)
+  X(const float* __restrict__, alibi_slopes) SEP X(const long long, alibi_sb) SEP         \
+  /* variable-length batches (bwd_v2's varlen kernels: BwdSeq below); null: dense */        \
+  X(const int* __restrict__, cu_seqlens_q) SEP X(const int* __restrict__, cu_seqlens_k) SEP \
+  X(const int, num_seqs) SEP X(const int, bottom_right)
 
 #define TILEATTN_BWD_PARAMS(T) TILEATTN_BWD_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)
 #define TILEATTN_BWD_ARGS TILEATTN_BWD_FIELDS(TILEATTN_NAME_, TILEATTN_COMMA_)  // (a shared body's call)
@@ -82,6 +85,53 @@ __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
     return {bh_offset + g * G + r % Gg, r / Gg, -1};
   }
   return {(int)blockIdx.y + bh_offset, (int)blockIdx.x, -1};
+}
+
+// The sequence a thread block of the mma.sync rung's kernels works on, and where its rows are.
+// Dense calls (bwd_v2, bwd_v2_variants; cu_seqlens_q null): head bh = blockIdx.y + bh_offset of batch
+// bh / H, K/V block blockIdx.x, all Nq / Nk rows, the host's causal offset; `b` is also the batch
+// index into the (B, H, ...) buffers (mem_b).  Variable-length calls (serving's varlen backward):
+// q, k, v, dO are packed (1, total, H, D) (Nq, Nk the totals), lse, D_i and dq_accum are per head
+// over the packed rows ((1, H, total_q [, D])), and dk/dv (direct) or their accumulators are
+// (1, total_k, H_kv, D) / (1, H_kv, total_k, D): sequence b's rows start at q0 = cu_seqlens_q[b],
+// k0 = cu_seqlens_k[b] of batch 0.  The grid is (ceil(total_k / Bc) + num_seqs, H), independent
+// of max_seqlen_k (a caller's understated max_seqlen_k cannot drop keys from the gradient):
+// sequence b's K/V blocks are the linear indices from start(b) = (k0 - cu_seqlens_k[0]) / Bc + b
+// on (v3.3's packed_tile does the same over Q blocks), start() strictly increasing, so
+// blockIdx.x's sequence is the last b with start(b) <= blockIdx.x (a binary search over the
+// offsets), and a block past its sequence's keys has no work (nk = 0 below: at most num_seqs of
+// them, one a sequence; reference.varlen_kv_blocks is the model).  Positions are per sequence: causal offset
+// Nk_b - Nq_b when bottom_right, else the host's.
+struct BwdSeq {
+  int b, h, kv_start;  // the sequence (batch), the query head, the K/V block's first key (local)
+  int mem_b;           // the batch index into the buffers: b, or 0 for packed rows
+  int q0, k0;          // the sequence's first row of q (and dO, lse, D_i, dq_accum) and of k, v
+  int nq, nk;          // its query rows and keys (nk = 0: the block has no work)
+  int offset;          // the causal offset (and the variants' position offset)
+};
+// Dense: everything from the kernel's parameters, as the rungs had it before variable length
+// (the dense instantiations' SASS is unchanged: the offsets fold to 0).
+template <int Bc>
+__device__ __forceinline__ BwdSeq bwd_dense_sequence(int H, int Nq, int Nk, int causal_offset, int bh_offset) {
+  const int bh = blockIdx.y + bh_offset;
+  return {bh / H, bh % H, (int)blockIdx.x * Bc, bh / H, 0, 0, Nq, Nk, causal_offset};
+}
+template <int Bc>
+__device__ __forceinline__ BwdSeq bwd_varlen_sequence(int causal_offset, const int* cu_seqlens_q,
+                                                      const int* cu_seqlens_k, int num_seqs, int bottom_right) {
+  const int L = blockIdx.x, base = cu_seqlens_k[0];
+  int lo = 0, hi = num_seqs - 1;  // the last b in [0, num_seqs) with start(b) <= L
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if ((cu_seqlens_k[mid] - base) / Bc + mid <= L)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int b = lo, k0 = cu_seqlens_k[b], q0 = cu_seqlens_q[b];
+  const int nq = cu_seqlens_q[b + 1] - q0, kv_start = (L - ((k0 - base) / Bc + b)) * Bc;
+  const int nk_all = cu_seqlens_k[b + 1] - k0, nk = kv_start < nk_all ? nk_all : 0;
+  return {b, (int)blockIdx.y, kv_start, 0, q0, k0, nq, nk, bottom_right ? nk_all - nq : causal_offset};
 }
 
 // The tail (backward.py's _tail_plan).  All K/V blocks of a call without a causal mask take the

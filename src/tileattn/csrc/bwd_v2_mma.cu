@@ -21,6 +21,12 @@
 // heads of a GQA group share them).  P and dS are rounded to T for their MMAs, as in
 // FlashAttention-2; everything else accumulates in fp32.
 //
+// VARLEN (bwd_v2_varlen, bwd_v2_variants_varlen: serving's varlen backward): the same body over
+// packed sequences, one thread block per (sequence's K/V block, head) from bwd_varlen_sequence
+// (bwd_common.cuh), every bound and causal offset the sequence's own.  Kernels of their own: the
+// lengths and offset held in registers instead of read from the parameters made the dense
+// kernels spill (D = 80, 96, 128 with variants, 192, 256; NVRTC 13.0).
+//
 // Fragment and ldmatrix layouts: mma.cuh.  The A operand of step 4 is P^T (keys x rows): with
 // P stored [row][key], ldmatrix.trans of the 8x8 blocks (rows 16ks + 0..7 | 8..15) x (keys
 // 16w + 0..7 | 8..15), in the order (0,0) (0,1) (1,0) (1,1), hands each lane exactly the A
@@ -39,8 +45,8 @@ __host__ __device__ constexpr int bwd_v2_smem(int D, int Br, int Bc) {
 
 // VARIANTS (bwd_v2_variants): the gradients of the forward's score variants (a sliding window,
 // softcap, ALiBi: the window_left .. alibi_sb fields), the K/V block's Q blocks cut to the window
-// (variants_q_range) and P, dS by frag_p_ds_variants.
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS>
+// (variants_q_range) and P, dS by frag_p_ds_variants.  VARLEN: packed sequences (above).
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS, bool VARLEN>
 __device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
   static_assert(sizeof(T) == 2, "bwd_v2 takes 16-bit (fp16 / bf16) inputs");
   static_assert(Br == 64 && (Bc == 64 || Bc == 32), "four warps: 16 query rows each in steps 2-3");
@@ -69,17 +75,28 @@ __device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int bh = blockIdx.y + bh_offset;
-  const int b = bh / H, h = bh % H, hk = h / h_per_kv;
-  const int kv_start = blockIdx.x * Bc;
-  const T* q_bh = q + b * q_sb + h * q_sh;
-  const T* do_bh = dout + b * do_sb + h * do_sh;
-  const float* lse_bh = lse + (long long)bh * Nq;
-  const float* Di_bh = Di + (long long)bh * Nq;
-  float* dq_bh = dq_accum + (long long)bh * Nq * HEAD_DIM;
+  // This block's sequence (bwd_common.cuh's BwdSeq), its rows q0.. / k0.. of the buffers; Nq_b,
+  // Nk_b its lengths, offset its causal offset.
+  BwdSeq seq;
+  if constexpr (VARLEN) {
+    seq = bwd_varlen_sequence<Bc>(causal_offset, cu_seqlens_q, cu_seqlens_k, num_seqs, bottom_right);
+    if (seq.nk == 0) return;  // a block past its sequence's keys
+  } else {
+    seq = bwd_dense_sequence<Bc>(H, Nq, Nk, causal_offset, bh_offset);
+  }
+  const int b = seq.b, h = seq.h, hk = h / h_per_kv, mb = seq.mem_b, kv_start = seq.kv_start;
+  const int bh = VARLEN ? b * H + h : (int)blockIdx.y + bh_offset, Nq_b = seq.nq, Nk_b = seq.nk, offset = seq.offset;
+  const long long row0 = VARLEN ? (long long)h * Nq + seq.q0 : (long long)bh * Nq;  // lse, D_i, dq_accum's row 0
+  const T* q_bh = q + mb * q_sb + h * q_sh + seq.q0 * q_sn;
+  const T* do_bh = dout + mb * do_sb + h * do_sh + seq.q0 * do_sn;
+  const float* lse_bh = lse + row0;
+  const float* Di_bh = Di + row0;
+  float* dq_bh = dq_accum + row0 * HEAD_DIM;
 
-  tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, NTHREADS>(Ks, k + b * k_sb + hk * k_sh, k_sn, kv_start, Nk, tid);
-  tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, NTHREADS>(Vs, v + b * v_sb + hk * v_sh, v_sn, kv_start, Nk, tid);
+  tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, NTHREADS>(Ks, k + mb * k_sb + hk * k_sh + seq.k0 * k_sn, k_sn, kv_start,
+                                                       Nk_b, tid);
+  tile_async_copy<T, Bc, HEAD_DIM, HEAD_DIM, NTHREADS>(Vs, v + mb * v_sb + hk * v_sh + seq.k0 * v_sn, v_sn, kv_start,
+                                                       Nk_b, tid);
   cp_async_commit();
 
   // Per-lane ldmatrix rows and chunks (as fa2_mma.cuh): A operand; B operand; .trans B operand.
@@ -95,19 +112,19 @@ __device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
     for (int e = 0; e < 4; ++e) dK[dt][e] = dV[dt][e] = 0.0f;
 
   const float scale_log2 = softmax_scale * TILEATTN_LOG2E;  // any sign: no max is folded here
-  int q_begin = first_q_start<CAUSAL, Br>(kv_start, causal_offset), q_end = Nq;
+  int q_begin = first_q_start<CAUSAL, Br>(kv_start, offset), q_end = Nq_b;
   ScoreVariants var{};
   if constexpr (VARIANTS) {  // (the host passes softmax_scale >= 0: a negative one negated q)
     var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b, h, window_left, window_right);
-    variants_q_range<Br, Bc>(var, kv_start, causal_offset, q_begin, q_end);
+    variants_q_range<Br, Bc>(var, kv_start, offset, q_begin, q_end);
   }
   for (int q_start = q_begin; q_start < q_end; q_start += Br) {
     __syncthreads();  // the previous Q block's tiles are no longer read
     // 1. Qi, dOi, lse_i, D_i.
-    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(Qs, q_bh, q_sn, q_start, Nq, tid);
-    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(dOs, do_bh, do_sn, q_start, Nq, tid);
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(Qs, q_bh, q_sn, q_start, Nq_b, tid);
+    tile_async_copy<T, Br, HEAD_DIM, HEAD_DIM, NTHREADS>(dOs, do_bh, do_sn, q_start, Nq_b, tid);
     cp_async_commit();
-    load_row_stats<Br, NTHREADS>(lse_s, Di_s, lse_bh, Di_bh, q_start, Nq);
+    load_row_stats<Br, NTHREADS>(lse_s, Di_s, lse_bh, Di_bh, q_start, Nq_b);
     cp_async_wait<0>();
     __syncthreads();
 
@@ -134,10 +151,10 @@ __device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
     }
     // P and dS in place (S becomes P, dP becomes dS).
     if constexpr (VARIANTS)
-      frag_p_ds_variants<CAUSAL>(S, dP, lse_s, Di_s, var, 16 * warp, q_start, kv_start, Nk, causal_offset,
+      frag_p_ds_variants<CAUSAL>(S, dP, lse_s, Di_s, var, 16 * warp, q_start, kv_start, Nk_b, offset,
                                  exp_scale_log2(var, folded_scale_log2(softmax_scale)), g, t);
     else
-      frag_p_ds<CAUSAL>(S, dP, lse_s, Di_s, 16 * warp, q_start, kv_start, Nk, causal_offset, scale_log2, g, t);
+      frag_p_ds<CAUSAL>(S, dP, lse_s, Di_s, 16 * warp, q_start, kv_start, Nk_b, offset, scale_log2, g, t);
 
     // 3. P and dS to shared memory (this warp's rows), dS as the A fragments of dS Kj.
     unsigned ds_frag[Bc / 16][4];
@@ -177,7 +194,7 @@ __device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int row = q_start + 16 * warp + 8 * hh + g;
-        if (row < Nq) {
+        if (row < Nq_b) {
           float* dq_row = dq_bh + (long long)row * HEAD_DIM + 8 * d0 + 2 * t;
 #pragma unroll
           for (int i = 0; i < DQ_TILES; ++i) {
@@ -219,27 +236,37 @@ __device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int key = kv_start + 16 * kc + 8 * hh + g;
-    if (key < Nk) {
+    if (key < Nk_b) {
 #pragma unroll
       for (int dt = 0; dt < DTW; ++dt)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          store_dkdv(TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, key, 8 * (dt0 + dt) + 2 * t + e, HEAD_DIM,
-                     softmax_scale * dK[dt][2 * hh + e], dV[dt][2 * hh + e]);
+          store_dkdv(TILEATTN_DKDV_DEST, dq_semaphore, mb, h, H, h_per_kv, Nk, seq.k0 + key, 8 * (dt0 + dt) + 2 * t + e,
+                     HEAD_DIM, softmax_scale * dK[dt][2 * hh + e], dV[dt][2 * hh + e]);
     }
   }
 }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(T)) {
-  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, false>(TILEATTN_BWD_ARGS);
+  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, false>(TILEATTN_BWD_ARGS);
 }
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2_variants(TILEATTN_BWD_PARAMS(T)) {
-  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, true>(TILEATTN_BWD_ARGS);
+  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, false>(TILEATTN_BWD_ARGS);
+}
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2_varlen(TILEATTN_BWD_PARAMS(T)) {
+  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, true>(TILEATTN_BWD_ARGS);
+}
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2_variants_varlen(TILEATTN_BWD_PARAMS(T)) {
+  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, true>(TILEATTN_BWD_ARGS);
 }
 
 TILEATTN_SMEM_BYTES(bwd_v2, bwd_v2_smem(HEAD_DIM, Br, Bc));
 TILEATTN_SMEM_BYTES(bwd_v2_variants, bwd_v2_smem(HEAD_DIM, Br, Bc));
+TILEATTN_SMEM_BYTES(bwd_v2_varlen, bwd_v2_smem(HEAD_DIM, Br, Bc));
+TILEATTN_SMEM_BYTES(bwd_v2_variants_varlen, bwd_v2_smem(HEAD_DIM, Br, Bc));
 
 }  // namespace tileattn

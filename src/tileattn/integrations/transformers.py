@@ -26,7 +26,7 @@ What runs where:
     tokens are gathered (one host sync for their count, as transformers' flash-attention path)
     and run through ``flash_attn_varlen_func``, causal bottom-right per sequence, windows and
     softcap included; padded query rows get zeros.  Training too: flash_attn_varlen_func's
-    backward (the dense rungs a sequence at a time, one more host sync) and the gather's.
+    backward (one launch over the sequences, bwd_v2_varlen) and the gather's.
   * Anything else falls back to transformers' own SDPA path, with one warning per reason:
     dropout, position bias, softcap or a sliding window on inputs that require grad where the
     variants' backward does not run (FP32, its head dims, deterministic algorithms), inputs that
