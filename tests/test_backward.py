@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tileattn import _nvrtc, _params
-from tileattn.testing import FLOOR, compile_in_parallel, poison_allocator, reference_grads
+from tileattn.testing import FLOOR, compile_archs, compile_in_parallel, poison_allocator, reference_grads
 from tileattn.testing import assert_within_torch_error as _assert_within_torch_error
 from tileattn.testing import rms as _rms
 from tileattn.versions import (
@@ -20,7 +20,7 @@ from tileattn.versions import (
     SPLIT_BLOCKS,
 )
 
-ARCHS = ["sm_80", "sm_90"]
+ARCHS = compile_archs(["sm_80", "sm_90"])
 _VARLEN = (BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN)
 INSTANCES = [
     (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))

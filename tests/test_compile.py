@@ -7,12 +7,12 @@ import re
 import pytest
 
 from tileattn import _nvrtc, _params
-from tileattn.testing import compile_in_parallel
+from tileattn.testing import compile_archs, compile_in_parallel
 from tileattn.versions import KERNEL_ENTRIES, VERSIONS, arch_number
 
-ARCHS = ["sm_80", "sm_90a"]
+ARCHS = compile_archs(["sm_80", "sm_90a"])
 # Consumer Ampere/Ada (99 KB of shared memory) compile too; checked for the tensor-core rung.
-EXTRA_ARCHS = {"v3": ["sm_86", "sm_89"], "v3.1": ["sm_86", "sm_89"]}
+EXTRA_ARCHS = {"v3": compile_archs(["sm_86", "sm_89"]), "v3.1": compile_archs(["sm_86", "sm_89"])}
 # (rung, head dim, causal, arch) for every arch a rung runs on (v3.2 needs sm_90's TMA).
 # (rung, head dim, causal): every head dim non-causal, plus the causal instantiation at D=64.
 INSTANCES = [(name, D, False) for name, v in VERSIONS.items() for D in v.head_dims] + [

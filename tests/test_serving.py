@@ -11,14 +11,14 @@ import torch
 
 from tileattn import _nvrtc, _params, flash_attn_with_kvcache, reference
 from tileattn.serving import num_splits_heuristic
-from tileattn.testing import assert_serving_output, compile_in_parallel
+from tileattn.testing import assert_serving_output, compile_archs, compile_in_parallel
 from tileattn.versions import DEC_COMBINE, DEC_V1, DEC_V2, DEC_V3, DEC_V4, DEC_V5, DEC_VERSIONS
 
 INSTANCES = [
     (entry, dtype, D, causal, arch)
     for entry in (*DEC_VERSIONS, DEC_COMBINE)
     for dtype, D, causal in entry.instantiations()
-    for arch in ("sm_80", "sm_90")
+    for arch in compile_archs(["sm_80", "sm_90"])
     if int(arch[3:]) >= entry.min_arch
 ]
 

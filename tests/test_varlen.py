@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from tileattn import _nvrtc, _params, flash_attn_varlen_func, reference
-from tileattn.testing import assert_serving_output, compile_in_parallel, cu_seqlens
+from tileattn.testing import assert_serving_output, compile_archs, compile_in_parallel, cu_seqlens
 from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN
 
 MMA_INSTANCES = [(e, *inst) for e in (V3_1_VARLEN, V3_1_VARIANTS) for inst in e.instantiations()]
-ARCHS = ["sm_80", "sm_90"]
+ARCHS = compile_archs(["sm_80", "sm_90"])
 
 
 @pytest.fixture(scope="module")
