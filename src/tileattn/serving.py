@@ -711,12 +711,10 @@ def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale,
 
     if dout.stride(-1) != 1:  # the kernels read dO rows with a contiguous head dim
         dout = dout.contiguous()
+    window, softcap, slopes = variants if variants is not None else (None, 0.0, None)
+    kernel_variants = None if variants is None else (window, _kernel_softcap(softcap, scale), slopes)
     rung = BWD_V2_VARLEN if variants is None else BWD_V2_VARIANTS_VARLEN
     if not deterministic and q.shape[-1] in rung.tiles:
-        kernel_variants = None
-        if variants is not None:
-            window, softcap, slopes = variants
-            kernel_variants = (window, _kernel_softcap(softcap, scale), slopes)
         batch = lambda t: t.unsqueeze(0)  # (1, total, heads, D): the packed rows as a "bnhd" batch of one
         dq, dk, dv = attention_backward(
             batch(q), batch(k), batch(v), batch(out), batch(lse), batch(dout), scale, mode, "bnhd",
@@ -730,14 +728,12 @@ def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale,
         (q0, q1), (k0, k1) = offsets_q[b : b + 2], offsets_k[b : b + 2]
         if q1 <= q0 or k1 <= k0:
             continue
-        kernel_variants = None
-        if variants is not None:
-            window, softcap, slopes = variants
-            slopes = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
-            kernel_variants = (window, _kernel_softcap(softcap, scale), slopes)
+        seq_variants = kernel_variants  # (B, H) ALiBi slopes: this sequence's row
+        if slopes is not None and slopes.dim() == 2:
+            seq_variants = (*kernel_variants[:2], slopes[b])
         grads = attention_backward(
             one(q, q0, q1), one(k, k0, k1), one(v, k0, k1), one(out, q0, q1), lse[:, q0:q1].contiguous().unsqueeze(0),
-            one(dout, q0, q1), scale, mode, "bnhd", deterministic=deterministic, variants=kernel_variants,
+            one(dout, q0, q1), scale, mode, "bnhd", deterministic=deterministic, variants=seq_variants,
         )  # fmt: skip
         dq[q0:q1] += grads[0][0]
         dk[k0:k1] += grads[1][0]
