@@ -88,9 +88,9 @@ __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
 }
 
 // The sequence a thread block of the mma.sync rung's kernels works on, and where its rows are.
-// Dense calls (bwd_v2, bwd_v2_variants; cu_seqlens_q null): head bh = blockIdx.y + bh_offset of batch
-// bh / H, K/V block blockIdx.x, all Nq / Nk rows, the host's causal offset; `b` is also the batch
-// index into the (B, H, ...) buffers (mem_b).  Variable-length calls (serving's varlen backward):
+// Dense calls (bwd_v2, bwd_v2_variants; cu_seqlens_q null): head bh = blockIdx.y + bh_offset of
+// batch bh / H, K/V block blockIdx.x, all Nq / Nk rows, the host's causal offset; `b` is also the
+// batch index into the (B, H, ...) buffers (mem_b).  Variable-length calls (serving's varlen backward):
 // q, k, v, dO are packed (1, total, H, D) (Nq, Nk the totals), lse, D_i and dq_accum are per head
 // over the packed rows ((1, H, total_q [, D])), and dk/dv (direct) or their accumulators are
 // (1, total_k, H_kv, D) / (1, H_kv, total_k, D): sequence b's rows start at q0 = cu_seqlens_q[b],
@@ -100,8 +100,8 @@ __device__ __forceinline__ BwdTile bwd_tile(int bh_offset) {
 // on (v3.3's packed_tile does the same over Q blocks), start() strictly increasing, so
 // blockIdx.x's sequence is the last b with start(b) <= blockIdx.x (a binary search over the
 // offsets), and a block past its sequence's keys has no work (nk = 0 below: at most num_seqs of
-// them, one a sequence; reference.varlen_kv_blocks is the model).  Positions are per sequence: causal offset
-// Nk_b - Nq_b when bottom_right, else the host's.
+// them, one a sequence; reference.varlen_kv_blocks is the model).  Positions are per sequence:
+// causal offset Nk_b - Nq_b when bottom_right, else the host's.
 struct BwdSeq {
   int b, h, kv_start;  // the sequence (batch), the query head, the K/V block's first key (local)
   int mem_b;           // the batch index into the buffers: b, or 0 for packed rows
@@ -109,8 +109,9 @@ struct BwdSeq {
   int nq, nk;          // its query rows and keys (nk = 0: the block has no work)
   int offset;          // the causal offset (and the variants' position offset)
 };
-// Dense: everything from the kernel's parameters, as the rungs had it before variable length
-// (the dense instantiations' SASS is unchanged: the offsets fold to 0).
+// Dense: everything from the kernel's parameters, as the rung had it before variable length (the
+// row offsets fold to 0; the dense kernels' registers and spills are unchanged, their SASS moved
+// a little in address arithmetic: scripts/sass_fingerprint.py).
 template <int Bc>
 __device__ __forceinline__ BwdSeq bwd_dense_sequence(int H, int Nq, int Nk, int causal_offset, int bh_offset) {
   const int bh = blockIdx.y + bh_offset;
