@@ -1,10 +1,10 @@
-"""Speed of flash_attn_varlen_func's backward (serving._varlen_backward: the dense backward rungs one
-sequence at a time) beside varlen_attn's (FA2's varlen kernels) and FlexAttention's with a document
-mask, in one process: forward + backward of the packed documents, bf16, H=16, causal within each
-document.  Two batches: the varlen suite's 16 documents of 256..8192 tokens, and 128 short ones of
-128..1024 (where a per-sequence loop pays its launches most).  TFLOP/s count each document's own
-causal work: forward + backward 3.5x the forward's (two matmuls forward; five backward, S rebuilt,
-dV, dP, dQ, dK).
+"""Speed of flash_attn_varlen_func's backward (serving._varlen_backward: bwd_v2_varlen in one launch,
+or with deterministic=True the dense rungs a sequence at a time) beside varlen_attn's (FA2's varlen
+kernels) and FlexAttention's with a document mask, in one process: forward + backward of the packed
+documents, bf16, H=16, causal within each document. Two batches: the varlen suite's 16 documents of
+256..8192 tokens, and 128 short ones of 128..1024 (where a per-sequence loop pays its launches
+most). TFLOP/s count each document's own causal work: forward + backward 3.5x the forward's (two
+matmuls forward; five backward, S rebuilt, dV, dP, dQ, dK).
 
     python3 scripts/varlen_backward_probe.py [--out FILE.json]
 """
@@ -17,16 +17,6 @@ import torch
 from tileattn import bench
 from tileattn.serving import flash_attn_varlen_func
 from tileattn.testing import cu_seqlens
-
-
-def peers(q, k, v, cu, max_len, lens):
-    out = {}
-    for name in bench.VARLEN_PEERS:
-        try:
-            out[name] = bench._varlen_peer(name, q, k, v, cu, max_len, lens)
-        except Exception as e:  # a peer missing from this torch
-            print(f"{name}: {type(e).__name__}: {e}"[:200])
-    return out
 
 
 def main():
@@ -49,7 +39,10 @@ def main():
             dout = torch.randn_like(q)
             fwd_flops = sum(2 * 16 * D * n * n for n in lens)
             impls = {"tileattn": lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)}
-            impls.update(peers(q, k, v, cu, max(lens), lens))
+            peers, errors = bench.varlen_peers(q, k, v, cu, lens)
+            impls.update(peers)
+            for name, why in errors.items():
+                print(f"{name}: {why}")
             for name, fwd in impls.items():
                 if name == "flex_document_mask":  # (1, H, total, D) out: back to packed
                     f = fwd

@@ -65,13 +65,12 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
         # half; the block's max through shuffles and shared memory
         assert sass.count("LDG.E.128") == 2 * D // 32 and sass.count("STG.E.128") == 2 * D // 32
         assert "SHFL.BFLY" in sass and "BAR.SYNC" in sass
-    mma_sync = ("bwd_v2", "bwd_v2_variants", "bwd_v2_varlen", "bwd_v2_variants_varlen")
-    if entry.name in mma_sync and arch == "sm_90":
+    mma_sync = entry.file == "bwd_v2_mma.cu"  # bwd_v2 and its variants / varlen kernels
+    if mma_sync and arch == "sm_90":
         assert "REDG.E.ADD.F32x2" in sass
-    if entry.name in ("bwd_v2_variants", "bwd_v2_variants_varlen"):  # softcap's tanh on the SFU (its
-        # derivative from the same value)
+    if entry.kernel.startswith("bwd_v2_variants"):  # softcap's tanh on the SFU (its derivative from the same value)
         assert "MUFU.TANH" in sass
-    if entry.name in mma_sync:
+    if mma_sync:
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and float_atomics  # mma, ldmatrix.trans
     elif entry.name == "bwd_v3":  # every product on wgmma: S^T, dP^T, dV, dK and dQ per D/64 part, per k16 step
         assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + 4 * D // 64 and "HMMA" not in sass

@@ -984,6 +984,18 @@ def _varlen_peer(name: str, q, k, v, cu, max_len: int, lens: list[int]):
     return lambda: flex(qt, kt, vt, block_mask=mask)
 
 
+def varlen_peers(q, k, v, cu, lens: list[int]) -> tuple[dict, dict]:
+    """The peers of VARLEN_PEERS built for these packed documents: ({name: call}, {name: why not}
+    for a peer this torch lacks)."""
+    calls, errors = {}, {}
+    for name in VARLEN_PEERS:
+        try:
+            calls[name] = _varlen_peer(name, q, k, v, cu, max(lens), lens)
+        except Exception as e:  # a peer missing from this torch: record why
+            errors[name] = f"{type(e).__name__}: {e}"[:200]
+    return calls, errors
+
+
 def varlen_suite(progress=None) -> list[dict]:
     """flash_attn_varlen_func over packed documents beside torch.nn.attention.varlen.varlen_attn
     (FA2's varlen kernel) and FlexAttention with a document mask, in the same run.  TFLOP/s counts
@@ -1007,11 +1019,9 @@ def varlen_suite(progress=None) -> list[dict]:
                 q, k, v, cu, cu, max(lens), max(lens), causal=True, version="v3.1"
             ),
         }
-        for name in VARLEN_PEERS:
-            try:
-                impls[name] = _varlen_peer(name, q, k, v, cu, max(lens), lens)
-            except Exception as e:  # a peer missing from this torch: record why
-                rows.append(dict(impl=name, docs=len(lens), H=H, D=D, ms=None, error=f"{type(e).__name__}: {e}"[:200]))
+        peers, errors = varlen_peers(q, k, v, cu, lens)
+        impls.update(peers)
+        rows += [dict(impl=name, docs=len(lens), H=H, D=D, ms=None, error=why) for name, why in errors.items()]
 
         def error(out):  # against float64 on the first two documents
             two = cu[2].item()
