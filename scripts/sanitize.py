@@ -7,9 +7,9 @@
 Each case also checks its output against float64 (testing.run_case), so a clean sanitizer run is
 also a correct one.  --backward: the backward rungs instead (the D_i kernel, then each rung, in
 the default and the deterministic mode; only the rungs named after it, if any), gradients checked
-against float64 autograd.  --serving:
-a sample of the serving tests (varlen, the variants, the KV cache; awkward lengths, zero-length
-sequences, grids past gridDim.y), each checked against float64 by its test.  Kernels
+against float64 autograd.  --serving: a sample of the serving tests (varlen forward and backward,
+the variants, the KV cache; awkward lengths, zero-length sequences, grids past gridDim.y), each
+checked against float64 by its test.  Kernels
 should already be in the cache (`python -m tileattn compile`): compiling under the sanitizer works
 but is slow."""
 
@@ -75,6 +75,7 @@ SERVING_TESTS = ["tests/test_varlen.py", "tests/test_variants.py", "tests/test_s
 SERVING_SAMPLE = (
     "awkward or scale_zero or past_grid_y or (varlen_variants and all) or (test_varlen_matches and 8-2)"
     " or (decode_matches and 32-8) or (test_variants_match and all)"
+    " or (gradients_many_sequences and 96)"  # the one-launch varlen backward, plain and variants
 )
 
 if "--serving" in sys.argv:
