@@ -19,6 +19,10 @@
 // neighbouring banks.  Br=128, Bc=32, D=64: 2*2*32*64*4 + 2*128*65*4 = 97 KB (dynamic).
 #include "softmax.cuh"
 
+#ifndef V2_D_UNROLL
+#define V2_D_UNROLL 4
+#endif
+
 namespace tileattn {
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
@@ -78,15 +82,22 @@ __global__ void __launch_bounds__(Br) v2_fwd(TILEATTN_FWD_PARAMS(T)) {
     // Element-level causal mask only on the block that straddles this Q block's diagonal.
     const bool diag_block = CAUSAL && (kv_start + Bc - 1 > q_start + causal_offset);
 
-    // 1. S = Qs[row] . Kj^T, scaled; keys past Nk and above the diagonal get -inf.
+    // 1. S = Qs[row] . Kj^T, scaled; keys past Nk and above the diagonal get -inf.  The head dim
+    //    is the outer loop: one Qs read serves Bc independent accumulators (Bc FMAs in flight),
+    //    and only V2_D_UNROLL steps of it are unrolled (a full unroll of D x Bc FMAs took ptxas
+    //    a minute and more at D=128).
     float S[Bc];
 #pragma unroll
-    for (int c = 0; c < Bc; ++c) {
-      const float* krow = Kj + c * HEAD_DIM;
-      float s = 0.0f;
+    for (int c = 0; c < Bc; ++c) S[c] = 0.0f;
+#pragma unroll V2_D_UNROLL
+    for (int d = 0; d < HEAD_DIM; ++d) {
+      const float q = Qs[row][d];
 #pragma unroll
-      for (int d = 0; d < HEAD_DIM; ++d) s += Qs[row][d] * krow[d];
-      S[c] = kv_start + c < Nk ? s * softmax_scale : TILEATTN_NEG_INF;
+      for (int c = 0; c < Bc; ++c) S[c] += q * Kj[c * HEAD_DIM + d];
+    }
+#pragma unroll
+    for (int c = 0; c < Bc; ++c) {
+      S[c] = kv_start + c < Nk ? S[c] * softmax_scale : TILEATTN_NEG_INF;
       if (diag_block && kv_start + c > grow + causal_offset) S[c] = TILEATTN_NEG_INF;
     }
 
@@ -111,7 +122,7 @@ __global__ void __launch_bounds__(Br) v2_fwd(TILEATTN_FWD_PARAMS(T)) {
     m_i = m_new;
 
     // 4. Oacc update: multiply-adds only, normalisation deferred.
-#pragma unroll
+#pragma unroll V2_D_UNROLL
     for (int d = 0; d < HEAD_DIM; ++d) {
       float pv = 0.0f;
 #pragma unroll
