@@ -7,7 +7,14 @@ import re
 import pytest
 
 from tileattn import _nvrtc, _params
-from tileattn.testing import FLOOR, compile_archs, compile_in_parallel, poison_allocator, reference_grads
+from tileattn.testing import (
+    FLOOR,
+    compile_archs,
+    compile_dtypes,
+    compile_in_parallel,
+    poison_allocator,
+    reference_grads,
+)
 from tileattn.testing import assert_within_torch_error as _assert_within_torch_error
 from tileattn.testing import rms as _rms
 from tileattn.versions import (
@@ -23,13 +30,14 @@ from tileattn.versions import (
 ARCHS = compile_archs(["sm_80", "sm_90"])
 _VARLEN = (BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN)
 INSTANCES = [
-    (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))
+    (entry, dtype, D, causal, full_arch)
     for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, *_VARLEN, BWD_DQ_CONVERT, SPLIT_BLOCKS]
-    for dtype, D, causal in entry.instantiations()
     for arch in ARCHS
-    # (the varlen kernels are bwd_v2's body again: bf16 only here, where CI's minutes go; the GPU
-    # tests run both dtypes)
-    if entry.runs_on(int(arch[3:])) and not (entry in _VARLEN and dtype == "float16")
+    if entry.runs_on(int(arch[3:]))
+    for full_arch in [arch + ("a" if entry.arch_specific else "")]
+    for dtype, D, causal in entry.instantiations()
+    # one 16-bit type an arch (testing.compile_dtypes)
+    if dtype in compile_dtypes(entry.dtypes, arch, [a for a in ("sm_80", "sm_90") if entry.runs_on(int(a[3:]))])
 ]
 
 
