@@ -19,8 +19,10 @@
 // neighbouring banks.  Br=128, Bc=32, D=64: 2*2*32*64*4 + 2*128*65*4 = 97 KB (dynamic).
 #include "softmax.cuh"
 
+// Steps of the head-dim loops unrolled.  8: spill-free under NVRTC 13.0 and 13.5 at every head dim
+// (4 spilled 16 bytes under 13.5 without a mask on sm_90a, with 168 registers; 13.0 did not).
 #ifndef V2_D_UNROLL
-#define V2_D_UNROLL 4
+#define V2_D_UNROLL 8
 #endif
 
 namespace tileattn {
@@ -85,7 +87,7 @@ __global__ void __launch_bounds__(Br) v2_fwd(TILEATTN_FWD_PARAMS(T)) {
     // 1. S = Qs[row] . Kj^T, scaled; keys past Nk and above the diagonal get -inf.  The head dim
     //    is the outer loop: one Qs read serves Bc independent accumulators (Bc FMAs in flight),
     //    and only V2_D_UNROLL steps of it are unrolled (a full unroll of D x Bc FMAs took ptxas
-    //    a minute and more at D=128).
+    //    a minute and more at D=128, for 245 registers).
     float S[Bc];
 #pragma unroll
     for (int c = 0; c < Bc; ++c) S[c] = 0.0f;
