@@ -41,6 +41,16 @@ INSTANCES = [
 ]
 
 
+def test_compile_dtypes_splits_the_16bit_types_and_drops_none():
+    """testing.compile_dtypes: fp16 on sm_80 and bf16 on sm_90 for a kernel built for both, both
+    types where a kernel has one arch; fp32 always."""
+    both = ("float16", "bfloat16")
+    assert compile_dtypes(both, "sm_80", ["sm_80", "sm_90"]) == ("float16",)
+    assert compile_dtypes(both, "sm_90", ["sm_80", "sm_90"]) == ("bfloat16",)
+    assert compile_dtypes(both, "sm_90", ["sm_90"]) == both
+    assert compile_dtypes(("float32", *both), "sm_80", ["sm_80", "sm_90"]) == ("float32", "float16")
+
+
 @pytest.fixture(scope="module")
 def compiled_in_parallel():
     """Every instantiation below compiled once up front, one NVRTC per core: serially they were
