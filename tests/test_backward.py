@@ -30,14 +30,11 @@ from tileattn.versions import (
 ARCHS = compile_archs(["sm_80", "sm_90"])
 _VARLEN = (BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN)
 INSTANCES = [
-    (entry, dtype, D, causal, full_arch)
+    (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))
     for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, *_VARLEN, BWD_DQ_CONVERT, SPLIT_BLOCKS]
-    for arch in ARCHS
-    if entry.runs_on(int(arch[3:]))
-    for full_arch in [arch + ("a" if entry.arch_specific else "")]
     for dtype, D, causal in entry.instantiations()
-    # one 16-bit type an arch (testing.compile_dtypes)
-    if dtype in compile_dtypes(entry.dtypes, arch, [a for a in ("sm_80", "sm_90") if entry.runs_on(int(a[3:]))])
+    for arch in ARCHS
+    if entry.runs_on(int(arch[3:])) and dtype in compile_dtypes(entry, arch)  # one 16-bit type an arch
 ]
 
 
@@ -45,10 +42,12 @@ def test_compile_dtypes_splits_the_16bit_types_and_drops_none():
     """testing.compile_dtypes: fp16 on sm_80 and bf16 on sm_90 for a kernel built for both, both
     types where a kernel has one arch; fp32 always."""
     both = ("float16", "bfloat16")
-    assert compile_dtypes(both, "sm_80", ["sm_80", "sm_90"]) == ("float16",)
-    assert compile_dtypes(both, "sm_90", ["sm_80", "sm_90"]) == ("bfloat16",)
-    assert compile_dtypes(both, "sm_90", ["sm_90"]) == both
-    assert compile_dtypes(("float32", *both), "sm_80", ["sm_80", "sm_90"]) == ("float32", "float16")
+    assert BWD_VERSIONS["bwd_v2"].dtypes == both and BWD_VERSIONS["bwd_v5"].dtypes == both
+    assert compile_dtypes(BWD_VERSIONS["bwd_v2"], "sm_80") == ("float16",)
+    assert compile_dtypes(BWD_VERSIONS["bwd_v2"], "sm_90") == ("bfloat16",)
+    assert compile_dtypes(BWD_VERSIONS["bwd_v5"], "sm_90") == both  # sm_90a only
+    assert BWD_PREPROCESS.dtypes == ("float32", *both)
+    assert compile_dtypes(BWD_PREPROCESS, "sm_80") == ("float32", "float16")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ MMA_INSTANCES = [  # one 16-bit type an arch (testing.compile_dtypes)
     for e in (V3_1_VARLEN, V3_1_VARIANTS)
     for a in ARCHS
     for dt, D, c in e.instantiations()
-    if dt in compile_dtypes(e.dtypes, a, ["sm_80", "sm_90"])
+    if dt in compile_dtypes(e, a)
 ]
 
 

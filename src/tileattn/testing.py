@@ -22,16 +22,17 @@ def compile_archs(archs: list[str]) -> list[str]:
     return [a for a in archs if not only or str(arch_number(a)) in only]
 
 
-def compile_dtypes(dtypes, arch: str, archs) -> tuple:
-    """The dtypes a kernel's CPU compile tests cover at `arch`, one of the `archs` it is built for
-    (before TILEATTN_TEST_ARCHS's filter).  A kernel built for sm_8x and sm_90 in both 16-bit types
-    compiles fp16 for sm_8x and bf16 for sm_90: both types still compile, every head dim and
+def compile_dtypes(entry, arch: str) -> tuple:
+    """The dtypes an entry's (versions.KernelEntry's) CPU compile tests cover at `arch` ("sm_80" or
+    "sm_90").  A kernel that runs on both and takes both 16-bit types compiles fp16 for sm_80 and
+    bf16 for sm_90, whatever TILEATTN_TEST_ARCHS keeps: both types still compile, every head dim and
     causal mode still compiles at every arch, and the GPU tests run both types.  The two differ
     only in the MMA's type and the conversions: all 264 pairs compiled before this rule (NVRTC
     13.0, sm_80 and sm_90) had the same registers, stack and spills, and compiling each twice was
     about a fifth of CI's minutes.  A kernel of one arch keeps both."""
-    if len(set(archs)) < 2 or not {"float16", "bfloat16"} <= set(dtypes):
-        return tuple(dtypes)
+    dtypes = entry.dtypes
+    if not (entry.runs_on(80) and entry.runs_on(90)) or not {"float16", "bfloat16"} <= set(dtypes):
+        return dtypes
     drop = "bfloat16" if arch_number(arch) < 90 else "float16"
     return tuple(dt for dt in dtypes if dt != drop)
 
