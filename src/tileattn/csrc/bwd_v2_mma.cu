@@ -85,6 +85,9 @@ __device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
     seq = bwd_dense_sequence<Bc>(H, Nq, Nk, causal_offset, bh_offset);
   }
   const int b = seq.b, h = seq.h, hk = h / h_per_kv, mb = seq.mem_b, kv_start = seq.kv_start;
+  // (Dense: bh and row 0 straight from blockIdx.y, as before variable length.  The equivalent
+  // b * H + h and (mb * H + h) * Nq + q0 for both moved ptxas's allocation: bwd_v2_variants at
+  // D=256 spilled 80 bytes instead of 24.)
   const int bh = VARLEN ? b * H + h : (int)blockIdx.y + bh_offset, Nq_b = seq.nq, Nk_b = seq.nk, offset = seq.offset;
   const long long row0 = VARLEN ? (long long)h * Nq + seq.q0 : (long long)bh * Nq;  // lse, D_i, dq_accum's row 0
   const T* q_bh = q + mb * q_sb + h * q_sh + seq.q0 * q_sn;
@@ -247,26 +250,17 @@ __device__ __forceinline__ void bwd_v2_body(TILEATTN_BWD_PARAMS(T)) {
   }
 }
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2(TILEATTN_BWD_PARAMS(T)) {
-  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, false>(TILEATTN_BWD_ARGS);
-}
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2_variants(TILEATTN_BWD_PARAMS(T)) {
-  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, false>(TILEATTN_BWD_ARGS);
-}
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2_varlen(TILEATTN_BWD_PARAMS(T)) {
-  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, true>(TILEATTN_BWD_ARGS);
-}
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(BWD_V2_THREADS, 1) bwd_v2_variants_varlen(TILEATTN_BWD_PARAMS(T)) {
-  bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, true>(TILEATTN_BWD_ARGS);
-}
+// The four kernels of the body (registered in versions.py), each with its shared-memory size.
+#define TILEATTN_BWD_V2_KERNEL(kernel, VARIANTS, VARLEN)                                        \
+  template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>                              \
+  __global__ void __launch_bounds__(BWD_V2_THREADS, 1) kernel(TILEATTN_BWD_PARAMS(T)) {          \
+    bwd_v2_body<T, HEAD_DIM, Br, Bc, CAUSAL, VARIANTS, VARLEN>(TILEATTN_BWD_ARGS);               \
+  }                                                                                             \
+  TILEATTN_SMEM_BYTES(kernel, bwd_v2_smem(HEAD_DIM, Br, Bc))
 
-TILEATTN_SMEM_BYTES(bwd_v2, bwd_v2_smem(HEAD_DIM, Br, Bc));
-TILEATTN_SMEM_BYTES(bwd_v2_variants, bwd_v2_smem(HEAD_DIM, Br, Bc));
-TILEATTN_SMEM_BYTES(bwd_v2_varlen, bwd_v2_smem(HEAD_DIM, Br, Bc));
-TILEATTN_SMEM_BYTES(bwd_v2_variants_varlen, bwd_v2_smem(HEAD_DIM, Br, Bc));
+TILEATTN_BWD_V2_KERNEL(bwd_v2, false, false);
+TILEATTN_BWD_V2_KERNEL(bwd_v2_variants, true, false);
+TILEATTN_BWD_V2_KERNEL(bwd_v2_varlen, false, true);
+TILEATTN_BWD_V2_KERNEL(bwd_v2_variants_varlen, true, true);
 
 }  // namespace tileattn
