@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from tileattn import _nvrtc, _params, flash_attn_varlen_func, reference
-from tileattn.testing import assert_serving_output, compile_archs, compile_dtypes, compile_in_parallel, cu_seqlens
+from tileattn.testing import (
+    assert_serving_output,
+    assert_within_torch_error,
+    compile_archs,
+    compile_dtypes,
+    compile_in_parallel,
+    cu_seqlens,
+    reference_grads,
+)
 from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN
 
 ARCHS = compile_archs(["sm_80", "sm_90"])
@@ -245,7 +253,6 @@ def test_varlen_backward_composes_per_sequence(monkeypatch, causal, variant, sca
     on as it is: attention_backward handles its sign), GQA, zeros where no sequence or no key reaches; against
     float64 autograd of each sequence alone."""
     from tileattn import backward, serving
-    from tileattn.testing import reference_grads
 
     def dense(q, k, v, out, lse, dout, scale, mode, layout, deterministic=False, variants=None):
         assert out.shape == q.shape and lse.shape == (1, q.shape[2], q.shape[1])
@@ -325,8 +332,6 @@ def _assert_varlen_grads(inputs, grads, cu_q, cu_k, scale, mode, spec, slopes):
     """Each sequence's dq, dk, dv against float64 autograd of that sequence alone (testing.reference_grads
     of a dense batch of one), within twice PyTorch's own error plus the floor; 0 for rows of q past
     the last sequence and for every row of a sequence with no queries or no keys."""
-    from tileattn.testing import assert_within_torch_error, reference_grads
-
     (q, k, v, dO), (dq, dk, dv), dtype = inputs, grads, inputs[0].dtype
     cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
     assert not dq[cu_q[-1] :].any(), "rows past the last sequence"
