@@ -76,6 +76,7 @@ SERVING_SAMPLE = (
     "awkward or scale_zero or past_grid_y or (varlen_variants and all) or (test_varlen_matches and 8-2)"
     " or (decode_matches and 32-8) or (test_variants_match and all)"
     " or (gradients_many_sequences and 96)"  # the one-launch varlen backward, and the per-sequence one
+    " or (gradients_many_sequences and (False-False-128 or False-True-64))"  # bwd_v5_varlen's
     " or (gradients_match_float64 and None-all-bottom_right-64-dtype1)"  # its variants kernel
 )
 

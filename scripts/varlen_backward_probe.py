@@ -1,6 +1,7 @@
-"""Speed of flash_attn_varlen_func's backward (serving._varlen_backward: bwd_v2_varlen in one launch,
-or with deterministic=True the dense rungs a sequence at a time) beside varlen_attn's (FA2's varlen
-kernels) and FlexAttention's with a document mask, in one process: forward + backward of the packed
+"""Speed of flash_attn_varlen_func's backward (serving._varlen_backward: backward.varlen_rung's kernel
+in one launch, bwd_v5_varlen on Hopper; "tileattn (bwd_v2_varlen)" forces the mma.sync kernel it
+replaced there) beside varlen_attn's (FA2's varlen kernels) and FlexAttention's with a document
+mask, in one process: forward + backward of the packed
 documents, bf16, H=16, causal within each document. Two batches: the varlen suite's 16 documents of
 256..8192 tokens, and 128 short ones of 128..1024 (where a per-sequence loop pays its launches
 most). TFLOP/s count each document's own causal work: forward + backward 3.5x the forward's (two
@@ -10,13 +11,31 @@ matmuls forward; five backward, S rebuilt, dV, dP, dQ, dK).
 """
 
 import argparse
+import contextlib
 import json
 
 import torch
 
-from tileattn import bench
+from tileattn import backward, bench
 from tileattn.serving import flash_attn_varlen_func
 from tileattn.testing import cu_seqlens
+from tileattn.versions import BWD_V2_VARLEN
+
+
+@contextlib.contextmanager
+def _forced(entry):
+    """backward.varlen_rung answering `entry` inside the block."""
+    chosen = backward.varlen_rung
+    backward.varlen_rung = lambda *args: entry
+    try:
+        yield
+    finally:
+        backward.varlen_rung = chosen
+
+
+def _grad(fwd, inputs, dout, rung):
+    with rung():
+        return torch.autograd.grad(fwd(), inputs, dout)
 
 
 def main():
@@ -39,6 +58,7 @@ def main():
             dout = torch.randn_like(q)
             fwd_flops = sum(2 * 16 * D * n * n for n in lens)
             impls = {"tileattn": lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)}
+            impls["tileattn (bwd_v2_varlen)"] = impls["tileattn"]
             peers, errors = bench.varlen_peers(q, k, v, cu, lens)
             impls.update(peers)
             for name, why in errors.items():
@@ -47,7 +67,8 @@ def main():
                 if name == "flex_document_mask":  # (1, H, total, D) out: back to packed
                     f = fwd
                     fwd = lambda f=f: f()[0].transpose(0, 1)
-                step = lambda fwd=fwd: torch.autograd.grad(fwd(), (q, k, v), dout)
+                rung = _forced(BWD_V2_VARLEN) if name == "tileattn (bwd_v2_varlen)" else contextlib.nullcontext
+                step = lambda fwd=fwd, rung=rung: _grad(fwd, (q, k, v), dout, rung)
                 try:
                     step()
                     ms_fwd = bench._time(lambda fwd=fwd: fwd())
@@ -61,7 +82,7 @@ def main():
                 print(row, flush=True)
     for r in rows:
         for p in rows:
-            if p["batch"] == r["batch"] and p["D"] == r["D"] and r["impl"] == "tileattn" and p["impl"] != "tileattn":
+            if p["batch"] == r["batch"] and p["D"] == r["D"] and r["impl"] == "tileattn" and p is not r:
                 r[f"vs_{p['impl']}"] = p["ms_fwd_bwd"] / r["ms_fwd_bwd"]
     print(f"\n{'batch':22} {'D':>4} {'impl':20} {'fwd+bwd ms':>10} {'fwd ms':>8} {'TFLOP/s':>8}  ratios")
     for r in rows:

@@ -351,14 +351,16 @@ def _assert_varlen_grads(inputs, grads, cu_q, cu_k, scale, mode, spec, slopes):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [32, 96, 256])
+@pytest.mark.parametrize("D", [32, 64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_varlen_gradients_many_sequences(D, causal, deterministic):
-    """The one-launch varlen backward (bwd_v2_varlen; deterministic: the per-sequence fallback)
-    over 70 sequences of 0..300 rows, q and k of different lengths, offsets from 17 on (a slice of
-    a longer batch), GQA 6:2, at head dims with Bc = 64 and 32 (D = 256), against float64 autograd
-    per sequence; an understated max_seqlen_k must not drop keys from the gradient."""
+    """The one-launch varlen backward (bwd_v5_varlen on Hopper at D = 64, 128, else bwd_v2_varlen;
+    deterministic: the per-sequence fallback) over 70 sequences of 0..300 rows, q and k of
+    different lengths, offsets from 17 on (a slice of a longer batch), GQA 6:2, at head dims with
+    Bc = 64 and 32 (D = 256), against float64 autograd per sequence; rows of q, dO, k and v past the
+    last sequence hold NaN (a preallocated buffer's unused tail: the TMA kernel's tiles read them
+    and must not multiply them in); an understated max_seqlen_k must not drop keys from the gradient."""
     gen = torch.Generator(device="cuda").manual_seed(D + causal + 2 * deterministic)
     cpu = torch.Generator().manual_seed(D)
     lens_q, lens_k = (torch.randint(0, 301, (70,), generator=cpu) for _ in range(2))
@@ -370,6 +372,8 @@ def test_varlen_gradients_many_sequences(D, causal, deterministic):
     q = torch.randn(int(cu_q[-1]) + 5, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(int(cu_k[-1]) + 3, H_kv, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in "kv")
     dO = torch.randn_like(q)
+    for t, end in ((q, cu_q[-1]), (dO, cu_q[-1]), (k, cu_k[-1]), (v, cu_k[-1])):
+        t[int(end) :] = float("nan")
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out = flash_attn_varlen_func(
         *leaves, cu_q, cu_k, int(lens_q.max()), 8, causal=causal, deterministic=deterministic

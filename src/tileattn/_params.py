@@ -262,9 +262,11 @@ VT_ARGS: list[tuple[str, str]] = [("v", "Q"), ("vt", "Q"), ("Nk", "i"), ("Nk_pad
 ]
 
 # TILEATTN_DQC_FIELDS (csrc/bwd_dq_convert.cu): bwd_v5's dQ, blocked float32 -> the gradient.
-DQC_ARGS: list[tuple[str, str]] = [("dq_accum", "Q"), ("dq", "Q"), ("Nq", "i"), ("H", "i"), ("tiles_per_bh", "i")] + [
-    (f"dq_{s}", "q") for s in ("sb", "sh", "sn")
-]
+DQC_ARGS: list[tuple[str, str]] = (
+    [("dq_accum", "Q"), ("dq", "Q"), ("Nq", "i"), ("H", "i"), ("tiles_per_bh", "i")]
+    + [(f"dq_{s}", "q") for s in ("sb", "sh", "sn")]
+    + [("cu_seqlens_q", "Q"), ("num_seqs", "i"), ("chunk_rows", "i")]
+)
 
 # TILEATTN_SPLIT_BLOCKS_FIELDS (csrc/split_halves.cu), in order.
 SPLIT_BLOCKS_ARGS: list[tuple[str, str]] = [

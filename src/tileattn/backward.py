@@ -21,7 +21,9 @@ from .versions import (
     BWD_V2_VARIANTS,
     BWD_V2_VARIANTS_VARLEN,
     BWD_V2_VARLEN,
+    BWD_V5_VARLEN,
     BWD_VERSIONS,
+    KERNEL_ENTRIES,
 )
 
 
@@ -54,8 +56,8 @@ def attention_backward(
     alibi_slopes) from serving._variants with softcap through serving._kernel_softcap:
     bwd_v2_variants runs.
     varlen: (cu_seqlens_q, cu_seqlens_k) int32 on q's device: q, k, v, out, dout are packed
-    sequences as a "bnhd" batch of one, (1, total, heads, D), and lse (1, H, total_q);
-    bwd_v2_varlen (bwd_v2_variants_varlen with variants) runs over every sequence in one launch
+    sequences as a "bnhd" batch of one, (1, total, heads, D), and lse (1, H, total_q); varlen_rung's
+    kernel (or the one ``version`` names) runs over every sequence in one launch
     (csrc/bwd_common.cuh's bwd_varlen_sequence), each with its own lengths and, bottom-right, its
     own causal offset.  Not deterministic.  Rows that no sequence holds get gradient 0."""
     if variants is not None and softmax_scale < 0:
@@ -68,9 +70,11 @@ def attention_backward(
         return -dq, dk, dv
     dtype, (B, H, Nq, D), _, (_, H_kv, Nk, _), _, _, device_index = api._validate(q, k, v, None, None, layout)
     if varlen is not None:
-        if deterministic or version is not None or B != 1:
-            raise ValueError("the variable-length backward is bwd_v2_varlen's: a batch of one, not deterministic")
-        entry = BWD_V2_VARLEN if variants is None else BWD_V2_VARIANTS_VARLEN
+        if deterministic or B != 1:
+            raise ValueError("the variable-length backward runs over a batch of one, not deterministic")
+        if version is not None and version not in _VARLEN_RUNGS:
+            raise ValueError(f"the variable-length backward runs one of {_VARLEN_RUNGS}, got version={version!r}")
+        entry = KERNEL_ENTRIES[version] if version else varlen_rung(dtype, D, variants is not None, device_index)
         name = entry.name
     elif variants is not None:
         # (no deterministic mode: a window's K/V blocks do not all add into a Q block from j = 0,
@@ -102,9 +106,13 @@ def attention_backward(
     f32 = dict(dtype=torch.float32, device=q.device)
     Br, Bc = entry.tiles[D]
     launched = B * H * Nq > 0 and Nk > 0
-    # A blocked rung's dQ chunks cover whole Q blocks: Br rows each, padding past Nq included.
-    # Zeroed by the D_i kernel where the rung runs (bwd_common.cuh's bwd_preprocess).
-    dq_acc = (torch.empty if launched else torch.zeros)((B, H, -(-Nq // Br) * Br if entry.dq_blocked else Nq, D), **f32)
+    cu_q, cu_k = varlen if varlen is not None else (None, None)
+    num_seqs = 0 if cu_q is None else cu_q.shape[0] - 1
+    # A blocked rung's dQ chunks cover whole Q blocks: Br rows each, padding past Nq included
+    # (packed sequences: whole Q blocks of each, numbered as bwd_common.cuh's varlen_block, at most
+    # ceil(Nq / Br) + num_seqs).  Zeroed by the D_i kernel where the rung runs (bwd_preprocess).
+    chunks = -(-Nq // Br) + num_seqs
+    dq_acc = (torch.empty if launched else torch.zeros)((B, H, chunks * Br if entry.dq_blocked else Nq, D), **f32)
     # dK, dV: without GQA (and unless float32 is asked for) the kernels write the gradients
     # themselves, in k's dtype and the caller's layout (one writer each: bwd_common.cuh's
     # store_dkdv); otherwise float32 accumulators, zeroed where a GQA group's query heads add into one
@@ -134,8 +142,6 @@ def attention_backward(
         (left, right), softcap, slopes = variants if variants is not None else ((-1, -1), 0.0, None)
         tail = None if varlen else _tail_plan(entry, causal, deterministic, direct or H != H_kv, B * H, Nq, Nk, Br, Bc,
                                               device_index)  # fmt: skip
-        cu_q, cu_k = varlen if varlen is not None else (None, None)
-        num_seqs = 0 if cu_q is None else cu_q.shape[0] - 1
         # The tail's parts add dK, dV into a float32 [dK | dV] tile a K/V block, then one int count
         # each (bwd_tail_finish), zeroed by the D_i kernel (its length rounded up to whole float4s).
         tail_acc = torch.empty(-(-tail[2] * (2 * Bc * D + 1) // 4) * 4 if tail and direct else 0, **f32)
@@ -190,7 +196,8 @@ def attention_backward(
         return acc.contiguous() if acc.dtype == dtype else acc.to(dtype, memory_format=torch.contiguous_format)
 
     if entry.dq_blocked:
-        dq_acc = _dq_from_blocks(dq_acc, Nq, layout, torch.float32 if float32_grads else q.dtype, device_index)
+        dq_dtype = torch.float32 if float32_grads else q.dtype
+        dq_acc = _dq_from_blocks(dq_acc, Nq, layout, dq_dtype, device_index, cu_q, Br)
     if direct:
         return like(dq_acc, q), dk_out, dv_out
     return like(dq_acc, q), like(dk_acc, k), like(dv_acc, v)
@@ -228,18 +235,24 @@ def _tail_plan(entry, causal, deterministic, adds_dkdv, BH, Nq, Nk, Br, Bc, devi
     return BH * Tc - blocks, segments, blocks
 
 
-def _dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype, device_index: int) -> torch.Tensor:
+def _dq_from_blocks(
+    acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype, device_index: int, cu_seqlens_q=None, Br: int = 64
+) -> torch.Tensor:
     """A blocked rung's dQ accumulator, (B, H, Q blocks x Br rows, D) float32 holding each Q block's
     64 x 64 tiles in the wgmma accumulator's order (csrc/bwd_dq_convert.cu), as (B, H, Nq, D) of
     ``dtype`` (for "bnhd" a view of (B, Nq, H, D) memory, which like() turns back without copying),
-    by bwd_dq_convert (testing.dq_from_blocks is its model)."""
+    by bwd_dq_convert (testing.dq_from_blocks is its model).  cu_seqlens_q: bwd_v5_varlen's packed
+    sequences (a batch of one), whose chunks of Br rows are numbered as reference.varlen_kv_blocks
+    numbers K/V blocks; rows no sequence holds are 0."""
     B, H, Npad, D = acc.shape
-    out = torch.empty((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=dtype, device=acc.device)
+    alloc = torch.empty if cu_seqlens_q is None else torch.zeros
+    out = alloc((B, Nq, H, D) if layout == "bnhd" else (B, H, Nq, D), dtype=dtype, device=acc.device)
     strides = api._bhnd(out, layout)[1]
     tiles_per_bh = Npad // 64 * (D // 64)
     if B * H * Nq:
         kern = api.entry_kernel(BWD_DQ_CONVERT.name, str(dtype).removeprefix("torch."), D, False, device_index)
-        args = [acc.data_ptr(), out.data_ptr(), Nq, H, tiles_per_bh, *strides[:3]]
+        varlen = (0, 0) if cu_seqlens_q is None else (cu_seqlens_q.data_ptr(), cu_seqlens_q.shape[0] - 1)
+        args = [acc.data_ptr(), out.data_ptr(), Nq, H, tiles_per_bh, *strides[:3], *varlen, Br]
         kern.launch(api._current_stream(device_index), B * H * tiles_per_bh, 1, args)
     return out.transpose(1, 2) if layout == "bnhd" else out
 
@@ -264,6 +277,22 @@ def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, pre
         if entry.runs_on(arch) and D in entry.tiles and (entry.deterministic or not deterministic):
             return name
     return "bwd_v2"
+
+
+_VARLEN_RUNGS = (BWD_V5_VARLEN.name, BWD_V2_VARLEN.name, BWD_V2_VARIANTS_VARLEN.name)
+
+
+def varlen_rung(dtype: str, D: int, variants: bool, device_index: int):
+    """flash_attn_varlen_func's backward kernel: bwd_v5_varlen (wgmma, TMA; bwd_v5's body over
+    packed sequences) on sm_90 at its head dims (64, 128) without score variants; else
+    bwd_v2_varlen, or bwd_v2_variants_varlen with a window, softcap or ALiBi (mma.sync, every head
+    dim of the varlen forward)."""
+    if variants:
+        return BWD_V2_VARIANTS_VARLEN
+    cc = _nvrtc.device_arch(device_index)
+    if BWD_V5_VARLEN.runs_on(cc[0] * 10 + cc[1]) and dtype in BWD_V5_VARLEN.dtypes and D in BWD_V5_VARLEN.tiles:
+        return BWD_V5_VARLEN
+    return BWD_V2_VARLEN
 
 
 def _tensor_maps(q, k, v, dout, q_shape, kv_shape, qs, ks, vs, dos, Br, Bc) -> bytes:

@@ -303,13 +303,28 @@ def reference_grads(
     return [x.grad for x in t]
 
 
-def dq_from_blocks(acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype) -> torch.Tensor:
+def dq_from_blocks(
+    acc: torch.Tensor, Nq: int, layout: str, dtype: torch.dtype, cu_seqlens_q=None, Br: int = 64
+) -> torch.Tensor:
     """The model of csrc/bwd_dq_convert.cu in torch: a blocked dQ accumulator (B, H, padded rows, D),
     float32 64 x 64 tiles (row strips, then column tiles) in the wgmma accumulator's order
-    [n8][warp][g][t][hh][e], as (B, H, Nq, D) of ``dtype`` (for "bnhd" a view of (B, Nq, H, D))."""
+    [n8][warp][g][t][hh][e], as (B, H, Nq, D) of ``dtype`` (for "bnhd" a view of (B, Nq, H, D)).
+    cu_seqlens_q (a batch of one: bwd_v5_varlen): chunk L of Br rows holds the rows of the
+    sequence and first row reference.varlen_kv_blocks gives it, rows no sequence holds are 0."""
     B, H, Npad, D = acc.shape
     tiles = acc.view(B, H, Npad // 64, D // 64, 8, 4, 8, 4, 2, 2)  # b h strip wc | n8 warp g t hh e
     rows_cols = tiles.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9).reshape(B, H, Npad, D)  # (warp hh g) (wc n8 t e)
+    if cu_seqlens_q is not None:
+        from .reference import varlen_kv_blocks
+
+        cu = [int(c) for c in cu_seqlens_q]
+        packed = torch.zeros(B, H, Nq, D, dtype=acc.dtype, device=acc.device)
+        for L, block in enumerate(varlen_kv_blocks(cu, Br, Nq)):
+            if block is not None:
+                b, first = block
+                n = min(Br, cu[b + 1] - cu[b] - first)
+                packed[:, :, cu[b] + first : cu[b] + first + n] = rows_cols[:, :, L * Br : L * Br + n]
+        rows_cols = packed
     out = rows_cols[:, :, :Nq].to(dtype)
     return out.transpose(1, 2).contiguous().transpose(1, 2) if layout == "bnhd" else out.contiguous()
 

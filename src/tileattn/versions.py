@@ -934,11 +934,27 @@ BWD_V2_VARIANTS_VARLEN = dataclasses.replace(
     spill_bytes={80: 32, 96: 72, 128: 56, 256: 100},
 )
 
+# flash_attn_varlen_func's backward on Hopper (fp16 / bf16, D = 64 and 128; backward.varlen_rung):
+# bwd_v5's body over packed sequences in one launch (bwd_v5_dq_bulk.cu), bwd_v2_varlen's grid.
+BWD_V5_VARLEN = dataclasses.replace(
+    _BWD_V5,
+    name="bwd_v5_varlen",
+    kernel="bwd_v5_varlen",
+    summary="bwd_v5 over packed sequences, one launch (flash_attn_varlen_func's gradients on Hopper)",
+    deterministic=False,
+    tail_split=False,
+    # bwd_v5's budgets: under NVRTC 13.0 D=64 takes 136 / 156 / 236 bytes (stack / spill stores /
+    # loads; bwd_v5's 120 / 120 / 136, the sequence's bounds and offsets beside its registers),
+    # D=128 8-16 / 8-16 / 16-36 (bwd_v5's 0-24 / 0-20 / 0-36).
+    spill_bytes={64: 240, 128: 64},
+)
+
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
     e.name: e
     for e in (
         *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN),
+        BWD_V5_VARLEN,
         *(BWD_DQ_CONVERT, SPLIT_BLOCKS),
         *(*DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT),
     )

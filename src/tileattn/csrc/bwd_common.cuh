@@ -117,20 +117,30 @@ __device__ __forceinline__ BwdSeq bwd_dense_sequence(int H, int Nq, int Nk, int 
   const int bh = blockIdx.y + bh_offset;
   return {bh / H, bh % H, (int)blockIdx.x * Bc, bh / H, 0, 0, Nq, Nk, causal_offset};
 }
-template <int Bc>
-__device__ __forceinline__ BwdSeq bwd_varlen_sequence(int causal_offset, const int* cu_seqlens_q,
-                                                      const int* cu_seqlens_k, int num_seqs, int bottom_right) {
-  const int L = blockIdx.x, base = cu_seqlens_k[0];
-  int lo = 0, hi = num_seqs - 1;  // the last b in [0, num_seqs) with start(b) <= L
+// The sequence of packed block L in that numbering (blocks of `rows` rows from start(b) =
+// (cu[b] - cu[0]) / rows + b): the last b with start(b) <= L, by a binary search over the offsets
+// cu; its block's first row (local to the sequence) in first_row.  bwd_v5_varlen's dQ chunks
+// (Br query rows) are numbered the same way over cu_seqlens_q (bwd_dq_convert.cu reads them back).
+__device__ __forceinline__ int varlen_block(const int* cu, int num_seqs, int L, int rows, int& first_row) {
+  const int base = cu[0];
+  int lo = 0, hi = num_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if ((cu_seqlens_k[mid] - base) / Bc + mid <= L)
+    if ((cu[mid] - base) / rows + mid <= L)
       lo = mid;
     else
       hi = mid - 1;
   }
-  const int b = lo, k0 = cu_seqlens_k[b], q0 = cu_seqlens_q[b];
-  const int nq = cu_seqlens_q[b + 1] - q0, kv_start = (L - ((k0 - base) / Bc + b)) * Bc;
+  first_row = (L - ((cu[lo] - base) / rows + lo)) * rows;
+  return lo;
+}
+template <int Bc>
+__device__ __forceinline__ BwdSeq bwd_varlen_sequence(int causal_offset, const int* cu_seqlens_q,
+                                                      const int* cu_seqlens_k, int num_seqs, int bottom_right) {
+  int kv_start;
+  const int b = varlen_block(cu_seqlens_k, num_seqs, blockIdx.x, Bc, kv_start);
+  const int k0 = cu_seqlens_k[b], q0 = cu_seqlens_q[b];
+  const int nq = cu_seqlens_q[b + 1] - q0;
   const int nk_all = cu_seqlens_k[b + 1] - k0, nk = kv_start < nk_all ? nk_all : 0;
   return {b, (int)blockIdx.y, kv_start, 0, q0, k0, nq, nk, bottom_right ? nk_all - nq : causal_offset};
 }

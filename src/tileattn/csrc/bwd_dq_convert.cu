@@ -15,6 +15,7 @@
 // writes 8 consecutive columns of a row as one 16-byte store (two for float32 gradients).
 #pragma once
 
+#include "bwd_common.cuh"  // varlen_block
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -23,11 +24,15 @@ namespace tileattn {
 // dq: the gradient, T (the inputs' dtype, or float32 for float32 gradients), any strides with a
 // contiguous head dim and 16-byte aligned rows; tiles_per_bh: the accumulator's tiles per
 // (batch, head), its padded rows / 64 x D / 64.  Grid: B * H * tiles_per_bh blocks (x only: no
-// 65535 limit on B * H).
+// 65535 limit on B * H).  cu_seqlens_q non-null (bwd_v5_varlen, a batch of one): the head's
+// chunks of chunk_rows (the rung's Br) rows are numbered over num_seqs packed sequences
+// (bwd_common.cuh's varlen_block), and a chunk's rows go to its sequence's rows of dq, those past
+// the sequence nowhere.
 #define TILEATTN_DQC_FIELDS(X, SEP)                                                          \
   X(const float* __restrict__, dq_accum) SEP X(T* __restrict__, dq) SEP X(const int, Nq) SEP \
   X(const int, H) SEP X(const int, tiles_per_bh) SEP X(const long long, dq_sb) SEP         \
-  X(const long long, dq_sh) SEP X(const long long, dq_sn)
+  X(const long long, dq_sh) SEP X(const long long, dq_sn) SEP                              \
+  X(const int* __restrict__, cu_seqlens_q) SEP X(const int, num_seqs) SEP X(const int, chunk_rows)
 constexpr int DQC_THREADS = 256, DQC_ROW = 72;
 
 // Eight floats -> eight T at dst (16-byte aligned), as one 16-byte store (two for float).
@@ -48,7 +53,17 @@ __global__ void __launch_bounds__(DQC_THREADS) bwd_dq_convert(TILEATTN_DQC_FIELD
   constexpr int WC = HEAD_DIM / 64;
   __shared__ __align__(16) float tile[64 * DQC_ROW];
   const long long bh = blockIdx.x / tiles_per_bh;
-  const int i_tile = blockIdx.x % tiles_per_bh, row0 = 64 * (i_tile / WC), col0 = 64 * (i_tile % WC);
+  const int i_tile = blockIdx.x % tiles_per_bh, col0 = 64 * (i_tile % WC);
+  // The strip's first row of dq (dst's row 0 below) and its rows there.
+  int row0 = 64 * (i_tile / WC), rows = Nq - row0;
+  if (cu_seqlens_q) {  // chunk row0 / chunk_rows: its sequence and first row in it
+    int first;
+    const int b = varlen_block(cu_seqlens_q, num_seqs, row0 / chunk_rows, chunk_rows, first);
+    first += row0 % chunk_rows;
+    rows = cu_seqlens_q[b + 1] - cu_seqlens_q[b] - first;
+    row0 = cu_seqlens_q[b] + first;
+    if (rows <= 0) return;  // a chunk's padding past its sequence (uniform over the block)
+  }
   const float4* src = reinterpret_cast<const float4*>(dq_accum) + (long long)blockIdx.x * 1024;
 #pragma unroll
   for (int i = threadIdx.x; i < 1024; i += DQC_THREADS) {  // i = ((n8 * 4 + warp) * 8 + g) * 4 + t
@@ -62,7 +77,7 @@ __global__ void __launch_bounds__(DQC_THREADS) bwd_dq_convert(TILEATTN_DQC_FIELD
 #pragma unroll
   for (int i = threadIdx.x; i < 64 * 8; i += DQC_THREADS) {
     const int r = i / 8, c = 8 * (i % 8);
-    if (row0 + r >= Nq) continue;  // the strip's padding past the last query row
+    if (r >= rows) continue;  // the strip's padding past the last query row (of its sequence)
     const float* s = tile + r * DQC_ROW + c;
     store8(dst + (row0 + r) * dq_sn + c, *reinterpret_cast<const float4*>(s), *reinterpret_cast<const float4*>(s + 4));
   }

@@ -31,6 +31,7 @@ namespace tileattn {
 constexpr int BWD_V4_WG = 128;
 constexpr int BWD_V4_STAGES = 3;  // Q_i / dO_i / lse_i / D_i stages: fits beside K, V and dS at D=128 (194 KB)
 constexpr int BWD_V4_DQ_BYTES = 64 * 64 * 4;  // bwd_v5: a consumer warpgroup's dQ tile (float32)
+constexpr int BWD_V5_VARLEN_BARRIER = 4;  // bwd_v5_varlen's named barrier (1, 2: dS; 3: the tail's)
 // Br = 128 (bwd_v5's tile at D=64) takes two stages: three with the 128-row dS tiles would pass
 // 227 KB by 88 bytes.
 __host__ __device__ constexpr int bwd_v4_stages(int Br) { return Br == 128 ? 2 : BWD_V4_STAGES; }
@@ -64,12 +65,23 @@ __host__ __device__ constexpr int bwd_v4_smem(int D, int Br, int Bc, bool dq_bul
          bwd_v4_stages(Br) * 2 * Br * 4 + (1 + 2 * bwd_v4_stages(Br) + (dq_bulk ? 4 : 0)) * 8;
 }
 
-// The kernel body of bwd_v4 (DQ_BULK false) and bwd_v5 (bwd_v5_dq_bulk.cu: true).  tmaps: the
-// kernel's __grid_constant__ parameter.
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool DQ_BULK>
+// Rows first .. ROWS - 1 (first >= 0) of a 16-bit tile of 64-column panels (ROWS rows of 128
+// bytes each, the 128-byte swizzle permuting 16-byte chunks within a row) at shared address tile,
+// set to 0 by thread tid of NTHREADS.  The caller fences them for the async proxy and syncs.
+template <int ROWS, int HEAD_DIM, int NTHREADS>
+__device__ __forceinline__ void zero_tile_rows(unsigned tile, int first, int tid) {
+  const int chunks = (ROWS - first) * 8;  // a panel's 16-byte chunks from row first on
+  for (int i = tid; i < HEAD_DIM / 64 * chunks; i += NTHREADS)
+    st_shared_zero16(tile + i / chunks * ROWS * 128 + first * 128 + i % chunks * 16);
+}
+
+// The kernel body of bwd_v4 (DQ_BULK false) and bwd_v5 (bwd_v5_dq_bulk.cu: true; VARLEN:
+// bwd_v5_varlen, packed sequences).  tmaps: the kernel's __grid_constant__ parameter.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool DQ_BULK, bool VARLEN = false>
 __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "bwd_v4 takes 16-bit (fp16 / bf16) inputs");
+  static_assert(DQ_BULK || !VARLEN, "packed sequences take bwd_v5's blocked dQ");
   static_assert((Br == 64 || (Br == 128 && HEAD_DIM == 64 && DQ_BULK)) && Bc == 128,
                 "wgmma's M = 64 keys per warpgroup, N = 64 query rows (bwd_v5 at D=64: 128 too)");
   constexpr int STAGES = bwd_v4_stages(Br);
@@ -113,13 +125,31 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   }
   __syncthreads();
 
-  constexpr bool TAIL = !CAUSAL && DQ_BULK;  // (the registry's tail_split: bwd_v5's)
-  const BwdTile cta = bwd_work<CAUSAL, Bc>(bh_offset, Nk, tail_from, TAIL ? tail_segments : 0);
+  constexpr bool TAIL = !CAUSAL && DQ_BULK && !VARLEN;  // (the registry's tail_split: bwd_v5's)
+  // The CTA's K/V block.  Dense: bwd_work's (head bh, block j) of all Nq / Nk rows.  VARLEN
+  // (bwd_common.cuh's bwd_varlen_sequence; one launch over every sequence, no host sync): sequence
+  // seq.b's block at seq.kv_start of query head seq.h, its rows q0.. of packed q, dO (and of lse,
+  // D_i: (H, total_q)) and k0.. of packed k, v, its lengths nq, nk and its causal offset.  Rows the
+  // copy engine brings in past a sequence's end belong to the next one (or are whatever the buffer
+  // holds past the last: NaN included), so the consumers zero them before any product reads them
+  // (zero_tile_rows): P and dS are 0 there, but 0 x NaN is NaN in the tensor core.
+  // (The dense values as they were before VARLEN: computed from seq, ptxas moved the epilogue's
+  // index arithmetic off the uniform datapath.)
+  BwdTile cta;
+  BwdSeq seq{};
+  if constexpr (VARLEN) {
+    seq = bwd_varlen_sequence<Bc>(causal_offset, cu_seqlens_q, cu_seqlens_k, num_seqs, bottom_right);
+    if (seq.nk == 0) return;  // a block past its sequence's keys
+    cta = {seq.b * H + seq.h, seq.kv_start / Bc, -1};
+  } else {
+    cta = bwd_work<CAUSAL, Bc>(bh_offset, Nk, tail_from, TAIL ? tail_segments : 0);
+  }
   const int bh = cta.bh;
-  const int b = bh / H, h = bh % H, hk = h / h_per_kv;
-  const int kv_start = cta.j * Bc;
-  int q_first = first_q_start<CAUSAL, Br>(kv_start, causal_offset);
-  int n_blocks = q_first < Nq ? (Nq - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
+  const int b = VARLEN ? seq.mem_b : bh / H, h = VARLEN ? seq.h : bh % H, hk = h / h_per_kv;
+  const int kv_start = VARLEN ? seq.kv_start : cta.j * Bc;
+  const int Nq_b = VARLEN ? seq.nq : Nq, Nk_b = VARLEN ? seq.nk : Nk, offset = VARLEN ? seq.offset : causal_offset;
+  int q_first = first_q_start<CAUSAL, Br>(kv_start, offset);
+  int n_blocks = q_first < Nq_b ? (Nq_b - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
   tail_range(cta.seg, tail_segments, q_first, n_blocks, Br);        // (a tail part: its share of them)
   const int rot = q_rotation<CAUSAL>(cta, n_blocks, dq_semaphore != nullptr);  // (bwd_common.cuh's stagger)
   // dQ's split between the consumer warpgroups.  D=128: warpgroup w takes dQ's columns 64 w.. over
@@ -150,7 +180,12 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
       // depends on them and before it moves the Q block's count on.  Only this thread waits; the
       // consumers run on until they need their tile again.
       const int w0 = threadIdx.x / 32 - 1, w1 = ordered ? 1 : w0;
-      float* dst = dq_accum + ((long long)bh * ((Nq + Br - 1) / Br) + q_first / Br) * Br * HEAD_DIM;
+      // (VARLEN: head h's chunks, ceil(total_q / Br) + num_seqs of them, sequence b's from
+      // varlen_block's start(b) on; bwd_dq_convert finds them the same way.)
+      const long long chunk0 = VARLEN ? (long long)h * ((Nq + Br - 1) / Br + num_seqs) +
+                                            (seq.q0 - cu_seqlens_q[0]) / Br + seq.b
+                                      : (long long)bh * ((Nq + Br - 1) / Br);
+      float* dst = dq_accum + (chunk0 + q_first / Br) * Br * HEAD_DIM;
       for (int n = 0; n < n_blocks; ++n) {
         const int qb = q_block(n, rot, n_blocks);
         int* count = ordered ? dq_count<Br>(dq_semaphore, bh, Nq, q_first + qb * Br) : nullptr;
@@ -173,9 +208,10 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
       return;
     }
     if (threadIdx.x >= 32) return;
+    const long long row0 = VARLEN ? (long long)h * Nq + seq.q0 : (long long)bh * Nq;  // lse's, D_i's
     bwd_produce<HEAD_DIM, Br, Bc, STAGES>(tmaps, s_k, s_v, s_q, s_do, lse_s, Di_s, bar_kv, bar_full, bar_empty,
-                                           lse + (long long)bh * Nq, Di + (long long)bh * Nq, kv_start, q_first,
-                                           n_blocks, Nq, h, hk, b, threadIdx.x, 0, 0, rot);
+                                           lse + row0, Di + row0, kv_start, q_first, n_blocks, Nq_b, h, hk, b,
+                                           threadIdx.x, 0, 0, rot, seq.q0, seq.k0);
     return;
   }
 
@@ -216,6 +252,15 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   auto issue_scores = [&](int n) {
     const int st = n % STAGES;
     mbar_wait(bar_full(st), (n / STAGES) & 1);
+    if constexpr (VARLEN) {  // the Q block's rows past the sequence (both warpgroups read all of them)
+      const int first = Nq_b - (q_first + q_block(n, rot, n_blocks) * Br);
+      if (first < Br) {
+        zero_tile_rows<Br, HEAD_DIM, 2 * BWD_V4_WG>(s_q(st), first, tid);
+        zero_tile_rows<Br, HEAD_DIM, 2 * BWD_V4_WG>(s_do(st), first, tid);
+        fence_proxy_async_smem();
+        named_barrier_sync<2 * BWD_V4_WG>(BWD_V5_VARLEN_BARRIER);
+      }
+    }
     bwd_scores<T, HEAD_DIM, Br, Bc, false>(S, dP, kw_desc, vw_desc, wgmma_desc_sw128(s_q(st)),
                                            wgmma_desc_sw128(s_do(st)));
   };
@@ -236,6 +281,14 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     fence_operands(dP);
   };
   mbar_wait(bar_kv, 0);
+  if constexpr (VARLEN) {  // the K/V block's keys past the sequence
+    if (kv_start + Bc > Nk_b) {
+      zero_tile_rows<Bc, HEAD_DIM, 2 * BWD_V4_WG>(s_k, Nk_b - kv_start, tid);
+      zero_tile_rows<Bc, HEAD_DIM, 2 * BWD_V4_WG>(s_v, Nk_b - kv_start, tid);
+      fence_proxy_async_smem();
+      named_barrier_sync<2 * BWD_V4_WG>(BWD_V5_VARLEN_BARRIER);
+    }
+  }
   if (PIPE && n_blocks > 0) {
     issue_scores(0);
     wait_scores();
@@ -256,7 +309,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
     const int warp_key0 = 64 * w + 16 * warp;
     bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, Bc, warp_key0, q_start,
-                                   Nq, Nk, causal_offset, scale_log2, lane);
+                                   Nq_b, Nk_b, offset, scale_log2, lane);
 
     // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);
@@ -316,13 +369,13 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
 
   // dK_w, dV_w into the gradients or the accumulators (shared by the GQA group: red); a tail part
   // writing the gradients adds into its block's tail tile as a GQA group would (bwd_wgmma.cuh).
-  const int key0 = kv_start + 64 * w + 16 * warp + g;
+  const int key0 = seq.k0 + kv_start + 64 * w + 16 * warp + g;  // (VARLEN: a row of the packed k)
   const bool tail_part = TAIL && cta.seg >= 0 && dk_out;
   const TailTile tile = tail_part ? tail_tile<Bc>(tail_accum, tail_from, tail_segments, kv_start, HEAD_DIM) : TailTile{};
-  bwd_store_dkdv(dK, dV, tail_part ? tile.k : dk_accum, tail_part ? tile.v : dv_accum, tail_part ? nullptr : dk_out,
+  bwd_store_dkdv<T, ND, VARLEN>(dK, dV, tail_part ? tile.k : dk_accum, tail_part ? tile.v : dv_accum, tail_part ? nullptr : dk_out,
                  dv_out, dkv_sb, dkv_sh, dkv_sn, DQ_BULK ? dq_semaphore : nullptr, tail_part ? 0 : b,
                  tail_part ? 0 : h, tail_part ? 2 : H, tail_part ? 2 : h_per_kv, Nk, key0, 2 * t, HEAD_DIM,
-                 softmax_scale);
+                 softmax_scale, seq.k0 + Nk_b);
   if (tail_part)
     bwd_tail_finish<T, 2 * BWD_V4_WG, ND>(tile, tail_segments, dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn, b, h, Nk, key0,
                                       2 * t, HEAD_DIM, tid, 3);

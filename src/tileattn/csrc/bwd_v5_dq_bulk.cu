@@ -29,4 +29,20 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
 // bwd_v4's, and the two warpgroups' dQ tiles (32 KB: 226 KB at D=128) and their 4 mbarriers.
 TILEATTN_SMEM_BYTES(bwd_v5, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
 
+// flash_attn_varlen_func's backward on Hopper: the same body over packed sequences in one launch
+// (bwd_v4_ws.cu's VARLEN), where bwd_v2_varlen (mma.sync) ran before.  A CTA per (sequence's K/V
+// block, head) from bwd_varlen_sequence, as bwd_v2_varlen's grid; the copy engine reads each
+// sequence's rows of the packed tensors from its offsets (one map over all of them), and the
+// consumers zero the rows a tile holds past its sequence.  dq_accum: per head, Q-block chunks
+// numbered over every sequence as the K/V blocks are (bwd_common.cuh's varlen_block: sequence b's
+// from (cu_seqlens_q[b] - cu_seqlens_q[0]) / Br + b on), which bwd_dq_convert reads back.  A
+// kernel of its own so that the dense one keeps its registers and instructions; no tail split and
+// no deterministic mode (serving's per-sequence fallback takes deterministic calls).
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
+    bwd_v5_varlen(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  bwd_v4_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, true>(TILEATTN_BWD_ARGS, &tmaps);
+}
+TILEATTN_SMEM_BYTES(bwd_v5_varlen, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
+
 }  // namespace tileattn

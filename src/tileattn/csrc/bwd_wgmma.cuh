@@ -33,17 +33,19 @@ __device__ __forceinline__ int acc_col(int i, int col0) { return col0 + 8 * (i /
 
 // The end of a K/V block in the wgmma rungs: this thread's dK (scaled here) and dV accumulators
 // (value i at acc_key(i, key0), acc_col(i, col0): key0 holds the thread's g, col0 its 2t) through
-// store_dkdv; keys past Nk are skipped.  dest: the rung's TILEATTN_DKDV_DEST fields.
-template <typename T, int N>
+// store_dkdv; keys past Nk are skipped.  dest: the rung's TILEATTN_DKDV_DEST fields.  PACKED
+// (bwd_v5_varlen): keys are rows of the packed tensors (Nk their total, the accumulators' row
+// count), bounded by the sequence's own end key_end.
+template <typename T, int N, bool PACKED = false>
 __device__ __forceinline__ void bwd_store_dkdv(const float (&dK)[N], const float (&dV)[N], float* dk_accum,
                                                float* dv_accum, T* dk_out, T* dv_out, long long dkv_sb,
                                                long long dkv_sh, long long dkv_sn, const int* dq_semaphore, int b,
                                                int h, int H, int h_per_kv, int Nk, int key0, int col0, int head_dim,
-                                               float softmax_scale) {
+                                               float softmax_scale, int key_end = 0) {
 #pragma unroll
   for (int i = 0; i < N; i += TILEATTN_BWD_DKDV_PAIRS ? 2 : 1) {
     const int key = acc_key(i, key0), col = acc_col(i, col0);
-    if (key >= Nk) continue;
+    if (key >= Nk || (PACKED && key >= key_end)) continue;
     if constexpr (TILEATTN_BWD_DKDV_PAIRS)  // values i, i + 1: columns col, col + 1 of one key
       store_dkdv2(TILEATTN_DKDV_DEST, dq_semaphore, b, h, H, h_per_kv, Nk, key, col, head_dim,
                   softmax_scale * dK[i], softmax_scale * dK[i + 1], dV[i], dV[i + 1]);
@@ -121,7 +123,9 @@ __device__ __forceinline__ void bwd_init_pipeline(unsigned bar_kv, BF bar_full, 
 // and D_i there and arrive on bar_full.  Block n's lse_i and D_i are loaded into registers while
 // the warp waits for its stage to empty (their global-memory latency under that wait, not between
 // the wait and the arrival).  Rows past Nq: lse -inf (weight 0 everywhere), D 0; their Q, dO
-// rows arrive as zeros.  s_q, s_do (shared-space addresses) and lse_s, Di_s (pointers) map a
+// rows arrive as zeros.  Packed sequences (bwd_v5_varlen): the copies start at rows q_row0 of q,
+// dO and k_row0 of k, v (lse_bh, Di_bh and Nq are the sequence's), and rows past the sequence
+// arrive as the next one's (the consumers zero them: bwd_v4_ws.cu).  s_q, s_do (shared-space addresses) and lse_s, Di_s (pointers) map a
 // stage to its buffers, bar_full and bar_empty to its mbarriers.  SPLIT (bwd_v2.3): every tile is
 // followed by its lo tile, at head h_lo (q, dO) or hk_lo (k, v) of the same maps.
 template <int HEAD_DIM, int Br, int Bc, int STAGES, bool SPLIT = false, typename SQ, typename SDO, typename SL,
@@ -130,10 +134,10 @@ __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, 
                                             SL lse_s, SD Di_s, unsigned bar_kv, BF bar_full, BE bar_empty,
                                             const float* lse_bh, const float* Di_bh, int kv_start, int q_first,
                                             int n_blocks, int Nq, int h, int hk, int b, int lane, int h_lo = 0,
-                                            int hk_lo = 0, int rot = 0) {
+                                            int hk_lo = 0, int rot = 0, int q_row0 = 0, int k_row0 = 0) {
   if (lane == 0) {
-    tma_tile_load<HEAD_DIM>(tmaps, 1, s_k, bar_kv, Bc, kv_start, hk, b);
-    tma_tile_load<HEAD_DIM>(tmaps, 2, s_v, bar_kv, Bc, kv_start, hk, b);
+    tma_tile_load<HEAD_DIM>(tmaps, 1, s_k, bar_kv, Bc, k_row0 + kv_start, hk, b);
+    tma_tile_load<HEAD_DIM>(tmaps, 2, s_v, bar_kv, Bc, k_row0 + kv_start, hk, b);
     if constexpr (SPLIT) {
       tma_tile_load<HEAD_DIM>(tmaps, 1, s_k + Bc * HEAD_DIM * 2, bar_kv, Bc, kv_start, hk_lo, b);
       tma_tile_load<HEAD_DIM>(tmaps, 2, s_v + Bc * HEAD_DIM * 2, bar_kv, Bc, kv_start, hk_lo, b);
@@ -154,8 +158,8 @@ __device__ __forceinline__ void bwd_produce(const TmaMaps* tmaps, unsigned s_k, 
     const int st = n % STAGES, q_start = q_first + q_block(n, rot, n_blocks) * Br;
     if (n >= STAGES) mbar_wait(bar_empty(st), ((n / STAGES) & 1) ^ 1);
     if (lane == 0) {
-      tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_start, h, b);
-      tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st), bar_full(st), Br, q_start, h, b);
+      tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st), bar_full(st), Br, q_row0 + q_start, h, b);
+      tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st), bar_full(st), Br, q_row0 + q_start, h, b);
       if constexpr (SPLIT) {
         tma_tile_load<HEAD_DIM>(tmaps, 0, s_q(st) + Br * HEAD_DIM * 2, bar_full(st), Br, q_start, h_lo, b);
         tma_tile_load<HEAD_DIM>(tmaps, 3, s_do(st) + Br * HEAD_DIM * 2, bar_full(st), Br, q_start, h_lo, b);
