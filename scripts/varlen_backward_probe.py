@@ -67,7 +67,8 @@ def main():
                 if name == "flex_document_mask":  # (1, H, total, D) out: back to packed
                     f = fwd
                     fwd = lambda f=f: f()[0].transpose(0, 1)
-                rung = _forced(BWD_V2_VARLEN) if name == "tileattn (bwd_v2_varlen)" else contextlib.nullcontext
+                forced = name == "tileattn (bwd_v2_varlen)"
+                rung = (lambda: _forced(BWD_V2_VARLEN)) if forced else contextlib.nullcontext
                 step = lambda fwd=fwd, rung=rung: _grad(fwd, (q, k, v), dout, rung)
                 try:
                     step()
