@@ -1,4 +1,4 @@
-"""Speed of flash_attn_varlen_func's backward (serving._varlen_backward: backward.varlen_rung's kernel
+"""Speed of flash_attn_varlen_func's backward (serving._varlen_backward: backward.special_rung's kernel
 in one launch, bwd_v5_varlen on Hopper; "tileattn (bwd_v2_varlen)" forces the mma.sync kernel it
 replaced there) beside varlen_attn's (FA2's varlen kernels) and FlexAttention's with a document
 mask, in one process: forward + backward of the packed
@@ -24,13 +24,13 @@ from tileattn.versions import BWD_V2_VARLEN
 
 @contextlib.contextmanager
 def _forced(entry):
-    """backward.varlen_rung answering `entry` inside the block."""
-    chosen = backward.varlen_rung
-    backward.varlen_rung = lambda *args: entry
+    """backward.special_rung answering `entry` inside the block."""
+    chosen = backward.special_rung
+    backward.special_rung = lambda *args: entry
     try:
         yield
     finally:
-        backward.varlen_rung = chosen
+        backward.special_rung = chosen
 
 
 def _grad(fwd, inputs, dout, rung):

@@ -23,13 +23,15 @@ from tileattn.versions import (
     BWD_V2_VARIANTS,
     BWD_V2_VARIANTS_VARLEN,
     BWD_V2_VARLEN,
+    BWD_V5_VARIANTS,
+    BWD_V5_VARIANTS_VARLEN,
     BWD_V5_VARLEN,
     BWD_VERSIONS,
     SPLIT_BLOCKS,
 )
 
 ARCHS = compile_archs(["sm_80", "sm_90"])
-_VARLEN = (BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN, BWD_V5_VARLEN)
+_VARLEN = (BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN, BWD_V5_VARLEN, BWD_V5_VARIANTS, BWD_V5_VARIANTS_VARLEN)
 INSTANCES = [
     (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))
     for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, *_VARLEN, BWD_DQ_CONVERT, SPLIT_BLOCKS]
@@ -86,19 +88,19 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
     mma_sync = entry.file == "bwd_v2_mma.cu"  # bwd_v2 and its variants / varlen kernels
     if mma_sync and arch == "sm_90":
         assert "REDG.E.ADD.F32x2" in sass
-    if entry.kernel.startswith("bwd_v2_variants"):  # softcap's tanh on the SFU (its derivative from the same value)
+    if "_variants" in entry.kernel:  # softcap's tanh on the SFU (its derivative from the same value)
         assert "MUFU.TANH" in sass
     if mma_sync:
         assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and float_atomics  # mma, ldmatrix.trans
     elif entry.name == "bwd_v3":  # every product on wgmma: S^T, dP^T, dV, dK and dQ per D/64 part, per k16 step
         assert sass.count("HGMMA") == 2 * D // 16 + 2 * 4 + 4 * D // 64 and "HMMA" not in sass
         assert "REDG.E.ADD.F32x2" in sass and float_atomics
-    elif entry.name in ("bwd_v4", "bwd_v5", "bwd_v5_varlen"):  # bwd_v3's products (dQ: all 128 keys
+    elif entry.file == "bwd_v5_dq_bulk.cu" or entry.name == "bwd_v4":  # bwd_v3's products (dQ: all 128 keys
         # where the warpgroups share dS, at D=128 and Br=128, else its own 64), the producer's tensor
         # copies (K, V once; Q, dO per block) and the register hand-over.  At D=64, Br=64 the PIPE
         # order (bwd_v4_ws.cu) issues S^T and dP^T at two sites: a tile's first block, and block
-        # n+1's under block n's dQ.  bwd_v5_varlen: four loops of 16-byte shared stores more, the
-        # rows of Q, dO, K and V past a sequence zeroed.
+        # n+1's under block n's dQ.  bwd_v5's packed kernels: four loops of 16-byte shared stores
+        # more, the rows of Q, dO, K and V past a sequence zeroed.
         Br, Bc = entry.tiles[D]
         sites = 2 if D == 64 and Br == 64 else 1
         dq_keys = Bc if D == 128 or Br == 128 else 64
@@ -109,7 +111,7 @@ def test_backward_compiles_without_spills(compiled_in_parallel, entry, dtype, D,
             assert "REDG.E.ADD.F32x2" in sass
         else:  # dQ: eight 16-byte shared stores a thread and one bulk reduction, no RED of its own
             assert "REDG.E.ADD.F32x2" not in sass and sass.count("UBLKRED") == 1
-            if entry is BWD_V5_VARLEN:  # (ptxas unrolls the zeroing loops: 8 + 24 under NVRTC 13.0)
+            if entry.kernel.endswith("_varlen"):  # (ptxas unrolls the zeroing loops: 8 + 24 under NVRTC 13.0)
                 assert sass.count("STS.128") >= 8 + 4
             else:
                 assert sass.count("STS.128") == 8
@@ -584,22 +586,26 @@ def test_default_rung(monkeypatch, arch, dtype, D, deterministic, rung):
 
 
 @pytest.mark.parametrize(
-    "arch,dtype,D,variants,rung",
+    "arch,dtype,D,varlen,variants,rung",
     [
-        ((9, 0), "bfloat16", 64, False, "bwd_v5_varlen"),
-        ((9, 0), "float16", 128, False, "bwd_v5_varlen"),
-        ((9, 0), "bfloat16", 96, False, "bwd_v2_varlen"),
-        ((9, 0), "bfloat16", 64, True, "bwd_v2_variants_varlen"),
-        ((8, 0), "bfloat16", 64, False, "bwd_v2_varlen"),
+        ((9, 0), "bfloat16", 64, True, False, "bwd_v5_varlen"),
+        ((9, 0), "float16", 128, True, False, "bwd_v5_varlen"),
+        ((9, 0), "bfloat16", 96, True, False, "bwd_v2_varlen"),
+        ((9, 0), "bfloat16", 64, True, True, "bwd_v5_variants_varlen"),
+        ((9, 0), "float16", 128, False, True, "bwd_v5_variants"),
+        ((9, 0), "bfloat16", 256, False, True, "bwd_v2_variants"),
+        ((9, 0), "bfloat16", 80, True, True, "bwd_v2_variants_varlen"),
+        ((8, 0), "bfloat16", 64, True, False, "bwd_v2_varlen"),
+        ((8, 0), "bfloat16", 128, False, True, "bwd_v2_variants"),
     ],
 )
-def test_varlen_rung(monkeypatch, arch, dtype, D, variants, rung):
-    """flash_attn_varlen_func's backward kernel: bwd_v5_varlen on Hopper at D = 64, 128 without
-    score variants, the mma.sync kernels elsewhere (CPU: the arch is faked)."""
+def test_special_rung(monkeypatch, arch, dtype, D, varlen, variants, rung):
+    """The backward kernel of packed sequences and of the score variants: bwd_v5's on Hopper at D =
+    64, 128, the mma.sync kernels elsewhere (CPU: the arch is faked)."""
     from tileattn import backward
 
     monkeypatch.setattr(_nvrtc, "device_arch", lambda device_index: arch)
-    assert backward.varlen_rung(dtype, D, variants, 0).name == rung
+    assert backward.special_rung(dtype, D, varlen, variants, 0).name == rung
 
 
 @pytest.mark.parametrize(

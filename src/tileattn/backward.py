@@ -21,6 +21,8 @@ from .versions import (
     BWD_V2_VARIANTS,
     BWD_V2_VARIANTS_VARLEN,
     BWD_V2_VARLEN,
+    BWD_V5_VARIANTS,
+    BWD_V5_VARIANTS_VARLEN,
     BWD_V5_VARLEN,
     BWD_VERSIONS,
     KERNEL_ENTRIES,
@@ -54,9 +56,10 @@ def attention_backward(
     precision: the forward's (FP32 inputs): "tf32" picks, and is needed by, the TF32 rung.
     variants: the forward's score variants as the kernels take them, ((left, right), softcap,
     alibi_slopes) from serving._variants with softcap through serving._kernel_softcap:
-    bwd_v2_variants runs.
+    special_rung's kernel runs (bwd_v5_variants on Hopper at D = 64, 128), or the one ``version``
+    names.
     varlen: (cu_seqlens_q, cu_seqlens_k) int32 on q's device: q, k, v, out, dout are packed
-    sequences as a "bnhd" batch of one, (1, total, heads, D), and lse (1, H, total_q); varlen_rung's
+    sequences as a "bnhd" batch of one, (1, total, heads, D), and lse (1, H, total_q); special_rung's
     kernel (or the one ``version`` names) runs over every sequence in one launch
     (csrc/bwd_common.cuh's bwd_varlen_sequence), each with its own lengths and, bottom-right, its
     own causal offset.  Not deterministic.  Rows that no sequence holds get gradient 0."""
@@ -69,19 +72,19 @@ def attention_backward(
         )  # fmt: skip
         return -dq, dk, dv
     dtype, (B, H, Nq, D), _, (_, H_kv, Nk, _), _, _, device_index = api._validate(q, k, v, None, None, layout)
-    if varlen is not None:
-        if deterministic or B != 1:
-            raise ValueError("the variable-length backward runs over a batch of one, not deterministic")
-        if version is not None and version not in _VARLEN_RUNGS:
-            raise ValueError(f"the variable-length backward runs one of {_VARLEN_RUNGS}, got version={version!r}")
-        entry = KERNEL_ENTRIES[version] if version else varlen_rung(dtype, D, variants is not None, device_index)
+    if varlen is not None or variants is not None:
+        # (no deterministic mode: the variants' window K/V blocks do not all add into a Q block
+        # from j = 0, which dq_semaphore's ordered adds wait for; serving runs deterministic
+        # variable-length calls a sequence at a time)
+        what = "variable-length" if varlen is not None else "score variants'"
+        if deterministic or (varlen is not None and B != 1):
+            raise ValueError(f"the {what} backward has no deterministic mode (and packed rows are a batch of one)")
+        kinds = (varlen is not None, variants is not None)
+        rungs = [e.name for e in _SPECIAL_RUNGS[kinds]]
+        if version is not None and version not in rungs:
+            raise ValueError(f"the {what} backward runs one of {rungs}, got version={version!r}")
+        entry = KERNEL_ENTRIES[version] if version else special_rung(dtype, D, *kinds, device_index)
         name = entry.name
-    elif variants is not None:
-        # (no deterministic mode: a window's K/V blocks do not all add into a Q block from j = 0,
-        # which dq_semaphore's ordered adds wait for)
-        if deterministic or version is not None:
-            raise ValueError("the score variants' backward is bwd_v2_variants, without a deterministic mode")
-        name, entry = BWD_V2_VARIANTS.name, BWD_V2_VARIANTS
     else:
         name = version or default_rung(dtype, D, deterministic, device_index, precision)
         entry = BWD_VERSIONS[name]
@@ -279,20 +282,25 @@ def default_rung(dtype: str, D: int, deterministic: bool, device_index: int, pre
     return "bwd_v2"
 
 
-_VARLEN_RUNGS = (BWD_V5_VARLEN.name, BWD_V2_VARLEN.name, BWD_V2_VARIANTS_VARLEN.name)
+# (varlen, variants) -> (the Hopper kernel, the mma.sync one for every other arch and head dim)
+_SPECIAL_RUNGS = {
+    (True, False): (BWD_V5_VARLEN, BWD_V2_VARLEN),
+    (True, True): (BWD_V5_VARIANTS_VARLEN, BWD_V2_VARIANTS_VARLEN),
+    (False, True): (BWD_V5_VARIANTS, BWD_V2_VARIANTS),
+}
 
 
-def varlen_rung(dtype: str, D: int, variants: bool, device_index: int):
-    """flash_attn_varlen_func's backward kernel: bwd_v5_varlen (wgmma, TMA; bwd_v5's body over
-    packed sequences) on sm_90 at its head dims (64, 128) without score variants; else
-    bwd_v2_varlen, or bwd_v2_variants_varlen with a window, softcap or ALiBi (mma.sync, every head
-    dim of the varlen forward)."""
-    if variants:
-        return BWD_V2_VARIANTS_VARLEN
+def special_rung(dtype: str, D: int, varlen: bool, variants: bool, device_index: int):
+    """The backward kernel of packed sequences (flash_attn_varlen_func) and of the score variants
+    (a window, softcap, ALiBi), which the ladder's rungs do not take: bwd_v5's body (wgmma, TMA;
+    bwd_v5_varlen, bwd_v5_variants, bwd_v5_variants_varlen) on sm_90 at its head dims (64, 128),
+    else bwd_v2's (mma.sync; bwd_v2_varlen, bwd_v2_variants, bwd_v2_variants_varlen) at every head
+    dim of the forward paths."""
+    hopper, other = _SPECIAL_RUNGS[varlen, variants]
     cc = _nvrtc.device_arch(device_index)
-    if BWD_V5_VARLEN.runs_on(cc[0] * 10 + cc[1]) and dtype in BWD_V5_VARLEN.dtypes and D in BWD_V5_VARLEN.tiles:
-        return BWD_V5_VARLEN
-    return BWD_V2_VARLEN
+    if hopper.runs_on(cc[0] * 10 + cc[1]) and dtype in hopper.dtypes and D in hopper.tiles:
+        return hopper
+    return other
 
 
 def _tensor_maps(q, k, v, dout, q_shape, kv_shape, qs, ks, vs, dos, Br, Bc) -> bytes:

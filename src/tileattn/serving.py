@@ -701,7 +701,7 @@ class _VarlenAttention(torch.autograd.Function):
 def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale, mode, variants, deterministic):
     """dq, dk, dv of flash_attn_varlen_func.  Where bwd_v2_varlen (bwd_v2_variants_varlen with a
     variant) takes the head dim and no deterministic mode is asked for: one launch over every
-    sequence (backward.attention_backward's varlen: backward.varlen_rung's kernel, bwd_v5_varlen on
+    sequence (backward.attention_backward's varlen: backward.special_rung's kernel, bwd_v5_varlen on
     Hopper at D = 64 and 128 without a variant), no host sync.
     Otherwise sequence b's rows of q, k, v, O, dO and lse as a dense batch of one (views, lse's
     (H, rows) slice copied) through attention_backward, the default rungs (or bwd_v2_variants), with

@@ -934,7 +934,7 @@ BWD_V2_VARIANTS_VARLEN = dataclasses.replace(
     spill_bytes={80: 32, 96: 72, 128: 56, 256: 100},
 )
 
-# flash_attn_varlen_func's backward on Hopper (fp16 / bf16, D = 64 and 128; backward.varlen_rung):
+# flash_attn_varlen_func's backward on Hopper (fp16 / bf16, D = 64 and 128; backward.special_rung):
 # bwd_v5's body over packed sequences in one launch (bwd_v5_dq_bulk.cu), bwd_v2_varlen's grid.
 BWD_V5_VARLEN = dataclasses.replace(
     _BWD_V5,
@@ -949,12 +949,31 @@ BWD_V5_VARLEN = dataclasses.replace(
     spill_bytes={64: 240, 128: 64},
 )
 
+# The score variants' gradients on Hopper (fp16 / bf16, D = 64 and 128; backward.special_rung):
+# bwd_v5's body with the forward's scores rebuilt (bwd_wgmma.cuh's bwd_p_ds_variants), dense and
+# over packed sequences, where bwd_v2_variants and bwd_v2_variants_varlen run elsewhere.
+BWD_V5_VARIANTS = dataclasses.replace(
+    BWD_V5_VARLEN,
+    name="bwd_v5_variants",
+    kernel="bwd_v5_variants",
+    summary="bwd_v5 with the forward's window, softcap (tanh's derivative on dS) and ALiBi",
+    # NVRTC 13.0: 32-56 bytes of stack, 28-60 / 48-148 bytes of spill stores / loads (every block
+    # takes the per-score path, so there is no second, unmasked copy of the loop to keep, as in bwd_v5).
+    spill_bytes={64: 160, 128: 80},
+)
+BWD_V5_VARIANTS_VARLEN = dataclasses.replace(
+    BWD_V5_VARIANTS,
+    name="bwd_v5_variants_varlen",
+    kernel="bwd_v5_variants_varlen",
+    summary="bwd_v5_variants over packed sequences, one launch",
+)
+
 # Every kernel outside the forward ladder, by name (api.entry_kernel loads them).
 KERNEL_ENTRIES: dict[str, KernelEntry] = {
     e.name: e
     for e in (
         *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN),
-        BWD_V5_VARLEN,
+        *(BWD_V5_VARLEN, BWD_V5_VARIANTS, BWD_V5_VARIANTS_VARLEN),
         *(BWD_DQ_CONVERT, SPLIT_BLOCKS),
         *(*DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT),
     )

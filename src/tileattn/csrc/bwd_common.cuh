@@ -314,6 +314,22 @@ __device__ __forceinline__ void frag_p_ds(float (&S)[NT][4], float (&dP)[NT][4],
 // the forward's alignment).  dS is taken back through the softcap: d(c tanh(S s / c)) / dS =
 // s (1 - tanh^2), the factor s being the caller's (as for plain scores), so dS = P (dP - D_i)
 // (1 - tanh^2) here, tanh and P computed in one pass (no second fragment of tanh values live).
+// One score of it (frag_p_ds_variants here, bwd_wgmma.cuh's bwd_p_ds_variants): the raw s and
+// dp -> P into s, dS into dp, for the key `key` of a row at position pos that sees keys below
+// kend and in the window [lo, hi]; m = log2(e) lse, di = D_i.
+__device__ __forceinline__ void variant_p_ds(float& s, float& dp, const ScoreVariants& var, int pos, int key, int kend,
+                                             int lo, int hi, float m, float di, float exp_scale) {
+  float x = s, tanh_x = 0.0f;
+  if (var.softcap) x = tanh_x = tanh_approx(x * var.inv_cap_s);
+  if (var.alibi) x = fmaf(-var.slope_s, fabsf(static_cast<float>(pos - key)), x);
+  const bool seen = key < kend && key >= lo && key <= hi;
+  const float p = seen ? exp2_ftz(fmaf(x, exp_scale, -m)) : 0.0f;
+  float ds = p * (dp - di);
+  if (var.softcap) ds *= 1.0f - tanh_x * tanh_x;
+  s = p;
+  dp = ds;
+}
+
 template <bool CAUSAL, int NT>
 __device__ __forceinline__ void frag_p_ds_variants(float (&S)[NT][4], float (&dP)[NT][4], const float* lse_i,
                                                    const float* Di_i, const ScoreVariants& var, int warp_row0,
@@ -328,18 +344,9 @@ __device__ __forceinline__ void frag_p_ds_variants(float (&S)[NT][4], float (&dP
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = kv_start + 8 * nt + 2 * t + e;
-        float x = S[nt][2 * hh + e], tanh_x = 0.0f;
-        if (var.softcap) x = tanh_x = tanh_approx(x * var.inv_cap_s);
-        if (var.alibi) x = fmaf(-var.slope_s, fabsf(static_cast<float>(pos - key)), x);
-        const bool seen = key < kend && key >= lo && key <= hi;
-        const float p = seen ? exp2_ftz(fmaf(x, exp_scale, -m)) : 0.0f;
-        float ds = p * (dP[nt][2 * hh + e] - di);
-        if (var.softcap) ds *= 1.0f - tanh_x * tanh_x;
-        S[nt][2 * hh + e] = p;
-        dP[nt][2 * hh + e] = ds;
-      }
+      for (int e = 0; e < 2; ++e)
+        variant_p_ds(S[nt][2 * hh + e], dP[nt][2 * hh + e], var, pos, kv_start + 8 * nt + 2 * t + e, kend, lo, hi, m,
+                     di, exp_scale);
   }
 }
 

@@ -76,12 +76,15 @@ __device__ __forceinline__ void zero_tile_rows(unsigned tile, int first, int tid
 }
 
 // The kernel body of bwd_v4 (DQ_BULK false) and bwd_v5 (bwd_v5_dq_bulk.cu: true; VARLEN:
-// bwd_v5_varlen, packed sequences).  tmaps: the kernel's __grid_constant__ parameter.
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool DQ_BULK, bool VARLEN = false>
+// packed sequences; VARIANTS: the forward's window, softcap and ALiBi, bwd_wgmma.cuh's
+// bwd_p_ds_variants, with each K/V block's Q blocks cut to the window as bwd_v2_variants cuts
+// them).  tmaps: the kernel's __grid_constant__ parameter.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool DQ_BULK, bool VARLEN = false,
+          bool VARIANTS = false>
 __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2, "bwd_v4 takes 16-bit (fp16 / bf16) inputs");
-  static_assert(DQ_BULK || !VARLEN, "packed sequences take bwd_v5's blocked dQ");
+  static_assert(DQ_BULK || !(VARLEN || VARIANTS), "packed sequences and the variants take bwd_v5's blocked dQ");
   static_assert((Br == 64 || (Br == 128 && HEAD_DIM == 64 && DQ_BULK)) && Bc == 128,
                 "wgmma's M = 64 keys per warpgroup, N = 64 query rows (bwd_v5 at D=64: 128 too)");
   constexpr int STAGES = bwd_v4_stages(Br);
@@ -125,7 +128,7 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   }
   __syncthreads();
 
-  constexpr bool TAIL = !CAUSAL && DQ_BULK && !VARLEN;  // (the registry's tail_split: bwd_v5's)
+  constexpr bool TAIL = !CAUSAL && DQ_BULK && !VARLEN && !VARIANTS;  // (the registry's tail_split: bwd_v5's)
   // The CTA's K/V block.  Dense: bwd_work's (head bh, block j) of all Nq / Nk rows.  VARLEN
   // (bwd_common.cuh's bwd_varlen_sequence; one launch over every sequence, no host sync): sequence
   // seq.b's block at seq.kv_start of query head seq.h, its rows q0.. of packed q, dO (and of lse,
@@ -148,8 +151,14 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   const int b = VARLEN ? seq.mem_b : bh / H, h = VARLEN ? seq.h : bh % H, hk = h / h_per_kv;
   const int kv_start = VARLEN ? seq.kv_start : cta.j * Bc;
   const int Nq_b = VARLEN ? seq.nq : Nq, Nk_b = VARLEN ? seq.nk : Nk, offset = VARLEN ? seq.offset : causal_offset;
-  int q_first = first_q_start<CAUSAL, Br>(kv_start, offset);
-  int n_blocks = q_first < Nq_b ? (Nq_b - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
+  int q_first = first_q_start<CAUSAL, Br>(kv_start, offset), q_end = Nq_b;
+  ScoreVariants var{};  // (the host passes softmax_scale >= 0 with variants: a negative one negated q)
+  if constexpr (VARIANTS) {
+    var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, VARLEN ? seq.b : b, h, window_left,
+                                window_right);
+    variants_q_range<Br, Bc>(var, kv_start, offset, q_first, q_end);
+  }
+  int n_blocks = q_first < q_end ? (q_end - q_first + Br - 1) / Br : 0;  // Q blocks this K/V block visits
   tail_range(cta.seg, tail_segments, q_first, n_blocks, Br);        // (a tail part: its share of them)
   const int rot = q_rotation<CAUSAL>(cta, n_blocks, dq_semaphore != nullptr);  // (bwd_common.cuh's stagger)
   // dQ's split between the consumer warpgroups.  D=128: warpgroup w takes dQ's columns 64 w.. over
@@ -308,8 +317,13 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     // 2. P^T and dS^T in place, their A fragments, dS to this block's tile (bwd_wgmma.cuh).
     unsigned p_frag[Br / 16][4], ds_frag[Br / 16][4];
     const int warp_key0 = 64 * w + 16 * warp;
-    bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, Bc, warp_key0, q_start,
-                                   Nq_b, Nk_b, offset, scale_log2, lane);
+    if constexpr (VARIANTS)
+      bwd_p_ds_variants<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, var, kv_start, warp_key0,
+                                              q_start, Nk_b, offset, exp_scale_log2(var, folded_scale_log2(softmax_scale)),
+                                              lane);
+    else
+      bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, Bc, warp_key0, q_start,
+                                     Nq_b, Nk_b, offset, scale_log2, lane);
 
     // 3. dV_w += P^T dO_i, dK_w += dS^T Q_i (RS, B N-major), one commit group, not waited for here.
     bwd_dv_dk<T, Br>(dV, dK, p_frag, ds_frag, do_ndesc, q_ndesc);

@@ -45,4 +45,22 @@ __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
 }
 TILEATTN_SMEM_BYTES(bwd_v5_varlen, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
 
+// The gradients of the score variants (a sliding window, softcap, ALiBi) on Hopper, dense and over
+// packed sequences: the same body with the forward's scores rebuilt (bwd_wgmma.cuh's
+// bwd_p_ds_variants), where bwd_v2_variants (mma.sync) ran before.  No deterministic mode (a
+// window's K/V blocks do not all add into a Q block from j = 0, which the ordered adds wait for)
+// and no tail split.
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
+    bwd_v5_variants(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  bwd_v4_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, false, true>(TILEATTN_BWD_ARGS, &tmaps);
+}
+TILEATTN_SMEM_BYTES(bwd_v5_variants, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
+template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
+__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
+    bwd_v5_variants_varlen(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
+  bwd_v4_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, true, true>(TILEATTN_BWD_ARGS, &tmaps);
+}
+TILEATTN_SMEM_BYTES(bwd_v5_variants_varlen, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
+
 }  // namespace tileattn

@@ -286,6 +286,38 @@ __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br
   fence_proxy_async_smem();  // this thread's dS (and P) stores, before the tensor core reads them
 }
 
+// bwd_p_ds_step under the score variants (bwd_v5_variants, bwd_v5_variants_varlen): P and dS from
+// the forward's scores rebuilt as frag_p_ds_variants does (bwd_common.cuh's variant_p_ds: softcap's
+// tanh and its derivative on dS, ALiBi, the window's and causal masks, keys past Nk, rows whose lse
+// is -inf), then the fragments and dS's tile as bwd_p_ds_step.  Every block takes the per-score
+// tests (a block wholly inside a window is rare enough at the window sizes of the models that use one).
+template <typename T, typename STile, int Br, bool CAUSAL>
+__device__ __forceinline__ void bwd_p_ds_variants(float (&S)[Br / 2], float (&dP)[Br / 2],
+                                                  unsigned (&p_frag)[Br / 16][4], unsigned (&ds_frag)[Br / 16][4],
+                                                  unsigned ds_tile, const float* lse_i, const float* Di_i,
+                                                  const ScoreVariants& var, int kv_start, int warp_key0, int q_start,
+                                                  int Nk, int offset, float exp_scale, int lane) {
+  constexpr int NS = Br / 2;
+  const int key0 = warp_key0 + lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int key = acc_key(i, kv_start + key0), r = acc_col(i, 2 * t), pos = q_start + r + offset;
+    const float l = lse_i[r];
+    const int kend = l == TILEATTN_NEG_INF ? 0 : key_end<CAUSAL>(q_start + r, Nk, offset);
+    const int lo = var.left >= 0 ? pos - var.left : 0, hi = var.right >= 0 ? pos + var.right : Nk - 1;
+    variant_p_ds(S[i], dP[i], var, pos, key, kend, lo, hi, l * TILEATTN_LOG2E, Di_i[r], exp_scale);
+  }
+#pragma unroll
+  for (int i = 0; i < NS; i += 2) {
+    const int n8 = i / 4;
+    p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
+    ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
+  }
+  bwd_store_rows_trans<STile, Br, 1>([&](int) { return ds_tile; },
+                                     [&](int, int ks) -> const unsigned(&)[4] { return ds_frag[ks]; }, warp_key0, lane);
+  fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
+}
+
 // bwd_p_ds_step for the block of Br query rows and kv_rows keys, without the per-element tests
 // where bwd_block_unmasked holds (uniform over the CTA: both builds inline, one runs).
 template <typename T, typename STile, int Br, bool CAUSAL, bool STORE_P = false>
