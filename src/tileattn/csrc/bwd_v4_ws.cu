@@ -319,8 +319,8 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
     const int warp_key0 = 64 * w + 16 * warp;
     if constexpr (VARIANTS)
       bwd_p_ds_variants<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, var, kv_start, warp_key0,
-                                              q_start, Nk_b, offset, exp_scale_log2(var, folded_scale_log2(softmax_scale)),
-                                              lane);
+                                              q_start, Nk_b, offset,
+                                              exp_scale_log2(var, folded_scale_log2(softmax_scale)), lane);
     else
       bwd_p_ds<T, STile, Br, CAUSAL>(S, dP, p_frag, ds_frag, ds_base, lse_i, Di_i, kv_start, Bc, warp_key0, q_start,
                                      Nq_b, Nk_b, offset, scale_log2, lane);
@@ -386,10 +386,11 @@ __device__ __forceinline__ void bwd_v4_body(TILEATTN_BWD_PARAMS(T), const TmaMap
   const int key0 = seq.k0 + kv_start + 64 * w + 16 * warp + g;  // (VARLEN: a row of the packed k)
   const bool tail_part = TAIL && cta.seg >= 0 && dk_out;
   const TailTile tile = tail_part ? tail_tile<Bc>(tail_accum, tail_from, tail_segments, kv_start, HEAD_DIM) : TailTile{};
-  bwd_store_dkdv<T, ND, VARLEN>(dK, dV, tail_part ? tile.k : dk_accum, tail_part ? tile.v : dv_accum, tail_part ? nullptr : dk_out,
-                 dv_out, dkv_sb, dkv_sh, dkv_sn, DQ_BULK ? dq_semaphore : nullptr, tail_part ? 0 : b,
-                 tail_part ? 0 : h, tail_part ? 2 : H, tail_part ? 2 : h_per_kv, Nk, key0, 2 * t, HEAD_DIM,
-                 softmax_scale, seq.k0 + Nk_b);
+  bwd_store_dkdv<T, ND, VARLEN>(dK, dV, tail_part ? tile.k : dk_accum, tail_part ? tile.v : dv_accum,
+                                tail_part ? nullptr : dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn,
+                                DQ_BULK ? dq_semaphore : nullptr, tail_part ? 0 : b, tail_part ? 0 : h,
+                                tail_part ? 2 : H, tail_part ? 2 : h_per_kv, Nk, key0, 2 * t, HEAD_DIM, softmax_scale,
+                                seq.k0 + Nk_b);
   if (tail_part)
     bwd_tail_finish<T, 2 * BWD_V4_WG, ND>(tile, tail_segments, dk_out, dv_out, dkv_sb, dkv_sh, dkv_sn, b, h, Nk, key0,
                                       2 * t, HEAD_DIM, tid, 3);
