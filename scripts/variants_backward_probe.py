@@ -15,19 +15,9 @@ import json
 
 import torch
 
-from tileattn import backward, bench, flash_attn_func
+from tileattn import bench, flash_attn_func
+from tileattn.testing import forced_special_rung
 from tileattn.versions import BWD_V2_VARIANTS
-
-
-@contextlib.contextmanager
-def _forced(entry):
-    """backward.special_rung answering `entry` inside the block."""
-    chosen = backward.special_rung
-    backward.special_rung = lambda *args: entry
-    try:
-        yield
-    finally:
-        backward.special_rung = chosen
 
 
 def main():
@@ -50,7 +40,7 @@ def main():
             flops = 3.5 * 4 * B * H * D * bench._visible_pairs(N, spec.get("window", (-1, 0))[0])
             impls = {"tileattn": contextlib.nullcontext}
             if spec:
-                impls["tileattn (bwd_v2_variants)"] = lambda: _forced(BWD_V2_VARIANTS)
+                impls["tileattn (bwd_v2_variants)"] = lambda: forced_special_rung(BWD_V2_VARIANTS)
             grads = {}
             for name, rung in impls.items():
 

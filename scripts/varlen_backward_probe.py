@@ -16,21 +16,10 @@ import json
 
 import torch
 
-from tileattn import backward, bench
+from tileattn import bench
 from tileattn.serving import flash_attn_varlen_func
-from tileattn.testing import cu_seqlens
+from tileattn.testing import cu_seqlens, forced_special_rung
 from tileattn.versions import BWD_V2_VARLEN
-
-
-@contextlib.contextmanager
-def _forced(entry):
-    """backward.special_rung answering `entry` inside the block."""
-    chosen = backward.special_rung
-    backward.special_rung = lambda *args: entry
-    try:
-        yield
-    finally:
-        backward.special_rung = chosen
 
 
 def _grad(fwd, inputs, dout, rung):
@@ -68,7 +57,7 @@ def main():
                     f = fwd
                     fwd = lambda f=f: f()[0].transpose(0, 1)
                 forced = name == "tileattn (bwd_v2_varlen)"
-                rung = (lambda: _forced(BWD_V2_VARLEN)) if forced else contextlib.nullcontext
+                rung = (lambda: forced_special_rung(BWD_V2_VARLEN)) if forced else contextlib.nullcontext
                 step = lambda fwd=fwd, rung=rung: _grad(fwd, (q, k, v), dout, rung)
                 try:
                     step()

@@ -619,6 +619,19 @@ def test_special_rung(monkeypatch, arch, dtype, D, varlen, variants, rung):
     assert backward.special_rung(dtype, D, varlen, variants, 0).name == rung
 
 
+def test_forced_special_rung_restores_the_choice(monkeypatch):
+    """testing.forced_special_rung (the probes' way to time the kernel Hopper ran before): the
+    forced entry inside the block, backward.special_rung's own choice after it, even on an error."""
+    from tileattn import backward
+    from tileattn.testing import forced_special_rung
+
+    monkeypatch.setattr(_nvrtc, "device_arch", lambda device_index: (9, 0))
+    with pytest.raises(KeyError), forced_special_rung(BWD_V2_VARLEN):
+        assert backward.special_rung("bfloat16", 64, True, False, 0) is BWD_V2_VARLEN
+        raise KeyError
+    assert backward.special_rung("bfloat16", 64, True, False, 0) is BWD_V5_VARLEN
+
+
 @pytest.mark.parametrize(
     "causal,deterministic,adds,BH,Nq,Nk,D,plan",
     [

@@ -3,6 +3,7 @@ inputs, NaN-poisoned outputs, a float64 reference computed by torch on the same 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -20,6 +21,20 @@ def compile_archs(archs: list[str]) -> list[str]:
     the newest NVRTC, checks the Hopper instantiations, the first pass every arch)."""
     only = os.environ.get("TILEATTN_TEST_ARCHS", "").split()
     return [a for a in archs if not only or str(arch_number(a)) in only]
+
+
+@contextlib.contextmanager
+def forced_special_rung(entry):
+    """backward.special_rung answering `entry` (a versions.KernelEntry) inside the block: the probes
+    time the kernel Hopper ran before (bwd_v2_varlen, bwd_v2_variants) beside the default."""
+    from . import backward
+
+    chosen = backward.special_rung
+    backward.special_rung = lambda *args: entry
+    try:
+        yield
+    finally:
+        backward.special_rung = chosen
 
 
 def compile_dtypes(entry, arch: str) -> tuple:
