@@ -88,7 +88,8 @@ def flash_attn_func(
             The three variants run in fp16/bf16: v3.7's (ALiBi alone at D=64), v3.6's or v3.3's
             variants kernel on Hopper at head dims 64, 128, 192, 256, v3.1's (mma.sync) on sm_80+
             at head dims 32, 64, 80, 96, 128, 160, 192, 256 (Hopper's others included).
-            Differentiable at bwd_v2's head dims (bwd_v2_variants, mma.sync; not deterministic): an
+            Differentiable at bwd_v2's head dims (bwd_v5_variants on Hopper at 64 and 128, else
+            bwd_v2_variants, mma.sync; not deterministic): an
             input that requires grad elsewhere, or with deterministic=True (or under
             torch.use_deterministic_algorithms(True)), raises.
         version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.  With
@@ -257,7 +258,8 @@ def _check_rank(**tensors):
 
 def _check_variants_backward(q, k, v, deterministic: bool):
     """An input requires grad with a window, softcap or ALiBi: bwd_v2_variants must take q's dtype
-    and head dim, and it has no deterministic mode; else the call raises (a gradient is never
+    and head dim (bwd_v5_variants, which Hopper runs at 64 and 128, takes a subset), and neither
+    has a deterministic mode; else the call raises (a gradient is never
     dropped silently)."""
     from .versions import BWD_V2_VARIANTS
 

@@ -585,12 +585,12 @@ def flash_attn_varlen_func(
     (mma.sync); with a window, softcap or ALiBi, on the same rung's variants kernel.  Other dtypes
     or head dims raise NotImplementedError, and so does dropout.  Differentiable in q, k and v
     (lse is not) where a backward rung takes the dtype and head dim (with a variant:
-    bwd_v2_variants, not deterministic); elsewhere an input that requires grad raises.  The
-    backward is one launch over every sequence (bwd_v2_varlen, bwd_v2_variants_varlen: no host
-    sync), or with deterministic=True the dense rungs one sequence at a time (reading the offsets
-    on the host once).  Rows of q past
-    cu_seqlens_q[-1] have unspecified output; the offsets' values are not checked (that would
-    need a sync)."""
+    bwd_v2_variants' head dims, not deterministic); elsewhere an input that requires grad raises.
+    The backward is one launch over every sequence (bwd_v5_varlen, bwd_v5_variants_varlen on
+    Hopper at D = 64 and 128, else bwd_v2_varlen, bwd_v2_variants_varlen: no host sync), or with
+    deterministic=True the dense rungs one sequence at a time (reading the offsets on the host
+    once).  Rows of q past cu_seqlens_q[-1] have unspecified output; the offsets' values are not
+    checked (that would need a sync)."""
     if dropout_p:
         raise NotImplementedError(f"dropout_p must be 0.0 (tileattn has no dropout), got {dropout_p!r}")
     if version not in _PACKED_VERSIONS:
@@ -701,8 +701,8 @@ class _VarlenAttention(torch.autograd.Function):
 def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale, mode, variants, deterministic):
     """dq, dk, dv of flash_attn_varlen_func.  Where bwd_v2_varlen (bwd_v2_variants_varlen with a
     variant) takes the head dim and no deterministic mode is asked for: one launch over every
-    sequence (backward.attention_backward's varlen: backward.special_rung's kernel, bwd_v5_varlen on
-    Hopper at D = 64 and 128 without a variant), no host sync.
+    sequence (backward.attention_backward's varlen: backward.special_rung's kernel, bwd_v5_varlen or
+    bwd_v5_variants_varlen on Hopper at D = 64 and 128), no host sync.
     Otherwise sequence b's rows of q, k, v, O, dO and lse as a dense batch of one (views, lse's
     (H, rows) slice copied) through attention_backward, the default rungs (or bwd_v2_variants), with
     the same alignment (bottom-right per sequence, or top-left): reading the offsets is then one

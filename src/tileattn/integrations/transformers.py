@@ -21,7 +21,8 @@ What runs where:
   * No mask, no dropout, a head dim and dtype tileattn takes (for training: one its backward
     takes too, tileattn.api.backward_head_dims): tileattn, GQA without repeating k/v.  The
     logit softcap (Gemma 2) and a sliding window (Mistral, Gemma 2/3) run in tileattn's variants
-    kernels, and train through their backward (bwd_v2_variants: fp16/bf16, not deterministic).
+    kernels, and train through their backward (bwd_v5_variants on Hopper at head dims 64 and 128,
+    else bwd_v2_variants: fp16/bf16, not deterministic).
   * A padding mask (batched generation's prefill and decode steps, static caches): the valid
     tokens are gathered (one host sync for their count, as transformers' flash-attention path)
     and run through ``flash_attn_varlen_func``, causal bottom-right per sequence, windows and
