@@ -243,6 +243,19 @@ _GRAD_VARIANTS = {
 _LENS_Q, _LENS_K = [1, 130, 0, 77, 300, 45], [1, 64, 9, 0, 457, 45]
 
 
+def test_varlen_backward_of_no_sequence_is_zero(monkeypatch):
+    """cu_seqlens of one offset (no sequence) with rows in q, k, v: every gradient is 0 and no
+    kernel runs (a one-launch kernel's search over the offsets would read past them; CPU)."""
+    from tileattn import backward, serving
+
+    monkeypatch.setattr(backward, "attention_backward", lambda *a, **kw: pytest.fail("a kernel would run"))
+    q, k = torch.randn(5, 4, 64), torch.randn(3, 2, 64)
+    cu = torch.zeros(1, dtype=torch.int32)
+    grads = serving._varlen_backward(q, k, k.clone(), torch.zeros_like(q), torch.zeros(4, 5), cu, cu, q, 0.125,
+                                     None, None, False)  # fmt: skip
+    assert [g.shape for g in grads] == [q.shape, k.shape, k.shape] and not any(g.any() for g in grads)
+
+
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("variant", list(_GRAD_VARIANTS))
 @pytest.mark.parametrize("scale", [0.125, -0.07])

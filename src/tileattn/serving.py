@@ -710,6 +710,8 @@ def _varlen_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, dout, scale,
     from .backward import attention_backward
     from .versions import BWD_V2_VARIANTS_VARLEN, BWD_V2_VARLEN
 
+    if cu_seqlens_q.shape[0] == 1:  # no sequence (the forward returned zeros): no kernel may search the offsets
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if dout.stride(-1) != 1:  # the kernels read dO rows with a contiguous head dim
         dout = dout.contiguous()
     window, softcap, slopes = variants if variants is not None else (None, 0.0, None)
