@@ -31,7 +31,8 @@ from tileattn.versions import (
 )
 
 ARCHS = compile_archs(["sm_80", "sm_90"])
-_VARLEN = (BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN, BWD_V5_VARLEN, BWD_V5_VARIANTS, BWD_V5_VARIANTS_VARLEN)
+# The kernels of packed sequences and of the score variants (backward.special_rung), beside the ladder's
+_SPECIAL = (BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN, BWD_V5_VARLEN, BWD_V5_VARIANTS, BWD_V5_VARIANTS_VARLEN)
 
 
 def _cpu_dtypes(entry, arch: str, causal: bool) -> tuple:
@@ -45,7 +46,7 @@ def _cpu_dtypes(entry, arch: str, causal: bool) -> tuple:
 
 INSTANCES = [
     (entry, dtype, D, causal, arch + ("a" if entry.arch_specific else ""))
-    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, *_VARLEN, BWD_DQ_CONVERT, SPLIT_BLOCKS]
+    for entry in [BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, *_SPECIAL, BWD_DQ_CONVERT, SPLIT_BLOCKS]
     for dtype, D, causal in entry.instantiations()
     for arch in ARCHS
     if entry.runs_on(int(arch[3:])) and dtype in _cpu_dtypes(entry, arch, causal)  # one 16-bit type an arch
