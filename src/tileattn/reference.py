@@ -400,7 +400,8 @@ def varlen_kv_blocks(cu_seqlens_k, Bc: int, total_k: int) -> list[tuple[int, int
     (sequence b, first key of its K/V block) each of the ceil(total_k / Bc) + B thread blocks of a
     head takes, None for one with no work.  Sequence b's K/V blocks are the blocks from
     start(b) = (cu_seqlens_k[b] - cu_seqlens_k[0]) // Bc + b on; a block finds b by a binary
-    search for the last start(b) <= its index."""
+    search for the last start(b) <= its index.  bwd_v5_varlen numbers its dQ chunks of Br query
+    rows over cu_seqlens_q the same way (csrc/bwd_common.cuh's varlen_block; testing.dq_from_blocks)."""
     cu = [int(c) for c in cu_seqlens_k]
     B = len(cu) - 1
     start = lambda b: (cu[b] - cu[0]) // Bc + b

@@ -20,14 +20,18 @@
 
 namespace tileattn {
 
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
-    bwd_v5(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  bwd_v4_body<T, HEAD_DIM, Br, Bc, CAUSAL, true>(TILEATTN_BWD_ARGS, &tmaps);
-}
+// The kernels of bwd_v4_ws.cu's body with the bulk dQ (registered in versions.py), each with its
+// shared memory: bwd_v4's, and the two warpgroups' dQ tiles (32 KB: 226 KB at D=128) and their 4
+// mbarriers.
+#define TILEATTN_BWD_V5_KERNEL(kernel, VARLEN, VARIANTS)                                              \
+  template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>                                    \
+  __global__ void __launch_bounds__(3 * BWD_V4_WG, 1)                                                 \
+      kernel(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {                         \
+    bwd_v4_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, VARLEN, VARIANTS>(TILEATTN_BWD_ARGS, &tmaps);       \
+  }                                                                                                   \
+  TILEATTN_SMEM_BYTES(kernel, bwd_v4_smem(HEAD_DIM, Br, Bc, true))
 
-// bwd_v4's, and the two warpgroups' dQ tiles (32 KB: 226 KB at D=128) and their 4 mbarriers.
-TILEATTN_SMEM_BYTES(bwd_v5, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
+TILEATTN_BWD_V5_KERNEL(bwd_v5, false, false);
 
 // flash_attn_varlen_func's backward on Hopper: the same body over packed sequences in one launch
 // (bwd_v4_ws.cu's VARLEN), where bwd_v2_varlen (mma.sync) ran before.  A CTA per (sequence's K/V
@@ -38,29 +42,14 @@ TILEATTN_SMEM_BYTES(bwd_v5, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
 // from (cu_seqlens_q[b] - cu_seqlens_q[0]) / Br + b on), which bwd_dq_convert reads back.  A
 // kernel of its own so that the dense one keeps its registers and instructions; no tail split and
 // no deterministic mode (serving's per-sequence fallback takes deterministic calls).
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
-    bwd_v5_varlen(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  bwd_v4_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, true>(TILEATTN_BWD_ARGS, &tmaps);
-}
-TILEATTN_SMEM_BYTES(bwd_v5_varlen, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
+TILEATTN_BWD_V5_KERNEL(bwd_v5_varlen, true, false);
 
 // The gradients of the score variants (a sliding window, softcap, ALiBi) on Hopper, dense and over
 // packed sequences: the same body with the forward's scores rebuilt (bwd_wgmma.cuh's
 // bwd_p_ds_variants), where bwd_v2_variants (mma.sync) ran before.  No deterministic mode (a
 // window's K/V blocks do not all add into a Q block from j = 0, which the ordered adds wait for)
 // and no tail split.
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
-    bwd_v5_variants(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  bwd_v4_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, false, true>(TILEATTN_BWD_ARGS, &tmaps);
-}
-TILEATTN_SMEM_BYTES(bwd_v5_variants, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
-template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
-__global__ void __launch_bounds__(3 * BWD_V4_WG, 1)
-    bwd_v5_variants_varlen(TILEATTN_BWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  bwd_v4_body<T, HEAD_DIM, Br, Bc, CAUSAL, true, true, true>(TILEATTN_BWD_ARGS, &tmaps);
-}
-TILEATTN_SMEM_BYTES(bwd_v5_variants_varlen, bwd_v4_smem(HEAD_DIM, Br, Bc, true));
+TILEATTN_BWD_V5_KERNEL(bwd_v5_variants, false, true);
+TILEATTN_BWD_V5_KERNEL(bwd_v5_variants_varlen, true, true);
 
 }  // namespace tileattn

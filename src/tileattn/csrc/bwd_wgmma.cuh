@@ -257,6 +257,24 @@ __device__ __forceinline__ void bwd_store_rows_trans(Tile tile, Frag frag, int w
     for (int m = 0; m < N; ++m) stmatrix_x4_trans(tile(m) + row_offset + STile::offset_panels(16 * ks, 0), frag(m, ks));
 }
 
+// The end of either step below: P^T and dS^T (in S and dP) as the A fragments of dV and dK, dS
+// (and with STORE_P P) stored to its [query row][key] tile, fenced for the tensor core's reads.
+template <typename T, typename STile, int Br, bool STORE_P>
+__device__ __forceinline__ void bwd_p_ds_out(const float (&S)[Br / 2], const float (&dP)[Br / 2],
+                                             unsigned (&p_frag)[Br / 16][4], unsigned (&ds_frag)[Br / 16][4],
+                                             unsigned ds_tile, unsigned p_tile, int warp_key0, int lane) {
+#pragma unroll
+  for (int i = 0; i < Br / 2; i += 2) {
+    const int n8 = i / 4;
+    p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
+    ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
+  }
+  bwd_store_rows_trans<STile, Br, STORE_P ? 2 : 1>(
+      [&](int m) { return m == 0 ? ds_tile : p_tile; },
+      [&](int m, int ks) -> const unsigned(&)[4] { return m == 0 ? ds_frag[ks] : p_frag[ks]; }, warp_key0, lane);
+  fence_proxy_async_smem();  // this thread's dS (and P) stores, before the tensor core reads them
+}
+
 template <typename T, typename STile, int Br, bool CAUSAL, bool MASK, bool STORE_P = false>
 __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br / 2], unsigned (&p_frag)[Br / 16][4],
                                          unsigned (&ds_frag)[Br / 16][4], unsigned ds_tile, const float* lse_i,
@@ -274,16 +292,7 @@ __device__ __forceinline__ void bwd_p_ds_step(float (&S)[Br / 2], float (&dP)[Br
     S[i] = p;
     dP[i] = p * (dP[i] - Di_i[r]);
   }
-#pragma unroll
-  for (int i = 0; i < NS; i += 2) {
-    const int n8 = i / 4;
-    p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
-    ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
-  }
-  bwd_store_rows_trans<STile, Br, STORE_P ? 2 : 1>(
-      [&](int m) { return m == 0 ? ds_tile : p_tile; },
-      [&](int m, int ks) -> const unsigned(&)[4] { return m == 0 ? ds_frag[ks] : p_frag[ks]; }, warp_key0, lane);
-  fence_proxy_async_smem();  // this thread's dS (and P) stores, before the tensor core reads them
+  bwd_p_ds_out<T, STile, Br, STORE_P>(S, dP, p_frag, ds_frag, ds_tile, p_tile, warp_key0, lane);
 }
 
 // bwd_p_ds_step under the score variants (bwd_v5_variants, bwd_v5_variants_varlen): P and dS from
@@ -307,15 +316,7 @@ __device__ __forceinline__ void bwd_p_ds_variants(float (&S)[Br / 2], float (&dP
     const int lo = var.left >= 0 ? pos - var.left : 0, hi = var.right >= 0 ? pos + var.right : Nk - 1;
     variant_p_ds(S[i], dP[i], var, pos, key, kend, lo, hi, l * TILEATTN_LOG2E, Di_i[r], exp_scale);
   }
-#pragma unroll
-  for (int i = 0; i < NS; i += 2) {
-    const int n8 = i / 4;
-    p_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(S[i], S[i + 1]);
-    ds_frag[n8 / 2][(n8 % 2) * 2 + (i % 4) / 2] = pack2<T>(dP[i], dP[i + 1]);
-  }
-  bwd_store_rows_trans<STile, Br, 1>([&](int) { return ds_tile; },
-                                     [&](int, int ks) -> const unsigned(&)[4] { return ds_frag[ks]; }, warp_key0, lane);
-  fence_proxy_async_smem();  // this thread's dS stores, before the tensor core reads them
+  bwd_p_ds_out<T, STile, Br, false>(S, dP, p_frag, ds_frag, ds_tile, 0, warp_key0, lane);
 }
 
 // bwd_p_ds_step for the block of Br query rows and kv_rows keys, without the per-element tests
