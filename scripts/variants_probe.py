@@ -3,7 +3,7 @@ variant alone (bf16 causal N=8192).  No experiment is compiled in now (earlier o
 
 `--define NAME[=VALUE]` (repeatable) compiles every kernel with the macro defined (an experiment's
 switch in the CUDA sources; the kernel cache keys on the options, so every build stays cached).
-`--version v3.7|v3.6|v3.3|v3.1` runs the variants on that rung's kernel (default: the dispatch's), and
+`--version v3.8|v3.7|v3.6|v3.3|v3.1` runs the variants on that rung's kernel (default: the dispatch's), and
 `--tile D=Br,Bc` (repeatable) runs v3.6's variants kernel at another tile.  `--backward` times the
 backward instead: plain causal on the default rung and on bwd_v2, and each variant on
 bwd_v2_variants (the same shapes; the forward's O and lse made once).
@@ -108,6 +108,11 @@ for D in (64, 128):
         ),
         "window 4096": lambda: flash_attn_func(q, k, v, causal=True, window_size=(4096, 0), version=VERSION),
         "alibi": lambda: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, version=VERSION),
+        # causal ALiBi alone on the variants kernel the dispatch took before v3.8, and on v3.8
+        "alibi, variants kernel": lambda: flash_attn_func(
+            q, k, v, causal=True, alibi_slopes=slopes, version="v3.7" if D == 64 else "v3.6"
+        ),
+        "alibi, v3.8": lambda: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, version="v3.8"),
         "softcap": lambda: flash_attn_func(q, k, v, causal=True, softcap=50.0, version=VERSION),
         "noncausal plain": lambda: flash_attn_func(q, k, v),
         **({"v3.4 causal": lambda: flash_attn_func(q, k, v, causal=True, version="v3.4")} if D == 64 else {}),

@@ -21,7 +21,15 @@ from tileattn.testing import (
     poison_allocator,
     reference_grads,
 )
-from tileattn.versions import V3_1_VARIANTS, V3_1_VARLEN, V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS, VERSIONS
+from tileattn.versions import (
+    V3_1_VARIANTS,
+    V3_1_VARLEN,
+    V3_3_VARIANTS,
+    V3_6_VARIANTS,
+    V3_7_VARIANTS,
+    V3_8_ALIBI,
+    VERSIONS,
+)
 
 WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS) for i in e.instantiations()]
 
@@ -29,7 +37,8 @@ WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS
 @pytest.fixture(scope="module")
 def compiled_in_parallel():
     """The kernels below compiled and disassembled up front, one NVRTC and cuobjdump per core."""
-    jobs = {(e.file, e.name_expression(dt, D, c), "sm_90a") for e, dt, D, c in WGMMA_INSTANCES}
+    instances = [*WGMMA_INSTANCES, *((V3_8_ALIBI, *i) for i in V3_8_ALIBI.instantiations())]
+    jobs = {(e.file, e.name_expression(dt, D, c), "sm_90a") for e, dt, D, c in instances}
     compile_in_parallel(jobs, disassemble=jobs)
 
 
@@ -54,6 +63,20 @@ def test_softcap_costs_one_fmul_a_score(compiled_in_parallel, D, causal):
     tanh = sass.count("MUFU.TANH")
     assert tanh >= 128  # the block loop's two copies, 64 scores each
     assert sass.count(" FMUL ") - plain.count(" FMUL ") <= tanh + 8
+
+
+@pytest.mark.parametrize("dtype,D,causal", V3_8_ALIBI.instantiations())
+def test_alibi_mma_adds_one_k_step_and_no_instruction_a_score(compiled_in_parallel, dtype, D, causal):
+    """v3.8: the plain causal kernel of its tile (v3.7 at D=64, v3.6 at 128) plus one bf16 k16
+    step of S at each of its two issue sites (whatever the inputs' dtype), no tanh, and no FFMA a
+    score (the variants kernels' ALiBi: 64 a block's copy of the loop, 158 more in all)."""
+    _, sass = compile_entry_spill_free(V3_8_ALIBI, dtype, D, causal)
+    plain = VERSIONS["v3.7" if D == 64 else "v3.6"]
+    base = _nvrtc.sass(_nvrtc.compile_kernel(plain.file, plain.name_expression(dtype, D, causal), "sm_90a"))
+    assert sass.count("HGMMA.64x128x16.F32.BF16") - base.count("HGMMA.64x128x16.F32.BF16") == 2
+    assert sass.count("HGMMA") == base.count("HGMMA") + 2
+    assert "MUFU.TANH" not in sass and sass.count("MUFU.EX2") == base.count("MUFU.EX2")
+    assert sass.count(" FFMA ") - base.count(" FFMA ") < 32
 
 
 def test_plain_v33_has_no_variant_code():
@@ -119,6 +142,7 @@ def test_packed_path_picks_the_kernel(monkeypatch, cc, D, version, variants, dty
         ((8, 0), 128, None, torch.bfloat16, "v3.1_variants"),
         ((9, 0), 256, "v3.6", torch.bfloat16, r"version='v3.6' runs x on Hopper .* at head dims \(64, 128\)"),
         ((8, 0), 64, "v3.6", torch.bfloat16, r"version='v3.6' .* on sm_80"),
+        ((9, 0), 128, "v3.8", torch.bfloat16, r"version='v3.8' runs causal ALiBi alone"),  # (alibi=False)
     ],
 )
 def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, dtype, expected):
@@ -138,17 +162,21 @@ def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, 
     "D,softcap,window,causal,Nq,expected",
     [
         (64, 0.0, (-1, -1), False, 100, "v3.7_variants"),  # plain non-causal D = 64 runs v3.7
-        (64, 0.0, (-1, 0), True, 4096, "v3.7_variants"),
+        (64, 0.0, (-1, 0), True, 4096, "v3.8_alibi"),  # causal ALiBi alone: on the tensor core
         (64, 0.0, (-1, 0), True, 1000, "v3.6_variants"),  # a short causal call: plain runs v3.6 there
         (64, 30.0, (-1, 0), True, 4096, "v3.6_variants"),  # softcap: the SFU binds on three consumers
         (64, 0.0, (300, 0), True, 4096, "v3.6_variants"),  # a window
         (64, 0.0, (-1, 300), False, 4096, "v3.6_variants"),  # a window to the right
-        (128, 0.0, (-1, 0), True, 4096, "v3.6_variants"),
+        (128, 0.0, (-1, 0), True, 4096, "v3.8_alibi"),
+        (128, 0.0, (-1, 0), True, 1000, "v3.8_alibi"),
+        (128, 0.0, (-1, -1), False, 4096, "v3.6_variants"),  # |pos - j| is not linear across the diagonal
+        (128, 2.0, (-1, 0), True, 4096, "v3.6_variants"),
     ],
 )
 def test_dense_variants_take_three_consumers_as_plain_v3_7(monkeypatch, D, softcap, window, causal, Nq, expected):
-    """attention_variants's default on Hopper: v3.7's variants kernel for ALiBi alone where the
-    plain dispatch takes v3.7 (D = 64, not a short causal call); windows and softcap stay on v3.6's."""
+    """attention_variants's default on Hopper (ALiBi slopes given): v3.8 for causal ALiBi alone at
+    D = 128, and at D = 64 where the plain dispatch takes v3.7 (not a short causal call); v3.7's
+    variants kernel for non-causal ALiBi alone there; windows and softcap stay on v3.6's."""
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (9, 0))
     chosen = []
     monkeypatch.setattr(serving, "_launch_packed", lambda *a, kernel, **kw: chosen.append(kernel))
@@ -156,7 +184,8 @@ def test_dense_variants_take_three_consumers_as_plain_v3_7(monkeypatch, D, softc
     k = v = torch.zeros(1, Nq, 2, D, dtype=torch.bfloat16, device="meta")
     monkeypatch.setattr(serving, "_prepare_scale_and_rows", lambda q, k, v, s, f: (q, k, v, s))
     monkeypatch.setattr(api, "_outputs", lambda out, lse, shape, dtype, *_: (torch.empty(shape, device="meta"), None))
-    serving.attention_variants(q, k, v, 0.1, "top_left" if causal else None, window, softcap, None, False)
+    slopes = torch.zeros(2, device="meta")
+    serving.attention_variants(q, k, v, 0.1, "top_left" if causal else None, window, softcap, slopes, False)
     assert chosen == [expected]
 
 
@@ -182,7 +211,7 @@ BAD_INPUT = [
     (dict(softcap="big"), TypeError, "softcap must be a float"),
     (dict(alibi_slopes=torch.zeros(3)), ValueError, r"alibi_slopes must be a float32 tensor of shape \(4,\)"),
     (dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be a float32"),
-    (dict(window_size=(8, 0), version="v2.3"), ValueError, "alibi_slopes run on v3.7, v3.6, v3.3 or v3.1"),
+    (dict(window_size=(8, 0), version="v2.3"), ValueError, "alibi_slopes run on v3.8, v3.7, v3.6, v3.3 or v3.1"),
     (dict(softcap=1.0, precision="tf32"), ValueError, r"precision=None\); got version=None, precision='tf32'"),
     (dict(window_size=(8, 0), version="v3.1"), ValueError, "q must be a CUDA tensor"),  # (v3.1 takes variants)
     (dict(softcap=1.0), ValueError, "q must be a CUDA tensor"),
@@ -398,6 +427,54 @@ def test_variants_public_call_awkward(version, D, Nq, Nk):
     out, lse = flash_attn_func(q, k, v, softmax_scale=-0.1, causal=True, window_size=(37, 0), softcap=2.0,
                                alibi_slopes=slopes, return_lse=True, version=version)  # fmt: skip
     _assert_matches_float64(out, lse, q, k, v, -0.1, "bottom_right", (37, 0), 2.0, slopes, torch.bfloat16)
+
+
+def _bloom_slopes(H, B=None):
+    """BLOOM's ALiBi slopes 2^(-8 (h + 1) / H), the steepest ~0.7: biases of hundreds of nats
+    over long rows, which the three-term slope of v3.8 (v3_8_alibi_mma.cu) must carry exactly."""
+    slopes = 2.0 ** (-8.0 * torch.arange(1, H + 1, device="cuda") / H)
+    return slopes if B is None else slopes.repeat(B, 1) * torch.linspace(0.5, 1.5, B, device="cuda")[:, None]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", ["top_left", "bottom_right"])
+@pytest.mark.parametrize(
+    "Nq,Nk,scale",
+    [(300, 457, None), (457, 300, None), (1, 700, None), (2000, 2000, None), (700, 700, 0.0), (129, 300, 3.0)],
+)
+def test_alibi_mma_matches_float64(dtype, D, causal, Nq, Nk, scale):
+    """v3.8 (causal ALiBi alone, the key term on the tensor core) against float64: lengths off every
+    tile, Nq < Nk, Nq > Nk (rows that see no key), N=1, GQA, (B, H) slopes of BLOOM's range, a
+    scale of 0 (the bias alone: slope / scale taken at the 1e-30 clamp) and a large one."""
+    _needs("v3.7")
+    gen = torch.Generator(device="cuda").manual_seed(Nq * 3 + Nk + D)
+    B, H, H_kv = 2, 8, 2
+    scale = D**-0.5 if scale is None else scale
+    q = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    slopes = _bloom_slopes(H, B)
+    out = torch.full((B, Nq, H, D), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((B, H, Nq), float("nan"), device="cuda")
+    serving.attention_variants(q, k, v, scale, causal, (-1, -1), 0.0, slopes, True, out=out, lse=lse, version="v3.8")
+    _assert_matches_float64(out, lse, q, k, v, scale, causal, (-1, 0), 0.0, slopes, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,N", [(4100, 16, 3), (1, 2, 4096)])
+def test_alibi_mma_public_call(B, H, N):
+    """flash_attn_func's default for causal ALiBi alone (v3.8 at D = 64 past the short causal rule
+    and at D = 128): strided views of one qkv buffer, a negative scale, B*H = 65,600 (one
+    persistent launch; each tile finds its own (b, h) slope) and N = 4096 against float64."""
+    _needs("v3.7")
+    gen = torch.Generator(device="cuda").manual_seed(B + N)
+    for D in (64, 128):
+        buf = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        q, k, v = buf[:, :, 0], buf[:, :, 1], buf[:, :, 2]
+        slopes = _bloom_slopes(H, B)
+        out, lse = flash_attn_func(q, k, v, softmax_scale=-0.1, causal=True, alibi_slopes=slopes, return_lse=True)
+        _assert_matches_float64(out, lse, q, k, v, -0.1, "bottom_right", (-1, 0), 0.0, slopes, torch.bfloat16)
 
 
 @pytest.mark.gpu

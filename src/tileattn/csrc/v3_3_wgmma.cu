@@ -125,6 +125,36 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
   trace_at(i, slot, ev, clock64());
 #endif
 }
+// v3.8 (ALIBI, v3_8_alibi_mma.cu): causal ALiBi's key term slope_s c (c = 0 .. Bc - 1, the key's
+// column in its block) as one more k16 step of S = Q K^T, A [64 x 16] in registers against a
+// constant B [Bc x 16] in shared memory.  The table: row c holds c, c, c in columns 0 .. 2 and
+// zeros after (bf16, exact for c < 256), in K's layout (128-byte rows, the 128-byte swizzle:
+// 16-byte chunk j of row r at chunk j ^ (r % 8)), so that K's descriptor form reads it.
+template <int Bc>
+__device__ __forceinline__ void alibi_key_table(unsigned char* table, int tid, int nthreads) {
+  static_assert(Bc <= 256, "key columns exact in bf16");
+  for (int i = tid; i < Bc * 8; i += nthreads) {
+    const int r = i / 8, chunk = i % 8;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if ((chunk ^ (r % 8)) == 0) {  // logical chunk 0: columns 0 .. 7
+      const unsigned c = pack2<__nv_bfloat16>(static_cast<float>(r), static_cast<float>(r));
+      v.x = c;
+      v.y = c & 0xffffu;
+    }
+    *reinterpret_cast<uint4*>(table + i * 16) = v;
+  }
+  fence_proxy_async_smem();  // generic-proxy stores, before the tensor core's async-proxy reads
+}
+// The A fragment: every row (0, 1, 2) = slope_s split into three bf16 terms hi + mid + lo (24 bits
+// of the float's mantissa; their products with c are exact in the FP32 accumulator).  A's
+// registers: a[0] row g, columns 2t, 2t + 1; a[1] row g + 8, the same; a[2], a[3] columns 8 up.
+__device__ __forceinline__ void alibi_slope_fragment(unsigned (&a)[4], float slope_s, int t) {
+  const auto bf16 = [](float x) { return __bfloat162float(__float2bfloat16_rn(x)); };
+  const float hi = bf16(slope_s), mid = bf16(slope_s - hi), lo = bf16(slope_s - hi - mid);
+  a[0] = a[1] = t == 0 ? pack2<__nv_bfloat16>(hi, mid) : t == 1 ? pack2<__nv_bfloat16>(lo, 0.0f) : 0u;
+  a[2] = a[3] = 0u;
+}
+
 template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
                                                   bool warp_uniform) {
@@ -144,7 +174,7 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
 }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS, bool PINGPONG = false,
-          bool PERSISTENT = false>
+          bool PERSISTENT = false, bool ALIBI = false>
 __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // FP8: v3.5 (v3_5_fp8.cu), e4m3 Q, K and V^T, bf16 O; its differences are marked FP8 below.
@@ -156,6 +186,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128 || (FP8 && Bc == 256)),
                 "whole 64-column panels");
   static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
+  // ALIBI (v3.8, v3_8_alibi_mma.cu): causal ALiBi alone, its key term added by the tensor core.
+  static_assert(!ALIBI || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128), "v3.8: causal, 16-bit, v3.6's walk");
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
@@ -172,6 +204,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     if (PERSISTENT) mbar_init(q_empty, CONSUMERS * V3_3_WG);
     bars.init(1, CONSUMERS * V3_3_WG);
   }
+  // ALIBI: the key table past O's stage (v3_8_alibi_mma.cu), written once, before any MMA reads it.
+  const unsigned s_keys = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 1024 + Br / 16 * O_STAGE_WARP_BYTES<HEAD_DIM>;
+  if constexpr (ALIBI) alibi_key_table<Bc>(smem + (s_keys - s_q), threadIdx.x, blockDim.x);
   __syncthreads();
 
   // The tiles this CTA takes.  One: the whole (b_, h_) slice of grid row bh, Q block x; or
@@ -290,6 +325,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr bool STAGE_O = v3_3_stages_o(PERSISTENT, sizeof(T), HEAD_DIM);
   const unsigned o_stage = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 1024 + (cwg * 4 + warp) * O_STAGE_WARP_BYTES<HEAD_DIM>;
 
+  unsigned alibi_a[4];  // ALIBI: the head's slope as the k16 step's A fragment (alibi_slope_fragment)
   // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the CTA's K/V
   // blocks (the stage).
   auto issue_s = [&](float (&S)[NS], int n) {
@@ -306,6 +342,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 #pragma unroll
       for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
         Wgmma16<T>::ss(S, dq + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
+      // ALIBI: S += slope_s c for key c of the block (bf16 whatever T: the slope's three terms).
+      if constexpr (ALIBI) Wgmma16<__nv_bfloat16>::rs(S, alibi_a, wgmma_desc_sw128(s_keys), 1);
     }
     wgmma_commit();
   };
@@ -377,6 +415,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const float scale_log2 = exp_scale_log2(var, plain_scale_log2);
     ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
     if (ALIBI_KEYS) var_rest.alibi = false;
+    // ALIBI: the tensor core adds slope_s c (key c of the block, alibi_a against the key table);
+    // the block's slope_s (kv_start - first row's position) joins the row max as ALIBI_KEYS's
+    // offset does, and the row's own position leaves lse at the end.
+    const float alibi_slope_s = ALIBI ? alibi_slopes[b_ * alibi_sb + h_] / folded_scale(softmax_scale) : 0.0f;
+    if constexpr (ALIBI) alibi_slope_fragment(alibi_a, alibi_slope_s, t);
     // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
     float scale_old[2];
     auto softmax = [&](float (&S)[NS], int n) {
@@ -385,8 +428,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
       }
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
-      if constexpr (ALIBI_KEYS) {
-        const float alibi_offset = var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t) : 0.0f;
+      if constexpr (ALIBI_KEYS || ALIBI) {
+        const float alibi_offset = ALIBI       ? alibi_slope_s * static_cast<float>((j_lo + n) * Bc - q_start - offset)
+                                   : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
+                                               : 0.0f;
         fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
                                                         q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
@@ -513,6 +558,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     if (ALIBI_KEYS && var.alibi) {  // fragment_alibi_keys's row constant, out of lse (O does not see it)
 #pragma unroll
       for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
+    }
+    if constexpr (ALIBI) {  // the same for v3.8: rows row_a, row_a + 8 against the tile's first
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * alibi_slope_s * static_cast<float>(row_a + 8 * h - q_start);
     }
     // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
     float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
