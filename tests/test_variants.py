@@ -28,7 +28,6 @@ from tileattn.versions import (
     V3_6_VARIANTS,
     V3_7_VARIANTS,
     V3_8_ALIBI,
-    V3_8_WINDOW,
     VERSIONS,
 )
 
@@ -38,7 +37,7 @@ WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS
 @pytest.fixture(scope="module")
 def compiled_in_parallel():
     """The kernels below compiled and disassembled up front, one NVRTC and cuobjdump per core."""
-    instances = [*WGMMA_INSTANCES, *((e, *i) for e in (V3_8_ALIBI, V3_8_WINDOW) for i in e.instantiations())]
+    instances = [*WGMMA_INSTANCES, *((V3_8_ALIBI, *i) for i in V3_8_ALIBI.instantiations())]
     jobs = {(e.file, e.name_expression(dt, D, c), "sm_90a") for e, dt, D, c in instances}
     compile_in_parallel(jobs, disassemble=jobs)
 
@@ -78,18 +77,6 @@ def test_alibi_mma_adds_one_k_step_and_no_instruction_a_score(compiled_in_parall
     assert sass.count("HGMMA") == base.count("HGMMA") + 2
     assert "MUFU.TANH" not in sass and sass.count("MUFU.EX2") == base.count("MUFU.EX2")
     assert sass.count(" FFMA ") - base.count(" FFMA ") < 32
-
-
-@pytest.mark.parametrize("dtype,D,causal", V3_8_WINDOW.instantiations())
-def test_window_on_the_plain_kernel(compiled_in_parallel, dtype, D, causal):
-    """v3.8_window: v3.6's plain causal kernel of its tile, spill-free, with the left edge's
-    bound in the causal mask's branch only: the same MMAs, exponentials and FFMAs, no tanh."""
-    _, sass = compile_entry_spill_free(V3_8_WINDOW, dtype, D, causal)
-    plain = VERSIONS["v3.6"]
-    base = _nvrtc.sass(_nvrtc.compile_kernel(plain.file, plain.name_expression(dtype, D, causal), "sm_90a"))
-    for op in ("HGMMA", "MUFU.EX2", " FFMA ", " FMNMX"):
-        assert sass.count(op) == base.count(op), op
-    assert "MUFU.TANH" not in sass
 
 
 def test_plain_v33_has_no_variant_code():
@@ -155,7 +142,7 @@ def test_packed_path_picks_the_kernel(monkeypatch, cc, D, version, variants, dty
         ((8, 0), 128, None, torch.bfloat16, "v3.1_variants"),
         ((9, 0), 256, "v3.6", torch.bfloat16, r"version='v3.6' runs x on Hopper .* at head dims \(64, 128\)"),
         ((8, 0), 64, "v3.6", torch.bfloat16, r"version='v3.6' .* on sm_80"),
-        ((9, 0), 128, "v3.8", torch.bfloat16, r"version='v3.8' runs causal ALiBi alone or a causal left"),
+        ((9, 0), 128, "v3.8", torch.bfloat16, r"version='v3.8' runs causal ALiBi alone"),  # (alibi=False)
     ],
 )
 def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, dtype, expected):
@@ -178,23 +165,18 @@ def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, 
         (64, 0.0, (-1, 0), True, 4096, "v3.8_alibi"),  # causal ALiBi alone: on the tensor core
         (64, 0.0, (-1, 0), True, 1000, "v3.6_variants"),  # a short causal call: plain runs v3.6 there
         (64, 30.0, (-1, 0), True, 4096, "v3.6_variants"),  # softcap: the SFU binds on three consumers
-        (64, 0.0, (300, 0), True, 4096, "v3.6_variants"),  # a window with ALiBi
+        (64, 0.0, (300, 0), True, 4096, "v3.6_variants"),  # a window
         (64, 0.0, (-1, 300), False, 4096, "v3.6_variants"),  # a window to the right
         (128, 0.0, (-1, 0), True, 4096, "v3.8_alibi"),
         (128, 0.0, (-1, 0), True, 1000, "v3.8_alibi"),
         (128, 0.0, (-1, -1), False, 4096, "v3.6_variants"),  # |pos - j| is not linear across the diagonal
         (128, 2.0, (-1, 0), True, 4096, "v3.6_variants"),
-        *((D, 0.0, (300, 0), True, 4096, None) for D in (64, 128)),  # a causal left window alone: v3.8
-        (64, 0.0, (300, 0), True, 1000, None),
-        (64, 2.0, (300, 0), True, 4096, "v3.6_variants"),  # with a softcap
-        (64, 0.0, (300, 5), False, 4096, "v3.6_variants"),  # not causal
     ],
 )
 def test_dense_variants_take_three_consumers_as_plain_v3_7(monkeypatch, D, softcap, window, causal, Nq, expected):
-    """attention_variants's default on Hopper (ALiBi slopes given, or with expected None a window
-    alone, which takes v3.8_window): v3.8 for causal ALiBi alone at D = 128, and at D = 64 where
-    the plain dispatch takes v3.7 (not a short causal call); v3.7's variants kernel for
-    non-causal ALiBi alone there; windows with ALiBi, and softcap, stay on v3.6's."""
+    """attention_variants's default on Hopper (ALiBi slopes given): v3.8 for causal ALiBi alone at
+    D = 128, and at D = 64 where the plain dispatch takes v3.7 (not a short causal call); v3.7's
+    variants kernel for non-causal ALiBi alone there; windows and softcap stay on v3.6's."""
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (9, 0))
     chosen = []
     monkeypatch.setattr(serving, "_launch_packed", lambda *a, kernel, **kw: chosen.append(kernel))
@@ -202,9 +184,9 @@ def test_dense_variants_take_three_consumers_as_plain_v3_7(monkeypatch, D, softc
     k = v = torch.zeros(1, Nq, 2, D, dtype=torch.bfloat16, device="meta")
     monkeypatch.setattr(serving, "_prepare_scale_and_rows", lambda q, k, v, s, f: (q, k, v, s))
     monkeypatch.setattr(api, "_outputs", lambda out, lse, shape, dtype, *_: (torch.empty(shape, device="meta"), None))
-    slopes = torch.zeros(2, device="meta") if expected else None
+    slopes = torch.zeros(2, device="meta")
     serving.attention_variants(q, k, v, 0.1, "top_left" if causal else None, window, softcap, slopes, False)
-    assert chosen == [expected or "v3.8_window"]
+    assert chosen == [expected]
 
 
 def test_reference_top_left_window_is_causal_mask():
@@ -393,12 +375,10 @@ def test_variants_match_float64(dtype, version, D, causal, variant):
 @pytest.mark.parametrize(
     "Nq,Nk,causal", [(1000, 1000, "bottom_right"), (1000, 1000, "top_left"), (777, 1029, "top_left")]
 )
-@pytest.mark.parametrize("version", ["v3.6", "v3.8"])
-def test_causal_left_windows_match_float64(window_left, Nq, Nk, causal, version):
-    """v3.6's variants kernel and v3.8's window kernel (both persistent) under causal left windows
-    at offset 0 and beside it: windows of whole blocks and not, under one block, none that binds
-    (1000), 64 heads so that CTAs take several pairs; bf16, D=64, float64 reference, NaN-poisoned
-    outputs."""
+def test_causal_left_windows_match_float64(window_left, Nq, Nk, causal):
+    """v3.6's variants kernel (persistent) under causal left windows at offset 0 and beside it: windows
+    of whole blocks and not, under one block, none that binds (1000), 64 heads so that CTAs take
+    several pairs; bf16, D=64, float64 reference, NaN-poisoned outputs."""
     _needs("v3.6")
     gen = torch.Generator(device="cuda").manual_seed(window_left + Nq)
     B, H, H_kv, D, dtype = 8, 8, 2, 64, torch.bfloat16
@@ -408,7 +388,7 @@ def test_causal_left_windows_match_float64(window_left, Nq, Nk, causal, version)
     lse = torch.full((B, H, Nq), float("nan"), device="cuda")
     window = (window_left, 0)
     checked = serving._variants(window, 0.0, None, True, B, H, Nq + Nk, q.device)
-    serving.attention_variants(q, k, v, D**-0.5, causal, checked[0], 0.0, None, True, out=out, lse=lse, version=version)
+    serving.attention_variants(q, k, v, D**-0.5, causal, checked[0], 0.0, None, True, out=out, lse=lse, version="v3.6")
     _assert_matches_float64(out, lse, q, k, v, D**-0.5, causal, window, 0.0, None, dtype)
 
 
@@ -451,7 +431,7 @@ def test_variants_public_call_awkward(version, D, Nq, Nk):
 
 def _bloom_slopes(H, B=None):
     """BLOOM's ALiBi slopes 2^(-8 (h + 1) / H), the steepest ~0.7: biases of hundreds of nats
-    over long rows, which the three-term slope of v3.8 (v3_8_plain_variants.cu) must carry exactly."""
+    over long rows, which the three-term slope of v3.8 (v3_8_alibi_mma.cu) must carry exactly."""
     slopes = 2.0 ** (-8.0 * torch.arange(1, H + 1, device="cuda") / H)
     return slopes if B is None else slopes.repeat(B, 1) * torch.linspace(0.5, 1.5, B, device="cuda")[:, None]
 
@@ -464,33 +444,29 @@ def _bloom_slopes(H, B=None):
     "Nq,Nk,scale",
     [(300, 457, None), (457, 300, None), (1, 700, None), (2000, 2000, None), (700, 700, 0.0), (129, 300, 3.0)],
 )
-@pytest.mark.parametrize("variant", ["alibi", "window"])
-def test_plain_variants_match_float64(dtype, D, causal, Nq, Nk, scale, variant):
-    """v3.8 (causal ALiBi alone, the key term on the tensor core; a causal left window alone)
-    against float64: lengths off every tile, Nq < Nk, Nq > Nk (rows that see no key), N=1, GQA,
-    (B, H) slopes of BLOOM's range, windows off the block edges, a scale of 0 (ALiBi: the bias
-    alone, slope / scale taken at the 1e-30 clamp) and a large one."""
+def test_alibi_mma_matches_float64(dtype, D, causal, Nq, Nk, scale):
+    """v3.8 (causal ALiBi alone, the key term on the tensor core) against float64: lengths off every
+    tile, Nq < Nk, Nq > Nk (rows that see no key), N=1, GQA, (B, H) slopes of BLOOM's range, a
+    scale of 0 (the bias alone: slope / scale taken at the 1e-30 clamp) and a large one."""
     _needs("v3.7")
     gen = torch.Generator(device="cuda").manual_seed(Nq * 3 + Nk + D)
     B, H, H_kv = 2, 8, 2
     scale = D**-0.5 if scale is None else scale
     q = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
     k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-    slopes = _bloom_slopes(H, B) if variant == "alibi" else None
-    window = (-1, 0) if variant == "alibi" else (Nq % 300 + 61, 0)
+    slopes = _bloom_slopes(H, B)
     out = torch.full((B, Nq, H, D), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((B, H, Nq), float("nan"), device="cuda")
-    serving.attention_variants(q, k, v, scale, causal, window, 0.0, slopes, True, out=out, lse=lse, version="v3.8")
-    _assert_matches_float64(out, lse, q, k, v, scale, causal, window, 0.0, slopes, dtype)
+    serving.attention_variants(q, k, v, scale, causal, (-1, -1), 0.0, slopes, True, out=out, lse=lse, version="v3.8")
+    _assert_matches_float64(out, lse, q, k, v, scale, causal, (-1, 0), 0.0, slopes, dtype)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,H,N", [(4100, 16, 3), (1, 2, 4096)])
-def test_plain_variants_public_call(B, H, N):
+def test_alibi_mma_public_call(B, H, N):
     """flash_attn_func's default for causal ALiBi alone (v3.8 at D = 64 past the short causal rule
-    and at D = 128) and for a causal left window alone (v3.8): strided views of one qkv buffer, a
-    negative scale, B*H = 65,600 (one persistent launch; each tile finds its own (b, h) slope)
-    and N = 4096 against float64."""
+    and at D = 128): strided views of one qkv buffer, a negative scale, B*H = 65,600 (one
+    persistent launch; each tile finds its own (b, h) slope) and N = 4096 against float64."""
     _needs("v3.7")
     gen = torch.Generator(device="cuda").manual_seed(B + N)
     for D in (64, 128):
@@ -499,9 +475,6 @@ def test_plain_variants_public_call(B, H, N):
         slopes = _bloom_slopes(H, B)
         out, lse = flash_attn_func(q, k, v, softmax_scale=-0.1, causal=True, alibi_slopes=slopes, return_lse=True)
         _assert_matches_float64(out, lse, q, k, v, -0.1, "bottom_right", (-1, 0), 0.0, slopes, torch.bfloat16)
-        window = (min(N - 2, 1000), 0)
-        out, lse = flash_attn_func(q, k, v, softmax_scale=-0.1, causal=True, window_size=window, return_lse=True)
-        _assert_matches_float64(out, lse, q, k, v, -0.1, "bottom_right", window, 0.0, None, torch.bfloat16)
 
 
 @pytest.mark.gpu

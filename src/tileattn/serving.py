@@ -425,10 +425,7 @@ _VARLEN = "v3.3_packed"  # v3.3 reading cu_seqlens (csrc/common.cuh), on Hopper 
 _VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (versions.py)
 _VARIANTS_DENSE = "v3.6_variants"  # the variants on v3.6's persistent walk, dense calls (versions.py)
 _VARIANTS_THREE = "v3.7_variants"  # ... on v3.7's three consumers: ALiBi alone at D=64 (versions.py)
-_PLAIN_VARIANTS = {  # v3.8: the plain causal kernel with one variant (versions.py)
-    "alibi": "v3.8_alibi",  # causal ALiBi alone, its key term on the tensor core
-    "window": "v3.8_window",  # a causal left window alone
-}
+_ALIBI_MMA = "v3.8_alibi"  # causal ALiBi alone, its key term on the tensor core (versions.py)
 _VARLEN_MMA = "v3.1_varlen"  # variable-length batches on the mma.sync path, sm_80+ (versions.py)
 _VARIANTS_MMA = "v3.1_variants"  # its body compiled with the score variants, packed or dense (versions.py)
 _PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version=
@@ -445,16 +442,16 @@ def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: 
 
 def _packed_path(
     what: str, dtype, D: int, device, variants: bool, version=None, dense: bool = False, three: bool = False,
-    plain: str | None = None,
+    alibi: bool = False,
 ) -> str:  # fmt: skip
     """The kernel a packed (or, with variants, dense) call runs: v3.3's (its variants kernel with
     variants) on Hopper at its head dims, else v3.1's variable-length kernel or its variants kernel
     (sm_80+, Hopper's other head dims included); dense calls with variants on Hopper take v3.6's
     variants kernel (persistent) at its head dims, or with ``three`` (no window, no softcap, not a
-    short causal call: attention_variants) v3.7's at its one; with ``plain`` = "window" (a causal
-    left window alone) v3.8's window kernel, and with "alibi" (causal ALiBi alone) v3.8's ALiBi
-    kernel at D = 128, or at D = 64 where ``three`` holds too.  ``version`` ("v3.8", "v3.7",
-    "v3.6", "v3.3" or "v3.1") forces one.  Raises NotImplementedError naming what runs where."""
+    short causal call: attention_variants) v3.7's at its one, and with ``alibi`` (causal ALiBi
+    alone) v3.8's at D = 128, or at D = 64 where ``three`` holds too.  ``version`` ("v3.8",
+    "v3.7", "v3.6", "v3.3" or "v3.1") forces one.  Raises NotImplementedError naming what runs
+    where."""
     from . import _nvrtc
     from .versions import KERNEL_ENTRIES
 
@@ -463,16 +460,14 @@ def _packed_path(
     cc = _nvrtc.device_arch(device.index)
     arch = cc[0] * 10 + cc[1]
     half = dtype in (torch.float16, torch.bfloat16)
-    v38 = (_PLAIN_VARIANTS.get(plain), "v3.8", plain == "window" or (plain == "alibi" and (D != 64 or three)))
-    for name, rung, default in (v38, (_VARIANTS_THREE, "v3.7", three), (_VARIANTS_DENSE, "v3.6", True)):
-        if name is None:  # (v3.8 without its one variant)
-            if version == rung:
-                raise NotImplementedError(
-                    f"version='v3.8' runs causal ALiBi alone or a causal left window alone; got {what}"
-                )
-            continue
+    mma_alibi = (_ALIBI_MMA, "v3.8", alibi and (D != 64 or three))
+    for name, rung, default in (mma_alibi, (_VARIANTS_THREE, "v3.7", three), (_VARIANTS_DENSE, "v3.6", True)):
         entry = KERNEL_ENTRIES[name]
         fits = variants and dense and half and entry.runs_on(arch) and D in entry.head_dims
+        if rung == "v3.8" and not alibi:
+            if version == rung:
+                raise NotImplementedError(f"version='v3.8' runs causal ALiBi alone (no window, no softcap); got {what}")
+            continue
         if fits and (version == rung or (version is None and default)):
             return name
         if version == rung:
@@ -775,13 +770,10 @@ def attention_variants(
     # slower); csrc/v3_7_three_consumers.cu has the measurements.
     windowed = window[0] >= 0 or (mode is None and window[1] >= 0)
     three = softcap == 0.0 and not windowed and not short_causal(mode is not None, Nq)
-    # v3.8 for causal ALiBi alone or a causal left window alone: the plain causal kernel with it.
-    plain = None
-    if mode is not None and softcap == 0.0:
-        alibi = alibi_slopes is not None
-        plain = "alibi" if alibi and not windowed else "window" if windowed and not alibi else None
+    # v3.8 for causal ALiBi alone: the plain causal kernel with the key term on the tensor core.
+    alibi = alibi_slopes is not None and softcap == 0.0 and not windowed and mode is not None
     kernel = _packed_path(
-        "a window, softcap and ALiBi", q.dtype, D, q.device, True, version, dense=True, three=three, plain=plain
+        "a window, softcap and ALiBi", q.dtype, D, q.device, True, version, dense=True, three=three, alibi=alibi
     )
     no_work = B * H * Nq == 0 or Nk == 0
     out, lse = api._outputs(out, lse, (B, Nq, H, D), q.dtype, (B, H, Nq), return_lse, q.device, no_work)

@@ -829,27 +829,19 @@ V3_7_VARIANTS = dataclasses.replace(
     summary="v3.7's three consumer warpgroups with the score variants (dense calls with ALiBi alone at D=64)",
 )
 
-# v3.8 (csrc/v3_8_plain_variants.cu): the plain causal kernels' walk with causal ALiBi alone (its key
-# term as one more k16 step of S; v3.7's tile at D = 64, v3.6's at 128) or a causal left window
-# alone (v3.6's tiles); serving.attention_variants takes them for dense calls with that variant only.
+# Causal ALiBi alone on the tensor core (csrc/v3_8_alibi_mma.cu): the plain causal kernels' walk,
+# v3.7's tile at D = 64 and v3.6's at D = 128, with the key term as one more k16 step of S;
+# serving.attention_variants takes it for dense causal calls with ALiBi and no other variant.
 V3_8_ALIBI = dataclasses.replace(
     V3_6_VARIANTS,
     name="v3.8_alibi",
-    file="v3_8_plain_variants.cu",
+    file="v3_8_alibi_mma.cu",
     kernel="v3_8_alibi_fwd",
     tiles={64: _V3_7.tiles[64], 128: _V3_6.tiles[128]},
     causal_variants=(True,),
     spill_bytes=_V3_7.spill_bytes,
     summary="causal ALiBi's key term as one more k16 step of S = Q K^T (a constant key table against the "
     "slope in registers): plain causal's kernel, no instruction a score (dense calls)",
-)
-V3_8_WINDOW = dataclasses.replace(
-    V3_8_ALIBI,
-    name="v3.8_window",
-    kernel="v3_8_window_fwd",
-    tiles={64: _V3_6.tiles[64], 128: _V3_6.tiles[128]},
-    summary="a causal left window on plain causal's kernel: blocks outside skipped, the edge's blocks masked "
-    "in the causal mask's branch (dense calls)",
 )
 
 # Variable-length batches on the mma.sync path (flash_attn_varlen_func off Hopper, and on Hopper at
@@ -915,16 +907,7 @@ V3_5_VT = KernelEntry(
 )
 
 # The forward kernels the packed paths launch with every field (serving._launch_packed).
-PACKED_ENTRIES = (
-    V3_3_PACKED,
-    V3_3_VARIANTS,
-    V3_6_VARIANTS,
-    V3_7_VARIANTS,
-    V3_8_ALIBI,
-    V3_8_WINDOW,
-    V3_1_VARLEN,
-    V3_1_VARIANTS,
-)
+PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS, V3_8_ALIBI, V3_1_VARLEN, V3_1_VARIANTS)
 
 # The gradients of the score variants (a sliding window, softcap, ALiBi): bwd_v2's body with the
 # forward's scores rebuilt (bwd_common.cuh frag_p_ds_variants), for flash_attn_func's variants

@@ -468,16 +468,12 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
 // LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
-// LEFT: a causal left window (v3.8): row p sees keys from p + causal_offset - window_left on; the
-// blocks that cross that edge for some row of the tile (last_row: the tile's last) take the mask.
-template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false, bool LEFT = false>
+template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
-                                                        int causal_offset, float offset = 0.0f, int window_left = 0,
-                                                        int last_row = 0) {
-  const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset) ||
-                          (LEFT && kv_start < last_row + causal_offset - window_left);
+                                                        int causal_offset, float offset = 0.0f) {
+  const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
   float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
   // Two loops, not one with `needs_mask && key >= kend`: ptxas turned that one into an ISETP and
   // an FSEL per score run on every block (a predicate, not a branch), a third of the softmax's
@@ -486,11 +482,10 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
   if (needs_mask) {
     const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
     const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
-    const int kstart_a = row_a + causal_offset - window_left, kstart_b = kstart_a + 8;  // (LEFT only)
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
-      if (key >= (r < 2 ? kend_a : kend_b) || (LEFT && key < (r < 2 ? kstart_a : kstart_b))) S[i] = TILEATTN_NEG_INF;
+      if (key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
       m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
     }
   } else {

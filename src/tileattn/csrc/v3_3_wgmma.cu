@@ -125,9 +125,7 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
   trace_at(i, slot, ev, clock64());
 #endif
 }
-// v3.8's two plain-kernel variants (v3_3_body's PLAIN_VARIANTS bits).
-constexpr int V38_ALIBI = 1, V38_WINDOW = 2;
-// v3.8 (V38_ALIBI, v3_8_plain_variants.cu): causal ALiBi's key term slope_s c (c = 0 .. Bc - 1, the key's
+// v3.8 (ALIBI, v3_8_alibi_mma.cu): causal ALiBi's key term slope_s c (c = 0 .. Bc - 1, the key's
 // column in its block) as one more k16 step of S = Q K^T, A [64 x 16] in registers against a
 // constant B [Bc x 16] in shared memory.  The table: row c holds c, c, c in columns 0 .. 2 and
 // zeros after (bf16, exact for c < 256), in K's layout (128-byte rows, the 128-byte swizzle:
@@ -176,7 +174,7 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
 }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS, bool PINGPONG = false,
-          bool PERSISTENT = false, int PLAIN_VARIANTS = 0>
+          bool PERSISTENT = false, bool ALIBI = false>
 __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // FP8: v3.5 (v3_5_fp8.cu), e4m3 Q, K and V^T, bf16 O; its differences are marked FP8 below.
@@ -188,11 +186,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128 || (FP8 && Bc == 256)),
                 "whole 64-column panels");
   static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
-  // PLAIN_VARIANTS (v3.8, v3_8_plain_variants.cu): causal ALiBi with its key term added by the
-  // tensor core (V38_ALIBI), or a causal left window by block range and edge mask (V38_WINDOW).
-  constexpr bool ALIBI = PLAIN_VARIANTS & V38_ALIBI, WINDOW = PLAIN_VARIANTS & V38_WINDOW;
-  static_assert(!PLAIN_VARIANTS || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128 && !(ALIBI && WINDOW)),
-                "v3.8: causal, 16-bit, v3.6's walk, one variant");
+  // ALIBI (v3.8, v3_8_alibi_mma.cu): causal ALiBi alone, its key term added by the tensor core.
+  static_assert(!ALIBI || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128), "v3.8: causal, 16-bit, v3.6's walk");
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
@@ -209,7 +204,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     if (PERSISTENT) mbar_init(q_empty, CONSUMERS * V3_3_WG);
     bars.init(1, CONSUMERS * V3_3_WG);
   }
-  // ALIBI: the key table past O's stage (v3_8_plain_variants.cu), written once, before any MMA reads it.
+  // ALIBI: the key table past O's stage (v3_8_alibi_mma.cu), written once, before any MMA reads it.
   const unsigned s_keys = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 1024 + Br / 16 * O_STAGE_WARP_BYTES<HEAD_DIM>;
   if constexpr (ALIBI) alibi_key_table<Bc>(smem + (s_keys - s_q), threadIdx.x, blockDim.x);
   __syncthreads();
@@ -256,7 +251,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, w.q_start + Br + w.offset + window_right));
       if (window_left >= 0) kv_lo = min(kv_hi, max(0, w.q_start + w.offset - window_left));
     }
-    if (WINDOW) kv_lo = min(kv_hi, max(0, w.q_start + w.offset - window_left));
     w.j_lo = kv_lo / Bc;
     w.Tc = (kv_hi + Bc - 1) / Bc - w.j_lo;
     return w;
@@ -440,10 +434,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
                                                : 0.0f;
         fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
                                                         q_start, row_a, t, seq_k, offset, alibi_offset);
-      } else if constexpr (WINDOW) {
-        fragment_online_softmax<CAUSAL, NS, false, true, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
-                                                               q_start, row_a, t, seq_k, offset, 0.0f, window_left,
-                                                               q_start + Br - 1);
       } else {
         fragment_online_softmax<CAUSAL, NS, false, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
                                                          q_start, row_a, t, seq_k, offset);
