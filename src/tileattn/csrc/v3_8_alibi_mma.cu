@@ -16,9 +16,14 @@
 //  * The block's term joins the row max and the exponent's per-row constant
 //    (fragment_online_softmax's OFFSET, as the variants kernels' ALiBi), and the row's own term
 //    leaves m_i before lse is written: no instruction a score.
-// The rest is the plain causal kernel: v3.7's three consumers at D = 64, v3.6's two at D = 128.
-// Causal ALiBi alone; with a window or softcap, or without a causal mask (|pos - j| is not linear
-// across the diagonal), serving.attention_variants keeps the variants kernels.
+// The rest is the plain causal kernel: v3.7's three consumers at D = 64, v3.6's two at D = 128
+// (neither takes v3.6's ping-pong, which is D = 64 at Br = 128).  Causal ALiBi alone; with a
+// window or softcap, or without a causal mask (|pos - j| is not linear across the diagonal),
+// serving.attention_variants keeps the variants kernels.
+// Measured (H100, bf16 B=2 H=16 N=8192, time as a ratio to plain causal's, four calls,
+// bench/NOTES.md): 0.90-0.92x at D = 64 and 0.93-0.94x at D = 128, against 0.85-0.88x and
+// 0.90-0.92x for the variants kernels in the same calls.  The time grows by about the step's
+// share of the MMAs (+9-11% / +7%): the step sits on S's path to the softmax.
 #include "v3_3_wgmma.cu"
 
 namespace tileattn {
@@ -26,7 +31,7 @@ namespace tileattn {
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(v3_3_threads(Br), 1)
     v3_8_alibi_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
-  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*VARIANTS=*/false, /*PINGPONG=*/HEAD_DIM == 64 && Br == 128,
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, /*VARIANTS=*/false, /*PINGPONG=*/false,
             /*PERSISTENT=*/true, /*ALIBI=*/true>(TILEATTN_FWD_ARGS, &tmaps);
 }
 
