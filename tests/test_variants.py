@@ -79,6 +79,24 @@ def test_alibi_mma_adds_one_k_step_and_no_instruction_a_score(compiled_in_parall
     assert sass.count(" FFMA ") - base.count(" FFMA ") < 32
 
 
+def test_alibi_slope_in_three_bf16_terms_is_exact():
+    """v3.8's A fragment (v3_3_wgmma.cu alibi_slope_fragment): slope / scale as hi + mid + lo, each
+    the bf16 rounding of what is left, holds every bit of the float32 over 52 decades, and each
+    term times a key column c < 256 is exact in FP32 (8 + 8 significant bits), so the tensor
+    core's sum is the float32 bias slope_s c up to the accumulator's own rounding."""
+    gen = torch.Generator().manual_seed(0)
+    s = torch.exp(torch.empty(100_000).uniform_(-60, 60, generator=gen)).float()
+    bf16 = lambda x: x.bfloat16().float()
+    hi = bf16(s)
+    mid = bf16(s - hi)
+    lo = bf16(s - hi - mid)
+    assert torch.equal(hi.double() + mid.double() + lo.double(), s.double())
+    c = torch.arange(256, dtype=torch.float64)
+    for term in (hi, mid, lo):
+        t = term[:1000, None].double()
+        assert torch.equal((t * c).float().double(), t * c)
+
+
 def test_plain_v33_has_no_variant_code():
     """The variants are a separate instantiation: the plain kernel carries no tanh."""
     cubin = _nvrtc.compile_kernel("v3_3_wgmma.cu", VERSIONS["v3.3"].name_expression("bfloat16", 128, True), "sm_90a")
