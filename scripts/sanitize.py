@@ -78,6 +78,7 @@ SERVING_SAMPLE = (
     " or (gradients_many_sequences and 96)"  # the one-launch varlen backward, and the per-sequence one
     " or (gradients_many_sequences and (False-False-128 or False-True-64))"  # bwd_v5_varlen's
     " or (gradients_match_float64 and None-all-bottom_right-64-dtype1)"  # its variants kernel
+    " or (alibi_mma_matches and 300-457) or (alibi_mma_public_call and 4100)"  # v3.8 (causal ALiBi)
 )
 
 if "--serving" in sys.argv:
