@@ -460,14 +460,12 @@ def _packed_path(
     cc = _nvrtc.device_arch(device.index)
     arch = cc[0] * 10 + cc[1]
     half = dtype in (torch.float16, torch.bfloat16)
-    mma_alibi = (_ALIBI_MMA, "v3.8", alibi and (D != 64 or three))
-    for name, rung, default in (mma_alibi, (_VARIANTS_THREE, "v3.7", three), (_VARIANTS_DENSE, "v3.6", True)):
+    if version == "v3.8" and not alibi:
+        raise NotImplementedError(f"version='v3.8' runs causal ALiBi alone (no window, no softcap); got {what}")
+    v38 = [(_ALIBI_MMA, "v3.8", D != 64 or three)] if alibi else []
+    for name, rung, default in (*v38, (_VARIANTS_THREE, "v3.7", three), (_VARIANTS_DENSE, "v3.6", True)):
         entry = KERNEL_ENTRIES[name]
         fits = variants and dense and half and entry.runs_on(arch) and D in entry.head_dims
-        if rung == "v3.8" and not alibi:
-            if version == rung:
-                raise NotImplementedError(f"version='v3.8' runs causal ALiBi alone (no window, no softcap); got {what}")
-            continue
         if fits and (version == rung or (version is None and default)):
             return name
         if version == rung:

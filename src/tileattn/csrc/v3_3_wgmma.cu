@@ -421,7 +421,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // (scripts/variants_probe.py, bf16 causal N=8192) 0.904x -> 1.045x of plain causal at D=64 and
     // 0.848x -> 0.938x at D=128.
     constexpr bool ALIBI_KEYS = VARIANTS && CAUSAL;
-    if (VARIANTS) {
+    if (VARIANTS || ALIBI) {  // (ALIBI: the host passes no window and no softcap, so var holds ALiBi alone)
       var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b_, h_, window_left, window_right);
       var.first_pos = q_start + offset;
       var.last_pos = q_start + Br - 1 + offset;
@@ -429,14 +429,13 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       var.pos[1] = row_a + 8 + offset;
     }
     // The exponent's scale, times c / s with a softcap (its fragments hold tanh alone: mma.cuh).
-    const float scale_log2 = exp_scale_log2(var, plain_scale_log2);
+    const float scale_log2 = VARIANTS ? exp_scale_log2(var, plain_scale_log2) : plain_scale_log2;
     ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
     if (ALIBI_KEYS) var_rest.alibi = false;
     // ALIBI: the tensor core adds slope_s c (key c of the block, alibi_a against the key table);
     // the block's slope_s (kv_start - first row's position) joins the row max as ALIBI_KEYS's
-    // offset does, and the row's own position leaves lse at the end.
-    const float alibi_slope_s = ALIBI ? alibi_slopes[b_ * alibi_sb + h_] / folded_scale(softmax_scale) : 0.0f;
-    if constexpr (ALIBI) alibi_slope_fragment(alibi_a, alibi_slope_s, t);
+    // offset does, and the row's own position leaves lse at the end (the same correction).
+    if constexpr (ALIBI) alibi_slope_fragment(alibi_a, var.slope_s, t);
     // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
     float scale_old[2];
     auto softmax = [&](float (&S)[NS], int n) {
@@ -448,11 +447,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if constexpr (ALIBI_SPLIT) {
 #pragma unroll
         for (int i = ALIBI_MMA_COLS / 2; i < NS; ++i)
-          S[i] = fmaf(alibi_slope_s, static_cast<float>((i / 4) * 8 + (i & 1)), S[i]);
+          S[i] = fmaf(var.slope_s, static_cast<float>((i / 4) * 8 + (i & 1)), S[i]);
       }
       if constexpr (ALIBI_KEYS || ALIBI) {
         const int quad = ALIBI_SPLIT ? 2 * t : 0;  // (the split's table leaves the thread's 2t out)
-        const float alibi_offset = ALIBI ? alibi_slope_s * static_cast<float>((j_lo + n) * Bc + quad - q_start - offset)
+        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc + quad - var.first_pos)
                                    : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
                                                : 0.0f;
         fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
@@ -578,13 +577,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (tracer) trace_clock(i, cwg, 4);
     }
 
-    if (ALIBI_KEYS && var.alibi) {  // fragment_alibi_keys's row constant, out of lse (O does not see it)
+    if ((ALIBI_KEYS || ALIBI) && var.alibi) {  // the ALiBi offset's row constant, out of lse (O does not see it)
 #pragma unroll
       for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * var.slope_s * static_cast<float>(var.pos[h] - var.first_pos);
-    }
-    if constexpr (ALIBI) {  // the same for v3.8: rows row_a, row_a + 8 against the tile's first
-#pragma unroll
-      for (int h = 0; h < 2; ++h) m_i[h] -= scale_log2 * alibi_slope_s * static_cast<float>(row_a + 8 * h - q_start);
     }
     // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
     float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
