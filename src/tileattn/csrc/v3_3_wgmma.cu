@@ -210,7 +210,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // convention: the table holds c - 2t, the thread's 2t joins the offset), to share the cost
   // between the tensor core and the issue slots.
   constexpr int ALIBI_MMA_COLS = TILEATTN_ALIBI_MMA_COLS;
-  constexpr int POLY = FP8 ? 0 : TILEATTN_EXP2_POLY, POLY_SOFTCAP = FP8 || !VARIANTS ? POLY : TILEATTN_EXP2_POLY_SOFTCAP;
+  constexpr int POLY = TILEATTN_EXP2_POLY, POLY_SOFTCAP = VARIANTS ? TILEATTN_EXP2_POLY_SOFTCAP : POLY;
   static_assert(!ALIBI || ALIBI_MMA_COLS == 0 || ALIBI_MMA_COLS == 64 || ALIBI_MMA_COLS == Bc, "n64 or n128 steps");
   constexpr bool ALIBI_SPLIT = ALIBI && ALIBI_MMA_COLS < Bc;
   constexpr int STAGES = 2;
