@@ -460,19 +460,6 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // ---- keep S and O in it (lane = 4g + t: rows g and g + 8, columns 2t and 2t + 1 of each n8 ----
 // ---- tile i, as values 4i, 4i + 1 (row g) and 4i + 2, 4i + 3 (row g + 8)) ----
 
-// S = 2^(S scale - m_base) of the thread's two rows, added to l_i: of every 16 scores, the
-// first POLY on the FMA pipe (exp2_fma), the rest on the SFU.
-template <int POLY, int NS>
-__device__ __forceinline__ void fragment_weights(float (&S)[NS], float (&l_i)[2], float scale_log2,
-                                                 const float (&m_base)[2]) {
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    S[i] = i % 16 < POLY ? softmax_weight<true>(S[i], scale_log2, m_base[(i % 4) / 2])
-                         : softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
-    l_i[(i % 4) / 2] += S[i];
-  }
-}
-
 // Online softmax of one K/V block's scores S (NS / 4 8-key tiles) for this thread's two rows
 // row_a and row_a + 8, in place: keys past the row's last key are masked on the blocks that reach
 // them (past Nk; the diagonal when causal), the rows rebase to the new max in the log2 domain
@@ -481,13 +468,11 @@ __device__ __forceinline__ void fragment_weights(float (&S)[NS], float (&l_i)[2]
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
 // LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
-// POLY: of every 16 scores, the first POLY take exp2_fma (the FMA pipe) instead of the SFU;
-// POLY_ALT instead where the caller passes alt (a softcap, whose tanh is a second SFU op).
-template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false, int POLY = 0, int POLY_ALT = POLY>
+template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
-                                                        int causal_offset, float offset = 0.0f, bool alt = false) {
+                                                        int causal_offset, float offset = 0.0f) {
   const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
   float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
   // Two loops, not one with `needs_mask && key >= kend`: ptxas turned that one into an ISETP and
@@ -514,10 +499,11 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
     scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], LAZY ? lazy_rescale_log2() : 0.0f);
     if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
   }
-  if (POLY_ALT != POLY && alt)
-    fragment_weights<POLY_ALT>(S, l_i, scale_log2, m_base);
-  else
-    fragment_weights<POLY>(S, l_i, scale_log2, m_base);
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
+    l_i[(i % 4) / 2] += S[i];
+  }
 }
 
 // The score variants of one block (v3.3's variants kernel; csrc/common.cuh has their meaning),

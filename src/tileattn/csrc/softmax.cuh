@@ -37,22 +37,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// 2^x on the FMA pipe instead of the SFU (FlashAttention-4's software exponential, Blackwell;
-// here an experiment for Hopper, where one MUFU.EX2 a score matches the tensor core's pace at
-// D = 64 and a softcap's tanh makes it two): x = j + f with j = round(x), rounded by the FADD of
-// 1.5 * 2^23 itself (r's low mantissa bits are then j's two's complement), 2^f by a cubic on
-// [-0.5, 0.5] (minimax in relative error: 7.5e-5, below bf16's and fp16's rounding of P), and j
-// added to the exponent field.  x is clamped at -127 (-inf: a masked score), where j's addition
-// wraps p < 1 below zero as an integer: the max with 0 then gives the weight 0 that ex2(-inf)
-// gives (a row that sees no key must keep l = 0).  Valid up to x < 128.
-__device__ __forceinline__ float exp2_fma(float x) {
-  x = fmaxf(x, -127.0f);
-  const float r = x + 12582912.0f;
-  const float f = x - (r - 12582912.0f);
-  const float p = fmaf(fmaf(fmaf(0.05517145f, f, 0.24261062f), f, 0.69326097f), f, 0.99992812f);
-  return __int_as_float(max(__float_as_int(p) + (__float_as_int(r) << 23), 0));
-}
-
 // The scale in the log2 domain, folded into the exponent: 2^(s S - m), so S is never scaled on
 // its own (one FFMA per score instead of FMUL + FADD).  That needs s > 0, so that the row max of
 // the raw scores gives the row max of the scaled ones: the kernels take softmax_scale >= 0
@@ -117,9 +101,8 @@ __device__ __forceinline__ float online_rescale(float& m_i, float& l_i, float m_
 __device__ __forceinline__ constexpr float lazy_rescale_log2() { return 8.0f; }
 
 // The weight of a raw score S given the folded scale and the row's m_base: 2^(s S - m_base).
-template <bool FMA_PIPE = false>
 __device__ __forceinline__ float softmax_weight(float S, float scale_log2, float m_base) {
-  return FMA_PIPE ? exp2_fma(fmaf(S, scale_log2, -m_base)) : exp2_ftz(fmaf(S, scale_log2, -m_base));
+  return exp2_ftz(fmaf(S, scale_log2, -m_base));
 }
 
 // log-sum-exp of a finished row (natural log); a row that saw no key has l = 0 and gets -inf.

@@ -158,15 +158,6 @@ __device__ __forceinline__ void alibi_slope_fragment(unsigned (&a)[4], float slo
   a[2] = a[3] = 0u;
 }
 
-// Experiment (2026-12-06): of every 16 scores, how many take the FMA pipe's exp2 (softmax.cuh:
-// exp2_fma) in the 16-bit kernels, without and with a softcap (whose tanh is a second SFU op).
-#ifndef TILEATTN_EXP2_POLY
-#define TILEATTN_EXP2_POLY 0
-#endif
-#ifndef TILEATTN_EXP2_POLY_SOFTCAP
-#define TILEATTN_EXP2_POLY_SOFTCAP TILEATTN_EXP2_POLY
-#endif
-
 #ifndef TILEATTN_ALIBI_MMA_COLS
 #define TILEATTN_ALIBI_MMA_COLS 128
 #endif
@@ -210,7 +201,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // convention: the table holds c - 2t, the thread's 2t joins the offset), to share the cost
   // between the tensor core and the issue slots.
   constexpr int ALIBI_MMA_COLS = TILEATTN_ALIBI_MMA_COLS;
-  constexpr int POLY = TILEATTN_EXP2_POLY, POLY_SOFTCAP = VARIANTS ? TILEATTN_EXP2_POLY_SOFTCAP : POLY;
   static_assert(!ALIBI || ALIBI_MMA_COLS == 0 || ALIBI_MMA_COLS == 64 || ALIBI_MMA_COLS == Bc, "n64 or n128 steps");
   constexpr bool ALIBI_SPLIT = ALIBI && ALIBI_MMA_COLS < Bc;
   constexpr int STAGES = 2;
@@ -464,13 +454,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc + quad - var.first_pos)
                                    : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
                                                : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true, !FP8, POLY, POLY_SOFTCAP>(
-            S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t, seq_k, offset, alibi_offset,
-            VARIANTS && var.softcap);
+        fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+                                                        q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
-        fragment_online_softmax<CAUSAL, NS, false, !FP8, POLY, POLY_SOFTCAP>(
-            S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc, q_start, row_a, t, seq_k, offset, 0.0f,
-            VARIANTS && var.softcap);
+        fragment_online_softmax<CAUSAL, NS, false, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+                                                         q_start, row_a, t, seq_k, offset);
       }
     };
     // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
