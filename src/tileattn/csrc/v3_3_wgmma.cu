@@ -130,16 +130,14 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 // constant B [Bc x 16] in shared memory.  The table: row c holds c, c, c in columns 0 .. 2 and
 // zeros after (bf16, exact for c < 256), in K's layout (128-byte rows, the 128-byte swizzle:
 // 16-byte chunk j of row r at chunk j ^ (r % 8)), so that K's descriptor form reads it.
-// QUAD_LESS (the ALIBI_MMA_COLS experiment below): c - 2t for the thread t of the quad that holds
-// column c in the accumulator, i.e. 8 (c / 8) + c % 2, fragment_alibi_keys's convention.
-template <int Bc, bool QUAD_LESS = false>
+template <int Bc>
 __device__ __forceinline__ void alibi_key_table(unsigned char* table, int tid, int nthreads) {
   static_assert(Bc <= 256, "key columns exact in bf16");
   for (int i = tid; i < Bc * 8; i += nthreads) {
     const int r = i / 8, chunk = i % 8;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if ((chunk ^ (r % 8)) == 0) {  // logical chunk 0: columns 0 .. 7
-      const float key = static_cast<float>(QUAD_LESS ? r / 8 * 8 + r % 2 : r);
+      const float key = static_cast<float>(r);
       const unsigned c = pack2<__nv_bfloat16>(key, key);
       v.x = c;
       v.y = c & 0xffffu;
@@ -157,10 +155,6 @@ __device__ __forceinline__ void alibi_slope_fragment(unsigned (&a)[4], float slo
   a[0] = a[1] = t == 0 ? pack2<__nv_bfloat16>(hi, mid) : t == 1 ? pack2<__nv_bfloat16>(lo, 0.0f) : 0u;
   a[2] = a[3] = 0u;
 }
-
-#ifndef TILEATTN_ALIBI_MMA_COLS
-#define TILEATTN_ALIBI_MMA_COLS 128
-#endif
 
 template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
@@ -195,14 +189,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
   // ALIBI (v3.8, v3_8_alibi_mma.cu): causal ALiBi alone, its key term added by the tensor core.
   static_assert(!ALIBI || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128), "v3.8: causal, 16-bit, v3.6's walk");
-  // An experiment (TILEATTN_DEFINES=TILEATTN_ALIBI_MMA_COLS=64 or 0; built 2026-12-06, NOT RUN):
-  // the tensor core adds the key term to S's first ALIBI_MMA_COLS columns only (an m64n64k16 step:
-  // half the MMA time of the default's n128 one), one FFMA a score the rest (fragment_alibi_keys's
-  // convention: the table holds c - 2t, the thread's 2t joins the offset), to share the cost
-  // between the tensor core and the issue slots.
-  constexpr int ALIBI_MMA_COLS = TILEATTN_ALIBI_MMA_COLS;
-  static_assert(!ALIBI || ALIBI_MMA_COLS == 0 || ALIBI_MMA_COLS == 64 || ALIBI_MMA_COLS == Bc, "n64 or n128 steps");
-  constexpr bool ALIBI_SPLIT = ALIBI && ALIBI_MMA_COLS < Bc;
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
@@ -221,7 +207,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   }
   // ALIBI: the key table past O's stage (v3_8_alibi_mma.cu), written once, before any MMA reads it.
   const unsigned s_keys = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 1024 + Br / 16 * O_STAGE_WARP_BYTES<HEAD_DIM>;
-  if constexpr (ALIBI && ALIBI_MMA_COLS > 0) alibi_key_table<Bc, ALIBI_SPLIT>(smem + (s_keys - s_q), threadIdx.x, blockDim.x);
+  if constexpr (ALIBI) alibi_key_table<Bc>(smem + (s_keys - s_q), threadIdx.x, blockDim.x);
   __syncthreads();
 
   // The tiles this CTA takes.  One: the whole (b_, h_) slice of grid row bh, Q block x; or
@@ -358,9 +344,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
         Wgmma16<T>::ss(S, dq + (sw128_k_step(kk, Br) >> 4), dk + (sw128_k_step(kk, Bc) >> 4), kk > 0);
       // ALIBI: S += slope_s c for key c of the block (bf16 whatever T: the slope's three terms).
-      if constexpr (ALIBI && ALIBI_MMA_COLS == Bc) Wgmma16<__nv_bfloat16>::rs(S, alibi_a, wgmma_desc_sw128(s_keys), 1);
-      if constexpr (ALIBI && ALIBI_MMA_COLS == 64)  // S's first 64 columns: its first 32 values a thread
-        Wgmma16<__nv_bfloat16>::rs(*reinterpret_cast<float(*)[32]>(&S[0]), alibi_a, wgmma_desc_sw128(s_keys), 1);
+      if constexpr (ALIBI) Wgmma16<__nv_bfloat16>::rs(S, alibi_a, wgmma_desc_sw128(s_keys), 1);
     }
     wgmma_commit();
   };
@@ -444,14 +428,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
       }
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
-      if constexpr (ALIBI_SPLIT) {
-#pragma unroll
-        for (int i = ALIBI_MMA_COLS / 2; i < NS; ++i)
-          S[i] = fmaf(var.slope_s, static_cast<float>((i / 4) * 8 + (i & 1)), S[i]);
-      }
       if constexpr (ALIBI_KEYS || ALIBI) {
-        const int quad = ALIBI_SPLIT ? 2 * t : 0;  // (the split's table leaves the thread's 2t out)
-        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc + quad - var.first_pos)
+        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc - var.first_pos)
                                    : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
                                                : 0.0f;
         fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
