@@ -506,6 +506,36 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
   }
 }
 
+// fragment_online_softmax where every score has a bound known before the loop (a softcap c: the
+// fragment holds tanh values t <= 1, so t * scale_log2 <= scale_log2 in the exponent), an
+// experiment (v3_3_wgmma.cu: TILEATTN_SOFTCAP_BOUND).  The row max is the bound's m_fixed for
+// the whole row (m_i holds it from the tile's start): no FMNMX a score, no quad shuffles, no
+// rebase of l_i or O (scale_old stays 1).  O / l_i and lse = m + log2 l do not depend on which
+// constant the weights subtract, so the softmax is the same; only the weights' range moves, and
+// the caller picks m_fixed so that every visible score's weight is a normal float (for
+// t in [-1, 1]: 2^(t scale_log2 - m_fixed) in [2^-124, 2^(2 scale_log2 - 124)] when that top is
+// above 1, else [2^(-2 scale_log2), 1]), which bf16's P holds (fp32's exponent range) and fp16's
+// does not.  Masking as fragment_online_softmax's (keys past Nk, the causal diagonal).
+template <bool CAUSAL, int NS>
+__device__ __forceinline__ void fragment_bounded_softmax(float (&S)[NS], float (&l_i)[2], float scale_log2,
+                                                         float m_fixed, int kv_start, int Bc, int q_start,
+                                                         int row_a, int t, int Nk, int causal_offset) {
+  if (kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset)) {
+    const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
+    const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
+      if (key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    S[i] = softmax_weight(S[i], scale_log2, m_fixed);
+    l_i[(i % 4) / 2] += S[i];
+  }
+}
+
 // The score variants of one block (v3.3's variants kernel; csrc/common.cuh has their meaning),
 // set up once per block of query rows: everything in the raw-score domain the folded exponent
 // expects (2^(S s log2e - m) with s = folded_scale), so softcap c gives S -> (c / s) tanh(S s / c)
