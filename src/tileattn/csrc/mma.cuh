@@ -468,7 +468,13 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
 // LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
-template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false>
+// BOUNDED (an experiment, v3_3_wgmma.cu: TILEATTN_SOFTCAP_BOUND): every score has a bound known
+// before the loop (a softcap c: the fragment holds tanh values t <= 1, so t scale_log2 <=
+// scale_log2 in the exponent), and m_i holds the exponent's constant for it from the tile's
+// start: no max (no FMNMX a score, no quad shuffles), no rebase of l_i or O (scale_old 1).  O /
+// l_i and lse = m + log2 l do not depend on which constant the weights subtract, so the softmax
+// is the same; only the weights' range moves, and the caller keeps it within normal floats.
+template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false, bool BOUNDED = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
@@ -486,15 +492,20 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
     for (int i = 0; i < NS; ++i) {
       const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
       if (key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
-      m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
+      if constexpr (!BOUNDED) m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
     }
-  } else {
+  } else if constexpr (!BOUNDED) {
 #pragma unroll
     for (int i = 0; i < NS; ++i) m_tile[(i % 4) / 2] = fmaxf(m_tile[(i % 4) / 2], S[i]);
   }
   float m_base[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the quad holds the row
+    if constexpr (BOUNDED) {
+      m_base[h] = m_i[h];
+      scale_old[h] = 1.0f;
+      continue;
+    }
     const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
     scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], LAZY ? lazy_rescale_log2() : 0.0f);
     if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
@@ -502,36 +513,6 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
     S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
-    l_i[(i % 4) / 2] += S[i];
-  }
-}
-
-// fragment_online_softmax where every score has a bound known before the loop (a softcap c: the
-// fragment holds tanh values t <= 1, so t * scale_log2 <= scale_log2 in the exponent), an
-// experiment (v3_3_wgmma.cu: TILEATTN_SOFTCAP_BOUND).  The row max is the bound's m_fixed for
-// the whole row (m_i holds it from the tile's start): no FMNMX a score, no quad shuffles, no
-// rebase of l_i or O (scale_old stays 1).  O / l_i and lse = m + log2 l do not depend on which
-// constant the weights subtract, so the softmax is the same; only the weights' range moves, and
-// the caller picks m_fixed so that every visible score's weight is a normal float (for
-// t in [-1, 1]: 2^(t scale_log2 - m_fixed) in [2^-124, 2^(2 scale_log2 - 124)] when that top is
-// above 1, else [2^(-2 scale_log2), 1]), which bf16's P holds (fp32's exponent range) and fp16's
-// does not.  Masking as fragment_online_softmax's (keys past Nk, the causal diagonal).
-template <bool CAUSAL, int NS>
-__device__ __forceinline__ void fragment_bounded_softmax(float (&S)[NS], float (&l_i)[2], float scale_log2,
-                                                         float m_fixed, int kv_start, int Bc, int q_start,
-                                                         int row_a, int t, int Nk, int causal_offset) {
-  if (kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset)) {
-    const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
-    const int kend_b = key_end<CAUSAL>(row_a + 8, Nk, causal_offset);
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
-      if (key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    S[i] = softmax_weight(S[i], scale_log2, m_fixed);
     l_i[(i % 4) / 2] += S[i];
   }
 }

@@ -428,7 +428,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const float scale_log2 = VARIANTS ? exp_scale_log2(var, plain_scale_log2) : plain_scale_log2;
     // An experiment (TILEATTN_DEFINES=TILEATTN_SOFTCAP_BOUND=1; built 2026-12-06, NOT RUN): a
     // softcap's scores are at most c, so bf16 calls with a softcap and no ALiBi take that bound
-    // as the row max (fragment_bounded_softmax: no FMNMX a score, no shuffles, no rebase).  The
+    // as the row max (fragment_online_softmax's BOUNDED: no FMNMX a score, no shuffles, no
+    // rebase), m_fixed chosen so that every weight 2^(t scale_log2 - m_fixed), t in [-1, 1], is
+    // a normal float: [2^-124, 2^(2 scale_log2 - 124)] when that top is above 1, else
+    // [2^(-2 scale_log2), 1], which bf16's P holds (fp32's exponent range) and fp16's does not.  The
     // softcap's softmax is bound by its issue slots (bench/NOTES.md: about 6.5 instructions a
     // score against plain's 4.5), and the max is one of them.  c log2(e) <= 80 keeps the top
     // weight at 2^36 at most (O's FP32 sums then hold V up to ~2^70 at 2^20 keys); ALiBi
@@ -452,9 +455,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       }
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
       if (bounded) {
-        fragment_bounded_softmax<CAUSAL, NS>(S, l_i, scale_log2, m_fixed, (j_lo + n) * Bc, Bc, q_start, row_a, t, seq_k,
-                                             offset);
-        scale_old[0] = scale_old[1] = 1.0f;
+        fragment_online_softmax<CAUSAL, NS, false, false, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+                                                                q_start, row_a, t, seq_k, offset);
       } else if constexpr (ALIBI_KEYS || ALIBI) {
         const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc - var.first_pos)
                                    : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
