@@ -468,13 +468,7 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
 // LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
-// BOUNDED (an experiment, v3_3_wgmma.cu: TILEATTN_SOFTCAP_BOUND): every score has a bound known
-// before the loop (a softcap c: the fragment holds tanh values t <= 1, so t scale_log2 <=
-// scale_log2 in the exponent), and m_i holds the exponent's constant for it from the tile's
-// start: no max (no FMNMX a score, no quad shuffles), no rebase of l_i or O (scale_old 1).  O /
-// l_i and lse = m + log2 l do not depend on which constant the weights subtract, so the softmax
-// is the same; only the weights' range moves, and the caller keeps it within normal floats.
-template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false, bool BOUNDED = false>
+template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
@@ -492,20 +486,15 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
     for (int i = 0; i < NS; ++i) {
       const int r = i % 4, key = kv_start + (i / 4) * 8 + 2 * t + (r & 1);
       if (key >= (r < 2 ? kend_a : kend_b)) S[i] = TILEATTN_NEG_INF;
-      if constexpr (!BOUNDED) m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
+      m_tile[r / 2] = fmaxf(m_tile[r / 2], S[i]);
     }
-  } else if constexpr (!BOUNDED) {
+  } else {
 #pragma unroll
     for (int i = 0; i < NS; ++i) m_tile[(i % 4) / 2] = fmaxf(m_tile[(i % 4) / 2], S[i]);
   }
   float m_base[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the quad holds the row
-    if constexpr (BOUNDED) {
-      m_base[h] = m_i[h];
-      scale_old[h] = 1.0f;
-      continue;
-    }
     const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
     scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], LAZY ? lazy_rescale_log2() : 0.0f);
     if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')

@@ -137,8 +137,7 @@ __device__ __forceinline__ void alibi_key_table(unsigned char* table, int tid, i
     const int r = i / 8, chunk = i % 8;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if ((chunk ^ (r % 8)) == 0) {  // logical chunk 0: columns 0 .. 7
-      const float key = static_cast<float>(r);
-      const unsigned c = pack2<__nv_bfloat16>(key, key);
+      const unsigned c = pack2<__nv_bfloat16>(static_cast<float>(r), static_cast<float>(r));
       v.x = c;
       v.y = c & 0xffffu;
     }
@@ -155,18 +154,6 @@ __device__ __forceinline__ void alibi_slope_fragment(unsigned (&a)[4], float slo
   a[0] = a[1] = t == 0 ? pack2<__nv_bfloat16>(hi, mid) : t == 1 ? pack2<__nv_bfloat16>(lo, 0.0f) : 0u;
   a[2] = a[3] = 0u;
 }
-
-#ifndef TILEATTN_SOFTCAP_BOUND
-#define TILEATTN_SOFTCAP_BOUND 0
-#endif
-template <typename T>
-struct IsBf16 {
-  static constexpr bool value = false;
-};
-template <>
-struct IsBf16<__nv_bfloat16> {
-  static constexpr bool value = true;
-};
 
 template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
@@ -426,21 +413,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     }
     // The exponent's scale, times c / s with a softcap (its fragments hold tanh alone: mma.cuh).
     const float scale_log2 = VARIANTS ? exp_scale_log2(var, plain_scale_log2) : plain_scale_log2;
-    // An experiment (TILEATTN_DEFINES=TILEATTN_SOFTCAP_BOUND=1; built 2026-12-06; on an H100
-    // softcap 50 ran 1-4% slower at D=64 and 2-3% faster at D=128; GPU tests not run): a
-    // softcap's scores are at most c, so bf16 calls with a softcap and no ALiBi take that bound
-    // as the row max (fragment_online_softmax's BOUNDED: no FMNMX a score, no shuffles, no
-    // rebase), m_fixed chosen so that every weight 2^(t scale_log2 - m_fixed), t in [-1, 1], is
-    // a normal float: [2^-124, 2^(2 scale_log2 - 124)] when that top is above 1, else
-    // [2^(-2 scale_log2), 1], which bf16's P holds (fp32's exponent range) and fp16's does not.  The
-    // softcap's softmax is bound by its issue slots (bench/NOTES.md: about 6.5 instructions a
-    // score against plain's 4.5), and the max is one of them.  c log2(e) <= 80 keeps the top
-    // weight at 2^36 at most (O's FP32 sums then hold V up to ~2^70 at 2^20 keys); ALiBi
-    // lowers scores without a floor (a row far from its keys), so it keeps the max.
-    const bool bounded = TILEATTN_SOFTCAP_BOUND && VARIANTS && IsBf16<T>::value && var.softcap && !var.alibi &&
-                         scale_log2 <= 80.0f;
-    const float m_fixed = scale_log2 - fmaxf(0.0f, 2.0f * scale_log2 - 124.0f);
-    if (bounded) m_i[0] = m_i[1] = m_fixed;
     ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
     if (ALIBI_KEYS) var_rest.alibi = false;
     // ALIBI: the tensor core adds slope_s c (key c of the block, alibi_a against the key table);
@@ -455,10 +427,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
       }
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
-      if (bounded) {
-        fragment_online_softmax<CAUSAL, NS, false, false, true>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
-                                                                q_start, row_a, t, seq_k, offset);
-      } else if constexpr (ALIBI_KEYS || ALIBI) {
+      if constexpr (ALIBI_KEYS || ALIBI) {
         const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc - var.first_pos)
                                    : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
                                                : 0.0f;
