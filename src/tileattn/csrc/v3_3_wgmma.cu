@@ -68,26 +68,13 @@ __host__ __device__ constexpr bool v3_3_stages_o(bool persistent, int elem_bytes
   return persistent && elem_bytes == 2 && head_dim % 64 == 0;
 #endif
 }
-// Experiment (session 33): K/V stages of the persistent kernels at D = 64 and of FP8 (where they
-// fit: 2 everywhere else).  ncu's source view (H100, D = 128, N = 8192) put 3-5% of the consumers'
-// stall samples on the K and V full barriers with two stages.
-#ifndef TILEATTN_D64_STAGES
-#define TILEATTN_D64_STAGES 2
-#endif
-#ifndef TILEATTN_FP8_STAGES
-#define TILEATTN_FP8_STAGES 2
-#endif
-__host__ __device__ constexpr int v3_3_kv_stages(bool persistent, int elem_bytes, int head_dim) {
-  return elem_bytes == 1 ? TILEATTN_FP8_STAGES : (persistent && head_dim == 64 ? TILEATTN_D64_STAGES : 2);
-}
 // The persistent kernels' shared memory: Q, 2 stages of K and V, 10 mbarriers (KVBarriers<2> and
 // Q's empty one), then O's stage from 1024 bytes past the K/V stages (the 128-byte swizzle's
 // alignment), 16 rows a consumer warp.
 template <int HEAD_DIM>
 __host__ __device__ constexpr int v3_6_smem_bytes(int Br, int Bc) {
-  constexpr int S = v3_3_kv_stages(true, 2, HEAD_DIM);
-  return (Br + 2 * S * Bc) * HEAD_DIM * 2 +
-         (v3_3_stages_o(true, 2, HEAD_DIM) ? 1024 + Br / 16 * O_STAGE_WARP_BYTES<HEAD_DIM> : (4 * S + 2) * 8);
+  return (Br + 4 * Bc) * HEAD_DIM * 2 +
+         (v3_3_stages_o(true, 2, HEAD_DIM) ? 1024 + Br / 16 * O_STAGE_WARP_BYTES<HEAD_DIM> : 10 * 8);
 }
 // Whether O at `o` with these strides (elements of T) can be a tensor map's: base and strides on
 // 16-byte boundaries.  api._o_map builds the map under the same test.
@@ -201,7 +188,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
   // ALIBI (v3.8, v3_8_alibi_mma.cu): causal ALiBi alone, its key term added by the tensor core.
   static_assert(!ALIBI || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128), "v3.8: causal, 16-bit, v3.6's walk");
-  constexpr int STAGES = v3_3_kv_stages(PERSISTENT, sizeof(T), HEAD_DIM);
+  constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
   extern __shared__ __align__(1024) unsigned char smem[];
