@@ -34,18 +34,12 @@
 // exponentials at D = 128 (within 1.5%), Bc = 256 at D = 128 (144 bytes of spills, -11%).
 #include "v3_3_wgmma.cu"
 
-// Experiment (session 33): v3.4's turns on the persistent walk (tried at 4ce0811 on the
-// one-tile-a-CTA kernel: -2% at D = 128).
-#ifndef TILEATTN_FP8_PINGPONG
-#define TILEATTN_FP8_PINGPONG 0
-#endif
-
 namespace tileattn {
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_5_fwd(TILEATTN_FWD_PARAMS(T), const __grid_constant__ TmaMaps tmaps) {
   static_assert(sizeof(T) == 1, "v3.5 takes e4m3 inputs (tileattn::fp8_e4m3)");
-  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/TILEATTN_FP8_PINGPONG, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS, &tmaps);
+  v3_3_body<T, HEAD_DIM, Br, Bc, CAUSAL, false, /*PINGPONG=*/false, /*PERSISTENT=*/true>(TILEATTN_FWD_ARGS, &tmaps);
 }
 
 // Q, 2 stages of K and V^T (bytes), 10 mbarriers (KVBarriers<2> and v3.6's Q empty).
