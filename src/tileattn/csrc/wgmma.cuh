@@ -253,6 +253,13 @@ struct Wgmma16;
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));  \
     }  \
     /* RS, B K-major (imm-trans-b = 0): D (+)= A [64 x 16] in registers * B [16 x 128], as ss's B. */  \
+    /* RS, B K-major: D (+)= A [64 x 16] in registers * B [16 x 8] (the row sums against ones). */  \
+    __device__ __forceinline__ static void rs(float (&d)[4], const unsigned (&a)[4], unsigned long long b_desc, int accumulate) {  \
+      asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %9, 0;\n"  \
+                   " wgmma.mma_async.sync.aligned.m64n8k16.f32." TY "." TY " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"  \
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])  \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));  \
+    }  \
     __device__ __forceinline__ static void rs(float (&d)[64], const unsigned (&a)[4], unsigned long long b_desc, int accumulate) {  \
       asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"  \
                    " wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"  \
