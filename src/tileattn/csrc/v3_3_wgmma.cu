@@ -236,7 +236,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // SUMS16: 1 KB of 16-bit ones past O's stage and v3.8's key table.
   const unsigned s_ones = FP8 ? s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 1024 : s_keys + (ALIBI ? Bc * 128 : 0);
   if constexpr (MMA_SUMS) {
-    const unsigned one = FP8 ? 0x38383838u : pack2<T>(1.0f, 1.0f);  // e4m3 1.0 is 0x38
+    unsigned one = 0x38383838u;  // e4m3 1.0
+    if constexpr (!FP8) one = pack2<T>(1.0f, 1.0f);
     for (int i = threadIdx.x; i < 64; i += blockDim.x)
       reinterpret_cast<uint4*>(smem + (s_ones - s_q))[i] = make_uint4(one, one, one, one);
     fence_proxy_async_smem();  // generic-proxy stores, before the tensor core's async-proxy reads
