@@ -468,10 +468,7 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
 // LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
-// SUMS false: l_i is not added to (the caller takes the row sums elsewhere: v3.5's tensor core).
-// P_SHIFT (log2 units): the weights are 2^(s S - m + P_SHIFT), the row's largest 2^P_SHIFT (m_i
-// and the rebase factors are unchanged; the caller takes P_SHIFT out of lse).
-template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false, bool SUMS = true, int P_SHIFT = 0>
+template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
@@ -501,12 +498,11 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
     const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
     scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], LAZY ? lazy_rescale_log2() : 0.0f);
     if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
-    if (P_SHIFT) m_base[h] -= static_cast<float>(P_SHIFT);
   }
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
     S[i] = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
-    if (SUMS) l_i[(i % 4) / 2] += S[i];
+    l_i[(i % 4) / 2] += S[i];
   }
 }
 

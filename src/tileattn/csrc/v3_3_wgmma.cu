@@ -68,33 +68,13 @@ __host__ __device__ constexpr bool v3_3_stages_o(bool persistent, int elem_bytes
   return persistent && elem_bytes == 2 && head_dim % 64 == 0;
 #endif
 }
-// Experiment (session 33): v3.5's row sums l_i on the tensor core.  P V's e4m3 P times a
-// 32 x 8 block of ones (one more m64n8k32 wgmma a k32 step) gives each row's sum of P as P V
-// weighs it, in every thread of the row's quad: the softmax's FADD a score goes, and with it the
-// quad's reduction.  The weights are shifted to 2^8 at the row max (P_SHIFT, FlashAttention-3's
-// max_offset for FP8), so that fewer small weights fall to e4m3's subnormals.  A NumPy model of
-// the block loop (Gaussian q, k of spreads 0.5-3, D = 128, Bc = 128) gives O's error within
-// 0.85-1.0x of the FP32 sums' without the shift.
-#ifndef TILEATTN_FP8_MMA_SUMS
-#define TILEATTN_FP8_MMA_SUMS 0
-#endif
-// The same for the persistent 16-bit kernels at D <= 128 (m64n8k16 against ones; no shift: bf16
-// and fp16 P have the range), the ones past O's stage (and v3.8's key table).
-#ifndef TILEATTN_MMA_SUMS16
-#define TILEATTN_MMA_SUMS16 0
-#endif
-__host__ __device__ constexpr bool v3_3_sums16(bool persistent, int elem_bytes, int head_dim) {
-  return TILEATTN_MMA_SUMS16 && persistent && elem_bytes == 2 && head_dim <= 128;
-}
-
 // The persistent kernels' shared memory: Q, 2 stages of K and V, 10 mbarriers (KVBarriers<2> and
 // Q's empty one), then O's stage from 1024 bytes past the K/V stages (the 128-byte swizzle's
 // alignment), 16 rows a consumer warp.
 template <int HEAD_DIM>
 __host__ __device__ constexpr int v3_6_smem_bytes(int Br, int Bc) {
   return (Br + 4 * Bc) * HEAD_DIM * 2 +
-         (v3_3_stages_o(true, 2, HEAD_DIM) ? 1024 + Br / 16 * O_STAGE_WARP_BYTES<HEAD_DIM> : 10 * 8) +
-         (v3_3_sums16(true, 2, HEAD_DIM) ? 1024 : 0);
+         (v3_3_stages_o(true, 2, HEAD_DIM) ? 1024 + Br / 16 * O_STAGE_WARP_BYTES<HEAD_DIM> : 10 * 8);
 }
 // Whether O at `o` with these strides (elements of T) can be a tensor map's: base and strides on
 // 16-byte boundaries.  api._o_map builds the map under the same test.
@@ -200,10 +180,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // FP8: v3.5 (v3_5_fp8.cu), e4m3 Q, K and V^T, bf16 O; its differences are marked FP8 below.
   constexpr bool FP8 = sizeof(T) == 1;
   static_assert(sizeof(T) == 2 || FP8, "v3.3 is an fp16/bf16 rung, v3.5 an e4m3 one");
-  constexpr bool FP8_SUMS = FP8 && TILEATTN_FP8_MMA_SUMS;
-  constexpr bool SUMS16 = v3_3_sums16(PERSISTENT, sizeof(T), HEAD_DIM) && v3_3_stages_o(PERSISTENT, sizeof(T), HEAD_DIM) && !ALIBI;
-  constexpr bool MMA_SUMS = FP8_SUMS || SUMS16;
-  constexpr int P_SHIFT = FP8_SUMS ? 8 : 0;
   constexpr int CONSUMERS = Br / 64;  // consumer warpgroups of 64 query rows
   static_assert(Br == 128 || (Br == 192 && !PINGPONG),
                 "two consumer warpgroups, or three (v3.7; the ping-pong takes two)");
@@ -231,17 +207,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // ALIBI: the key table past O's stage (v3_8_alibi_mma.cu), written once, before any MMA reads it.
   const unsigned s_keys = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 1024 + Br / 16 * O_STAGE_WARP_BYTES<HEAD_DIM>;
   if constexpr (ALIBI) alibi_key_table<Bc>(smem + (s_keys - s_q), threadIdx.x, blockDim.x);
-  // FP8_SUMS: 8 rows of 128 e4m3 ones (0x38) from 1024 bytes past the K/V stages (v3_5_fwd's
-  // shared memory), B of the row sums' wgmma; any k32 step of it reads ones.
-  // SUMS16: 1 KB of 16-bit ones past O's stage and v3.8's key table.
-  const unsigned s_ones = FP8 ? s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 1024 : s_keys + (ALIBI ? Bc * 128 : 0);
-  if constexpr (MMA_SUMS) {
-    unsigned one = 0x38383838u;  // e4m3 1.0
-    if constexpr (!FP8) one = pack2<T>(1.0f, 1.0f);
-    for (int i = threadIdx.x; i < 64; i += blockDim.x)
-      reinterpret_cast<uint4*>(smem + (s_ones - s_q))[i] = make_uint4(one, one, one, one);
-    fence_proxy_async_smem();  // generic-proxy stores, before the tensor core's async-proxy reads
-  }
   __syncthreads();
 
   // The tiles this CTA takes.  One: the whole (b_, h_) slice of grid row bh, Q block x; or
@@ -343,7 +308,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   const int g = lane / 4, t = lane % 4;
   constexpr int NS = Bc / 2, NO = HEAD_DIM / 2;  // accumulator values per thread: S (64 x Bc), O (64 x D)
   float acc[NO];
-  float l_acc[4];  // FP8_SUMS: rows g (0, 1) and g + 8 (2, 3) of P's row sums, the columns alike
 
   // Descriptors: Q and K K-major (k16 step kk: panel kk / 4, 32 bytes per step inside the row);
   // this warpgroup's Q rows start cwg * 64 rows into each panel.  V N-major: k16 step ks starts 16 key
@@ -391,22 +355,13 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   auto issue_pv = [&](int n) {
     const unsigned long long dv = wgmma_desc_sw128(s_v(KVBarriers<STAGES>::stage(n)), FP8 ? 16 : Bc * 128);
     fence_operands(acc);
-    if (MMA_SUMS) fence_operands(l_acc);
     wgmma_fence();
     if constexpr (FP8) {
 #pragma unroll
       for (int ks = 0; ks < Bc / 32; ++ks) WgmmaE4M3::rs(acc, p[ks], dv + (sw128_k_step(ks, HEAD_DIM) >> 4), 1);
-      if constexpr (FP8_SUMS) {
-#pragma unroll
-        for (int ks = 0; ks < Bc / 32; ++ks) WgmmaE4M3::rs(l_acc, p[ks], wgmma_desc_sw128(s_ones), 1);
-      }
     } else {
 #pragma unroll
       for (int ks = 0; ks < Bc / 16; ++ks) Wgmma16<T>::rs_bt(acc, p[ks], dv + ((ks * 16 * 128) >> 4), 1);
-      if constexpr (SUMS16) {
-#pragma unroll
-        for (int ks = 0; ks < Bc / 16; ++ks) Wgmma16<T>::rs(l_acc, p[ks], wgmma_desc_sw128(s_ones), 1);
-      }
     }
     wgmma_commit();
   };
@@ -430,8 +385,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     float l_i[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) l_acc[i] = 0.0f;
     const bool tracer = TILEATTN_TRACE && threadIdx.x % V3_3_WG == 0;
     if (tracer) trace_clock(i, cwg, 0);
     mbar_wait(bars.q, i & 1);  // even with no K/V block: no copy may outlive the CTA
@@ -478,12 +431,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc - var.first_pos)
                                    : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
                                                : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true, !FP8, !MMA_SUMS>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+        fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
                                                         q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
-        fragment_online_softmax<CAUSAL, NS, false, !FP8, !MMA_SUMS, P_SHIFT>(S, m_i, l_i, scale_old, scale_log2,
-                                                                            (j_lo + n) * Bc, Bc, q_start, row_a, t,
-                                                                            seq_k, offset);
+        fragment_online_softmax<CAUSAL, NS, false, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+                                                         q_start, row_a, t, seq_k, offset);
       }
     };
     // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
@@ -512,8 +464,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       if (__any_sync(0xffffffffu, scale_old[0] != 1.0f || scale_old[1] != 1.0f)) {
 #pragma unroll
         for (int i = 0; i < NO; ++i) acc[i] *= scale_old[(i % 4) / 2];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) l_acc[i] *= scale_old[i / 2];
       }
     };
 
@@ -568,11 +518,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         // at Br = 192 only (v3_7_variants_fwd; at Br = 128 it moved ALiBi 0.817x -> 0.824x of
         // plain causal and nothing-on 0.962x -> 0.916x, 2026-12-05).
         if constexpr (HEAD_DIM == 64 && !PINGPONG && (!VARIANTS || Br == 192))
-          wgmma_wait_all_after(MMA_SUMS ? S[NS - 1] + S[NS - 2] : l_i[0] + l_i[1]);
+          wgmma_wait_all_after(l_i[0] + l_i[1]);
         else
           wgmma_wait<0>();
         fence_operands(acc);
-        if (MMA_SUMS) fence_operands(l_acc);
         fence_operands(p);
         mbar_arrive(bars.v_empty(c0 + j));
         to_p_and_rescale(S);
@@ -601,7 +550,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       your_turn(true);
       wgmma_wait<0>();
       fence_operands(acc);
-      if (MMA_SUMS) fence_operands(l_acc);
       mbar_arrive(bars.v_empty(c0 + Tc - 1));
       if (tracer) trace_clock(i, cwg, 4);
     }
@@ -612,15 +560,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     }
     // Packed sequences: O from row q0, lse (H, total_q) from h_ total_q + q0.
     float* lse_rows = !lse ? nullptr : cu_seqlens_q ? lse + (long long)h_ * Nq + q0 : hs.lse;
-    if constexpr (MMA_SUMS) {
-      // Each thread of a quad holds its rows' whole sums: a quarter each, so that the store's quad
-      // sum (lanes_sum<4>, two exact doublings) gives them back.  lse without P_SHIFT.
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l_i[h] = 0.25f * l_acc[2 * h];
-        m_i[h] -= static_cast<float>(P_SHIFT);
-      }
-    }
     if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
 #pragma unroll
       for (int i = 0; i < NO; ++i) acc[i] *= ds[2];

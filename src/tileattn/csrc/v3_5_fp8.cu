@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(v3_3_threads(Br), 1) v3_5_fwd(TILEATTN_FWD_PAR
 }
 
 // Q, 2 stages of K and V^T (bytes), 10 mbarriers (KVBarriers<2> and v3.6's Q empty).
-TILEATTN_SMEM_BYTES(v3_5_fwd, (Br + 4 * Bc) * HEAD_DIM + (TILEATTN_FP8_MMA_SUMS ? 2048 : 10 * 8));
+TILEATTN_SMEM_BYTES(v3_5_fwd, (Br + 4 * Bc) * HEAD_DIM + 10 * 8);
 
 // V^T as v3.5 reads it, from V (B, H_kv, Nk, D) e4m3 at any strides (elements = bytes) into
 // vt (B, H_kv, D, Nk_pad) contiguous, Nk_pad a multiple of 32, zeros past Nk, the keys of each
