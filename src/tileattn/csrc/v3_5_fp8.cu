@@ -48,17 +48,12 @@ TILEATTN_SMEM_BYTES(v3_5_fwd, (Br + 4 * Bc) * HEAD_DIM + 10 * 8);
 // V^T as v3.5 reads it, from V (B, H_kv, Nk, D) e4m3 at any strides (elements = bytes) into
 // vt (B, H_kv, D, Nk_pad) contiguous, Nk_pad a multiple of 32, zeros past Nk, the keys of each
 // group of 32 in the order of the A fragment (slot 16 h + 4 t + 2 a + b <- key 16 h + 8 a + 2 t + b;
-// fp8.key_permutation).  One block per (batch, KV head, VT_KEYS keys):
-//  * the tile comes in by 16-byte loads (consecutive threads along a row) into shared memory, row
-//    `key` at key * D bytes with its 16-byte chunk j at j ^ ((key / 16) % (D / 16)): the 16-key
-//    groups of the transpose below then read different banks;
-//  * a task is one 16-slot group (slots 16 c ..) and one word of d (4 columns d = 4 dq ..): 16 word
-//    loads (the four keys of each slot quad, one shared row each), four 4x4 byte transposes
-//    (8 PRMT each) and four 16-byte stores, one per column; the 8 groups of a block go to 8
-//    consecutive threads, so a warp's stores are whole 128-byte lines of 4 rows of vt.
-// Measured before (H200, 64 MB): torch's byte-wise permute-copy 0.35 ms; a thread per column
-// reading bytes from global memory 0.115-0.17 ms; byte reads from shared memory 0.070 ms (H100:
-// 0.086 ms, 1.56 TB/s of reads and writes).
+// fp8.key_permutation).  One block per (batch, KV head, VT_KEYS keys): the tile comes in by
+// 16-byte loads into shared memory (rows of D + 16 bytes), then each thread takes one column d of
+// one group of 32 keys (consecutive threads consecutive columns: byte reads of one shared row,
+// conflict-free) and writes its 32 bytes of vt as two 16-byte stores.  (Measured on an H200 at
+// 64 MB: torch's byte-wise permute-copy 0.35 ms; a thread per column reading bytes from global
+// memory 0.115-0.17 ms.)
 #define TILEATTN_VT_FIELDS(X, SEP)                                                              \
   X(const unsigned char* __restrict__, v) SEP X(unsigned char* __restrict__, vt) SEP              \
   X(const int, Nk) SEP X(const int, Nk_pad) SEP X(const int, H_kv) SEP                           \
@@ -67,50 +62,35 @@ constexpr int VT_KEYS = 128, VT_THREADS = 128;
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(VT_THREADS) v3_5_v_transpose(TILEATTN_VT_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)) {
-  constexpr int CHUNKS = HEAD_DIM / 16, WORDS = HEAD_DIM / 4, GROUPS = VT_KEYS / 16;
-  __shared__ __align__(16) unsigned char tile[VT_KEYS * HEAD_DIM];
+  constexpr int ROW = HEAD_DIM + 16, CHUNKS = HEAD_DIM / 16;
+  __shared__ __align__(16) unsigned char tile[VT_KEYS * ROW];
   const int tiles = (Nk_pad + VT_KEYS - 1) / VT_KEYS;
   const long long bh = blockIdx.x / tiles;
   const int key0 = blockIdx.x % tiles * VT_KEYS, tid = threadIdx.x;
   const unsigned char* src = v + (bh / H_kv) * v_sb + (bh % H_kv) * v_sh;
-  auto at = [](int key, int byte) {  // row key's byte (a multiple of 4 within a chunk), swizzled
-    return key * HEAD_DIM + ((byte / 16) ^ (key / 16 % CHUNKS)) * 16 + byte % 16;
-  };
 #pragma unroll
   for (int i = tid; i < VT_KEYS * CHUNKS; i += VT_THREADS) {
     const int key = i / CHUNKS, c = i % CHUNKS;
     uint4 x = make_uint4(0, 0, 0, 0);
     if (key0 + key < Nk) x = *reinterpret_cast<const uint4*>(src + (key0 + key) * v_sn + 16 * c);
-    *reinterpret_cast<uint4*>(tile + at(key, 16 * c)) = x;
+    *reinterpret_cast<uint4*>(tile + key * ROW + 16 * c) = x;
   }
   __syncthreads();
-  const int groups = min(VT_KEYS, Nk_pad - key0) / 16;
+  const int groups = min(VT_KEYS, Nk_pad - key0) / 32;
 #pragma unroll
-  for (int task = tid; task < GROUPS * WORDS; task += VT_THREADS) {
-    const int c = task % GROUPS, dq = task / GROUPS;
-    if (c >= groups) continue;
-    unsigned out[4][4];  // [column e][slot quad t]: slots 4 t .. 4 t + 3 of column 4 dq + e
+  for (int i = tid; i < VT_KEYS / 32 * HEAD_DIM; i += VT_THREADS) {
+    const int g = i / HEAD_DIM, d = i % HEAD_DIM;
+    if (g >= groups) break;
+    const unsigned char* col = tile + 32 * g * ROW + d;
+    unsigned w[8];  // word 4 h + t: slots 16 h + 4 t .. + 3 = keys 16 h + 2 t, + 1, + 8, + 9
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      // slot 16 h + 4 t + 2 a + b <- key 16 h + 8 a + 2 t + b (16 h = 16 c in the block's keys):
-      // (a, b) = 00, 01, 10, 11 are keys k0, k0 + 1, k0 + 8, k0 + 9.
-      const int k0 = 16 * c + 2 * t;
-      const unsigned w0 = *reinterpret_cast<const unsigned*>(tile + at(k0, 4 * dq));
-      const unsigned w1 = *reinterpret_cast<const unsigned*>(tile + at(k0 + 1, 4 * dq));
-      const unsigned w2 = *reinterpret_cast<const unsigned*>(tile + at(k0 + 8, 4 * dq));
-      const unsigned w3 = *reinterpret_cast<const unsigned*>(tile + at(k0 + 9, 4 * dq));
-      // 4 x 4 byte transpose: out[e][t] = byte e of w0, w1, w2, w3, in that order.
-      const unsigned t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);
-      const unsigned t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
-      out[0][t] = __byte_perm(t0, t2, 0x5410);
-      out[1][t] = __byte_perm(t0, t2, 0x7632);
-      out[2][t] = __byte_perm(t1, t3, 0x5410);
-      out[3][t] = __byte_perm(t1, t3, 0x7632);
+    for (int j = 0; j < 8; ++j) {
+      const int k0 = 16 * (j / 4) + 2 * (j % 4);
+      w[j] = col[k0 * ROW] | col[(k0 + 1) * ROW] << 8 | col[(k0 + 8) * ROW] << 16 | col[(k0 + 9) * ROW] << 24;
     }
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      *reinterpret_cast<uint4*>(vt + (bh * HEAD_DIM + 4 * dq + e) * Nk_pad + key0 + 16 * c) =
-          make_uint4(out[e][0], out[e][1], out[e][2], out[e][3]);
+    uint4* dst = reinterpret_cast<uint4*>(vt + (bh * HEAD_DIM + d) * Nk_pad + key0 + 32 * g);
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
   }
 }
 TILEATTN_SMEM_BYTES(v3_5_v_transpose, 0);
