@@ -31,7 +31,11 @@
 // hidden under the D-independent softmax.  Tried and not kept: v3.4's ping-pong turns (-2% at
 // D = 128, -10% at D = 64), every 4th or 2nd exponential on the FMA pipe as a polynomial (-3% /
 // -7% at D = 128, -17% at D = 64 non-causal; neutral causal), the P V wait pinned behind the
-// exponentials at D = 128 (within 1.5%), Bc = 256 at D = 128 (144 bytes of spills, -11%).
+// exponentials at D = 128 (within 1.5%), Bc = 256 at D = 128 (144 bytes of spills, -11%); on
+// the persistent walk (H100, 2026-12-06): the ping-pong again (D = 128 +2% without a mask, -4%
+// causal; D = 64 -12-19%), 3-4 K/V stages (within noise), and the row sums l_i by the tensor core
+// against a block of ones (D = 128 +2-3%, D = 64 -7-11%, lse from e4m3 weights off by up to
+// 2.5e-2).
 #include "v3_3_wgmma.cu"
 
 namespace tileattn {
