@@ -2,7 +2,7 @@
 given), V^T's copy alone, the whole flash_attn_func call.  One line per case; run it again under
 TILEATTN_DEFINES="..." to compare an experiment's build (bench/NOTES.md).
 
-    python scripts/fp8_probe.py [--headdim 64 128 256] [--seqlen 8192] [--tile 128=128,256 ...]
+    python scripts/fp8_probe.py [--headdim 64 128 256] [--seqlen 8192] [--tile 128=128,256 ...] [--no-bf16]
 """
 
 import argparse
@@ -17,6 +17,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--headdim", type=int, nargs="*", default=[64, 128, 256])
 p.add_argument("--seqlen", type=int, nargs="*", default=[8192])
 p.add_argument("--tile", nargs="*", default=[], help="D=Br,Bc: v3.5 at another tile")
+p.add_argument("--no-bf16", action="store_true", help="FP8 alone (another build's bf16 is the same)")
 args = p.parse_args()
 tiles = dict(fp8.V3_5_FP8.tiles)
 for spec in args.tile:
@@ -37,7 +38,7 @@ for D in args.headdim:
             t_kernel = ms(lambda: fp8.attention(q8, k8, v8, D**-0.5, mode, "bnhd", (dq, dk, dv), False, vt=vt))
             t_vt = ms(lambda: fp8.v_transposed(v8.transpose(1, 2)))
             t_call = ms(lambda: flash_attn_func(q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv))
-            t_bf16 = ms(lambda: flash_attn_func(*x, causal=causal))
+            t_bf16 = float("nan") if args.no_bf16 else ms(lambda: flash_attn_func(*x, causal=causal))
             tf = lambda t: flops / t / 1e9
             print(
                 f"D={D} N={N} causal={causal} tile {tiles[D]}: kernel {t_kernel:.3f} ms ({tf(t_kernel):.0f} TF/s), "
