@@ -431,10 +431,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc - var.first_pos)
                                    : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
                                                : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+        fragment_online_softmax<CAUSAL, NS, true, !FP8, FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
                                                         q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
-        fragment_online_softmax<CAUSAL, NS, false, !FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+        fragment_online_softmax<CAUSAL, NS, false, !FP8, FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
                                                          q_start, row_a, t, seq_k, offset);
       }
     };
@@ -563,6 +563,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     if constexpr (FP8) {  // O in bf16 (o's strides count bf16 elements), times V's descale factor
 #pragma unroll
       for (int i = 0; i < NO; ++i) acc[i] *= ds[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m_i[h] -= fp8_p_offset_log2();  // l_i summed weights lifted by the offset
       __nv_bfloat16* o_bf16 = reinterpret_cast<__nv_bfloat16*>(o) + b_ * o_sb + h_ * o_sh;
       fragment_store_rows<__nv_bfloat16, HEAD_DIM>(acc, m_i, l_i, row_a, t, seq_q, o_bf16, o_sn, lse_rows);
     } else {

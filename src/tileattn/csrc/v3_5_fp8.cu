@@ -13,8 +13,10 @@
 //    at the end.  Any sign of ds_q ds_k softmax_scale works (S is negated when it is negative).
 //  * S = Q K^T: both K-major, k32 steps (Q and K as the copy engine wrote them: rows of D bytes,
 //    the 128-byte swizzle, or the 64-byte one at D = 64).
-//  * P is rounded to e4m3 (round to nearest even; P lies in [0, 1], where e4m3 keeps 3 mantissa
-//    bits down to 2^-6 and subnormals to 2^-9) for P V; the row sums l_i add the FP32 P.
+//  * P is rounded to e4m3 (round to nearest even) for P V; the row sums l_i add the FP32 P.  The
+//    rebase is lazy at a threshold of 2 and P is lifted by 2^6 (fp8_lazy_rescale_log2 and
+//    fp8_p_offset_log2 in softmax.cuh): P lies in [0, 2^8], within e4m3's 448, and the weights
+//    down to 2^-12 of a row's max keep e4m3's 3 mantissa bits (subnormals below 2^-6).
 //  * P V: 8-bit wgmma reads B K-major only, so the host hands in V^T, (B, H_kv, D, Nk padded to
 //    a multiple of 32) e4m3, written per call by v3_5_v_transpose below (fp8.v_transposed).  P's A fragment
 //    comes from S's accumulator without any shuffle: a thread holds keys 2t, 2t + 1 of each n8
