@@ -110,14 +110,13 @@ __device__ __forceinline__ constexpr float lazy_rescale_log2() { return 8.0f; }
 // while a warp rebases on 9% of blocks instead of 51% at N = 8192 D = 128 (20% against 96% at
 // N = 1024).  tau + offset <= 8: P <= 2^8, below e4m3's largest 448.  l_i sums the lifted weights,
 // so lse takes the offset back out of m_i (v3.3's FP8 epilogue); O = acc / l_i does not see it.
-#ifndef TILEATTN_FP8_TAU  // experiment switches (TILEATTN_DEFINES): 0 and 0 give the exact rebase
-#define TILEATTN_FP8_TAU 2.0f
-#endif
-#ifndef TILEATTN_FP8_P_OFFSET
-#define TILEATTN_FP8_P_OFFSET 6.0f
-#endif
-__device__ __forceinline__ constexpr float fp8_lazy_rescale_log2() { return TILEATTN_FP8_TAU; }
-__device__ __forceinline__ constexpr float fp8_p_offset_log2() { return TILEATTN_FP8_P_OFFSET; }
+// Measured on an H100 against the exact rebase in one call (scripts/fp8_probe.py, kernel alone,
+// B*N = 32768, H = 16, bench/NOTES.md): D = 128 N = 8192 2.53-2.59 ms against 2.63-2.66, causal
+// 1.34 against 1.39-1.41 (a threshold of 8 without the offset: 2.50 / 1.39); D = 256 2-5%; D = 64
+// within 1%.  O's relative error against float64: unchanged where P's rounding dominates (2.5e-2
+// at unit-variance scores), 8.9e-3 against 5.6e-3 for peaky ones (q, k x3).
+__device__ __forceinline__ constexpr float fp8_lazy_rescale_log2() { return 2.0f; }
+__device__ __forceinline__ constexpr float fp8_p_offset_log2() { return 6.0f; }
 
 // The weight of a raw score S given the folded scale and the row's m_base: 2^(s S - m_base).
 __device__ __forceinline__ float softmax_weight(float S, float scale_log2, float m_base) {
