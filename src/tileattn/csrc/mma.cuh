@@ -467,10 +467,10 @@ __device__ __forceinline__ void tma_tile_load(const TmaMaps* tmaps, int map, uns
 // (this thread's partial row sums) are updated; scale_old is the factor O must be rebased by.
 // OFFSET: the thread's true scores are S + offset (fragment_alibi_keys): the offset joins the
 // row max before the quad's reduction and the exponent's per-row constant, not each score.
-// LAZY: online_rescale's lazy rebase at lazy_rescale_log2() (scale_old is then 1 on most blocks).
-// E4M3_P: P is rounded to e4m3 (v3.5): the lazy rebase at fp8_lazy_rescale_log2(), the weights
-// lifted by 2^fp8_p_offset_log2() (the caller takes it out of m_i before lse).
-template <bool CAUSAL, int NS, bool OFFSET = false, bool LAZY = false, bool E4M3_P = false>
+// REBASE (softmax.cuh): exact; lazy at lazy_rescale_log2() for 16-bit P (scale_old is then 1 on
+// most blocks); or lazy at fp8_lazy_rescale_log2() for e4m3 P (v3.5), with the weights lifted by
+// 2^fp8_p_offset_log2() (the caller takes it out of m_i before lse).
+template <bool CAUSAL, int NS, bool OFFSET = false, Rebase REBASE = Rebase::exact>
 __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&m_i)[2], float (&l_i)[2],
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
@@ -498,9 +498,11 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the quad holds the row
     const float m_blk = lanes_max<4>(OFFSET ? m_tile[h] + offset : m_tile[h]);
-    constexpr float tau = LAZY ? lazy_rescale_log2() : E4M3_P ? fp8_lazy_rescale_log2() : 0.0f;
+    constexpr float tau = REBASE == Rebase::lazy_16bit  ? lazy_rescale_log2()
+                          : REBASE == Rebase::lazy_e4m3 ? fp8_lazy_rescale_log2()
+                                                        : 0.0f;
     scale_old[h] = online_rescale(m_i[h], l_i[h], m_blk * scale_log2, m_base[h], tau);
-    if (E4M3_P) m_base[h] -= fp8_p_offset_log2();
+    if (REBASE == Rebase::lazy_e4m3) m_base[h] -= fp8_p_offset_log2();
     if (OFFSET) m_base[h] = fmaf(-offset, scale_log2, m_base[h]);  // 2^(s (S + offset) - m) = 2^(s S - m')
   }
 #pragma unroll

@@ -118,6 +118,10 @@ __device__ __forceinline__ constexpr float lazy_rescale_log2() { return 8.0f; }
 __device__ __forceinline__ constexpr float fp8_lazy_rescale_log2() { return 2.0f; }
 __device__ __forceinline__ constexpr float fp8_p_offset_log2() { return 6.0f; }
 
+// Which rebase a rung's online softmax takes (mma.cuh fragment_online_softmax): exact, the lazy one
+// of 16-bit P, or FP8's with its offset.
+enum class Rebase { exact, lazy_16bit, lazy_e4m3 };
+
 // The weight of a raw score S given the folded scale and the row's m_base: 2^(s S - m_base).
 __device__ __forceinline__ float softmax_weight(float S, float scale_log2, float m_base) {
   return exp2_ftz(fmaf(S, scale_log2, -m_base));

@@ -183,8 +183,8 @@ __device__ __forceinline__ void v2_4_body(TILEATTN_FWD_PARAMS(T), const TmaMaps&
     const int ek = split_exponent(amax_kn), ev_n = split_exponent(amax_vn);
     if (n + 1 < Tc) amax_kn = amax_k[n + 1], amax_vn = amax_v[n + 1];
     float scale_old[2];
-    fragment_online_softmax<CAUSAL, NS, false, false>(S, m_i, l_i, scale_old, scalbnf(folded_log2, -(eq + ek)), n * Bc,
-                                                      Bc, q_start, row_a, t, Nk, causal_offset);
+    fragment_online_softmax<CAUSAL, NS>(S, m_i, l_i, scale_old, scalbnf(folded_log2, -(eq + ek)), n * Bc, Bc, q_start,
+                                        row_a, t, Nk, causal_offset);
     rescale[0] = scalbnf(scale_old[0], ev_n - ev);
     rescale[1] = scalbnf(scale_old[1], ev_n - ev);
     ev = ev_n;

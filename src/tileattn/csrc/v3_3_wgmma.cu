@@ -421,6 +421,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     if constexpr (ALIBI) alibi_slope_fragment(alibi_a, var.slope_s, t);
     // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
     float scale_old[2];
+    constexpr Rebase REBASE = FP8 ? Rebase::lazy_e4m3 : Rebase::lazy_16bit;
     auto softmax = [&](float (&S)[NS], int n) {
       if (fp8_negate) {
 #pragma unroll
@@ -431,11 +432,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc - var.first_pos)
                                    : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
                                                : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true, !FP8, FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc,
-                                                             Bc, q_start, row_a, t, seq_k, offset, alibi_offset);
+        fragment_online_softmax<CAUSAL, NS, true, REBASE>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+                                                          q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
-        fragment_online_softmax<CAUSAL, NS, false, !FP8, FP8>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc,
-                                                              Bc, q_start, row_a, t, seq_k, offset);
+        fragment_online_softmax<CAUSAL, NS, false, REBASE>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+                                                           q_start, row_a, t, seq_k, offset);
       }
     };
     // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
