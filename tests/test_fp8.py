@@ -28,6 +28,7 @@ def test_v_transpose_kernel_compiles(dtype, D, causal):
     cubin, sass = compile_entry_spill_free(V3_5_VT, dtype, D, causal)
     assert _params.block_threads(cubin.data, cubin.lowered_name) == 128
     assert "LDG.E.128" in sass and "STG.E.128" in sass  # 16-byte loads of V, stores of the assembled words
+    assert "PRMT" in sass and "LDS.U8" not in sass  # byte transposes of shared words, no byte reads
 
 
 @pytest.mark.parametrize("dtype,D,causal", V3_5_FP8.instantiations())

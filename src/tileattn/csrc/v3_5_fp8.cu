@@ -54,22 +54,47 @@ TILEATTN_SMEM_BYTES(v3_5_fwd, (Br + 4 * Bc) * HEAD_DIM + 10 * 8);
 // V^T as v3.5 reads it, from V (B, H_kv, Nk, D) e4m3 at any strides (elements = bytes) into
 // vt (B, H_kv, D, Nk_pad) contiguous, Nk_pad a multiple of 32, zeros past Nk, the keys of each
 // group of 32 in the order of the A fragment (slot 16 h + 4 t + 2 a + b <- key 16 h + 8 a + 2 t + b;
-// fp8.key_permutation).  One block per (batch, KV head, VT_KEYS keys): the tile comes in by
-// 16-byte loads into shared memory (rows of D + 16 bytes), then each thread takes one column d of
-// one group of 32 keys (consecutive threads consecutive columns: byte reads of one shared row,
-// conflict-free) and writes its 32 bytes of vt as two 16-byte stores.  (Measured on an H200 at
-// 64 MB: torch's byte-wise permute-copy 0.35 ms; a thread per column reading bytes from global
-// memory 0.115-0.17 ms.)
+// fp8.key_permutation).  One block per (batch, KV head, VT_KEYS keys), three steps through one
+// shared tile:
+//  1. V's rows come in by 16-byte loads (a warp reads whole 128-byte lines) as [key][d];
+//  2. a task is 4 columns of one half-group of 16 keys (keys 16 half + k, half = 2 g + h): 16 word
+//     reads (one key, 4 columns each) and four 4x4 byte transposes (transpose4x4, 8 PRMT each)
+//     give each column's 16 slots as 4 words, kept in registers until every task has read;
+//  3. the tile is rewritten as [d][slot] from those words, and leaves by 16-byte stores of which
+//     8 consecutive lanes cover one 128-byte row of vt (whole lines, rows in order).
+// Banks: in step 2 a warp's lanes take consecutive column words of one row (conflict-free at
+// D = 128 and 256; at D = 64, rows of 16 banks, its two half-warps read the two halves of a group,
+// and key r sits at row r ^ bit 4 of r, in the opposite bank half); in step 3 lane l writes rows
+// 4 l + c, so the 16-byte chunk j of row d sits at chunk j ^ (d / 4 mod 8) (vt_slot_offset).
+// (Measured on an H100, 64 MB at D = 128: the copy that read a byte a key from shared memory and
+// stored 32 bytes a thread in rows 1 apart 0.086 ms; step 2 storing its 16-byte words straight to
+// global memory, rows 4 apart, 0.126 ms (0.032 against 0.048 at D = 64); bench/NOTES.md.)
 #define TILEATTN_VT_FIELDS(X, SEP)                                                              \
   X(const unsigned char* __restrict__, v) SEP X(unsigned char* __restrict__, vt) SEP              \
   X(const int, Nk) SEP X(const int, Nk_pad) SEP X(const int, H_kv) SEP                           \
   X(const long long, v_sb) SEP X(const long long, v_sh) SEP X(const long long, v_sn)
 constexpr int VT_KEYS = 128, VT_THREADS = 128;
 
+// Rows a, b, c, d of 4 bytes each (byte i = column i) -> column i as the word (a_i, b_i, c_i, d_i),
+// byte 0 first: interleave pairs of rows, then pairs of pairs (__byte_perm(x, y, s): byte n of the
+// result is byte (s >> 4n) & 7 of y:x, x's bytes 0-3 and y's 4-7).
+__device__ __forceinline__ void transpose4x4(unsigned a, unsigned b, unsigned c, unsigned d, unsigned (&col)[4]) {
+  const unsigned ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);  // a0 b0 a1 b1 / a2 b2 a3 b3
+  const unsigned cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+  col[0] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
+  col[1] = __byte_perm(ab_lo, cd_lo, 0x7632);
+  col[2] = __byte_perm(ab_hi, cd_hi, 0x5410);
+  col[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+}
+
+// Step 3's layout: byte offset of slots 16 j .. 16 j + 15 of column d in the [d][slot] tile.
+__device__ __forceinline__ int vt_slot_offset(int d, int j) { return d * VT_KEYS + 16 * (j ^ (d >> 2 & 7)); }
+
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL>
 __global__ void __launch_bounds__(VT_THREADS) v3_5_v_transpose(TILEATTN_VT_FIELDS(TILEATTN_DECLARE_, TILEATTN_COMMA_)) {
-  constexpr int ROW = HEAD_DIM + 16, CHUNKS = HEAD_DIM / 16;
-  __shared__ __align__(16) unsigned char tile[VT_KEYS * ROW];
+  constexpr int CHUNKS = HEAD_DIM / 16, WORDS = HEAD_DIM / 4, TASKS = VT_KEYS / 16 * WORDS / VT_THREADS;
+  __shared__ __align__(16) unsigned char tile[VT_KEYS * HEAD_DIM];
+  auto row = [](int key) { return HEAD_DIM == 64 ? key ^ (key >> 4 & 1) : key; };  // the D = 64 row swap
   const int tiles = (Nk_pad + VT_KEYS - 1) / VT_KEYS;
   const long long bh = blockIdx.x / tiles;
   const int key0 = blockIdx.x % tiles * VT_KEYS, tid = threadIdx.x;
@@ -79,24 +104,43 @@ __global__ void __launch_bounds__(VT_THREADS) v3_5_v_transpose(TILEATTN_VT_FIELD
     const int key = i / CHUNKS, c = i % CHUNKS;
     uint4 x = make_uint4(0, 0, 0, 0);
     if (key0 + key < Nk) x = *reinterpret_cast<const uint4*>(src + (key0 + key) * v_sn + 16 * c);
-    *reinterpret_cast<uint4*>(tile + key * ROW + 16 * c) = x;
+    *reinterpret_cast<uint4*>(tile + row(key) * HEAD_DIM + 16 * c) = x;
   }
   __syncthreads();
-  const int groups = min(VT_KEYS, Nk_pad - key0) / 32;
+  const int halves = min(VT_KEYS, Nk_pad - key0) / 16;
+  unsigned col[TASKS][4][4];  // task n, column c, word t: slots 4 t .. 4 t + 3 = keys 2 t, 2 t + 1, 2 t + 8, 2 t + 9
 #pragma unroll
-  for (int i = tid; i < VT_KEYS / 32 * HEAD_DIM; i += VT_THREADS) {
-    const int g = i / HEAD_DIM, d = i % HEAD_DIM;
-    if (g >= groups) break;
-    const unsigned char* col = tile + 32 * g * ROW + d;
-    unsigned w[8];  // word 4 h + t: slots 16 h + 4 t .. + 3 = keys 16 h + 2 t, + 1, + 8, + 9
+  for (int n = 0; n < TASKS; ++n) {
+    const int task = tid + n * VT_THREADS, cw = task % WORDS, half = task / WORDS;  // columns 4 cw + c
+    if (half >= halves) continue;
+    unsigned w[16];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int k0 = 16 * (j / 4) + 2 * (j % 4);
-      w[j] = col[k0 * ROW] | col[(k0 + 1) * ROW] << 8 | col[(k0 + 8) * ROW] << 16 | col[(k0 + 9) * ROW] << 24;
+    for (int k = 0; k < 16; ++k) w[k] = *reinterpret_cast<const unsigned*>(tile + row(16 * half + k) * HEAD_DIM + 4 * cw);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      unsigned x[4];
+      transpose4x4(w[2 * t], w[2 * t + 1], w[2 * t + 8], w[2 * t + 9], x);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) col[n][c][t] = x[c];
     }
-    uint4* dst = reinterpret_cast<uint4*>(vt + (bh * HEAD_DIM + d) * Nk_pad + key0 + 32 * g);
-    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  }
+  __syncthreads();  // every key read: the tile now takes the output, [d][slot]
+#pragma unroll
+  for (int n = 0; n < TASKS; ++n) {
+    const int task = tid + n * VT_THREADS, cw = task % WORDS, half = task / WORDS;
+    if (half >= halves) continue;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      *reinterpret_cast<uint4*>(tile + vt_slot_offset(4 * cw + c, half)) =
+          make_uint4(col[n][c][0], col[n][c][1], col[n][c][2], col[n][c][3]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = tid; i < HEAD_DIM * (VT_KEYS / 16); i += VT_THREADS) {
+    const int d = i / (VT_KEYS / 16), j = i % (VT_KEYS / 16);
+    if (j < halves)
+      *reinterpret_cast<uint4*>(vt + (bh * HEAD_DIM + d) * Nk_pad + key0 + 16 * j) =
+          *reinterpret_cast<const uint4*>(tile + vt_slot_offset(d, j));
   }
 }
 TILEATTN_SMEM_BYTES(v3_5_v_transpose, 0);
