@@ -221,15 +221,17 @@ def _tensor_maps(q, k, vt, q_shape, qs, k_shape, ks, Br: int, Bc: int) -> bytes:
     """v3.5's TmaMaps: q and k as (B, H, N, D / 2) 16-bit tensors (the copy engine moves bytes; as
     16-bit columns the boxes and swizzles are v3.3's: min(D, 128) bytes wide, the 128-byte swizzle,
     or the 64-byte one at D = 64) with Br and Bc rows, then V^T (B, H_kv, D, Nk_pad / 2) with boxes
-    of 128 key bytes x D rows (a panel; Bc / 128 of them a K/V block); maps 3..5 (v3.3's narrow
+    of 128 key bytes x D rows (a panel, the 128-byte swizzle; Bc / 128 of them a K/V block; 64 bytes
+    and the 64-byte swizzle where Bc is no multiple of 128); maps 3..5 (v3.3's narrow
     panels) repeat them, unused."""
     D = q_shape[3]
     cols = min(D, 128) // 2
+    vt_panel = 128 if Bc % 128 == 0 else 64  # key bytes a V^T panel (v3_3_wgmma.cu's VT_PANEL)
     half = lambda shape: (*shape[:3], shape[3] // 2)
     maps = [
         api.tensor_map(q.data_ptr(), (half(q_shape), qs), "bfloat16", 1, (cols, Br)),
         api.tensor_map(k.data_ptr(), (half(k_shape), ks), "bfloat16", 1, (cols, Bc)),
-        api.tensor_map(vt.data_ptr(), (half(vt.shape), vt.stride()), "bfloat16", 1, (64, D)),
+        api.tensor_map(vt.data_ptr(), (half(vt.shape), vt.stride()), "bfloat16", 1, (vt_panel // 2, D)),
     ]
     return b"".join(maps * 2)
 

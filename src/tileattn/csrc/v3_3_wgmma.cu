@@ -183,9 +183,14 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr int CONSUMERS = Br / 64;  // consumer warpgroups of 64 query rows
   static_assert(Br == 128 || (Br == 192 && !PINGPONG),
                 "two consumer warpgroups, or three (v3.7; the ping-pong takes two)");
-  static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256 && (Bc == 64 || Bc == 128 || (FP8 && Bc == 256)),
-                "whole 64-column panels");
-  static_assert(!FP8 || (Bc % 128 == 0 && !VARIANTS), "FP8: V^T in panels of 128 key bytes (the 128-byte swizzle)");
+  static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "whole 64-column panels");
+  // Bc: k16 steps of P V (16-bit), k32 steps and whole V^T panels (FP8); registered 64, 128 and
+  // 256 (FP8 at D = 64), other widths for tile sweeps (scripts/tile_sweep.py, fp8_probe.py --tile).
+  static_assert(Bc % (FP8 ? 64 : 16) == 0 && Bc <= 256, "Bc: whole k-steps (FP8: whole V^T panels), at most 256");
+  static_assert(!FP8 || !VARIANTS, "FP8: no score variants");
+  // FP8's V^T panels: 128 key bytes (the 128-byte swizzle) when Bc is a multiple of 128, else 64
+  // (the 64-byte swizzle; the host's map boxes match: fp8._tensor_maps).
+  constexpr int VT_PANEL = Bc % 128 == 0 ? 128 : 64;
   // ALIBI (v3.8, v3_8_alibi_mma.cu): causal ALiBi alone, its key term added by the tensor core.
   static_assert(!ALIBI || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128), "v3.8: causal, 16-bit, v3.6's walk");
   constexpr int STAGES = 2;
@@ -279,11 +284,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
           tma_rows_load_e4m3<HEAD_DIM>(tmaps, 1, s_k(bars.stage(c)), bars.k_full(c), Bc, (w.j_lo + n) * Bc, hk_,
                                        tma_b);
           bars.wait_v_empty(c);
-          mbar_arrive_expect_tx(bars.v_full(c), HEAD_DIM * Bc);  // panels of D rows x 128 key bytes
+          mbar_arrive_expect_tx(bars.v_full(c), HEAD_DIM * Bc);  // panels of D rows x VT_PANEL key bytes
 #pragma unroll
-          for (int p = 0; p < Bc / 128; ++p)
-            tma_load_4d(s_v(bars.stage(c)) + p * HEAD_DIM * 128, tmaps->desc[2], ((w.j_lo + n) * Bc + 128 * p) / 2,
-                        0, hk_, tma_b, bars.v_full(c));
+          for (int p = 0; p < Bc / VT_PANEL; ++p)
+            tma_load_4d(s_v(bars.stage(c)) + p * HEAD_DIM * VT_PANEL, tmaps->desc[2],
+                        ((w.j_lo + n) * Bc + VT_PANEL * p) / 2, 0, hk_, tma_b, bars.v_full(c));
         }
         return;
       }
@@ -350,15 +355,19 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // acc += P V_j (asynchronous), V read N-major: k16 step ks starts 16 key rows (2048 bytes)
   // further; the next 64 columns of d are the next panel (the leading byte offset).
   // FP8: V^T [d][key] K-major (8-bit wgmma has no N-major form), k32 step ks 32 bytes along its
-  // rows of 128 keys, the next 128 keys the next panel.
+  // rows of VT_PANEL keys, the next VT_PANEL keys the next panel (D rows further).
   unsigned p[Bc / (FP8 ? 32 : 16)][4];
   auto issue_pv = [&](int n) {
-    const unsigned long long dv = wgmma_desc_sw128(s_v(KVBarriers<STAGES>::stage(n)), FP8 ? 16 : Bc * 128);
+    const unsigned v_tile = s_v(KVBarriers<STAGES>::stage(n));
+    const unsigned long long dv =
+        FP8 && VT_PANEL == 64 ? wgmma_desc_sw64(v_tile) : wgmma_desc_sw128(v_tile, FP8 ? 16 : Bc * 128);
     fence_operands(acc);
     wgmma_fence();
     if constexpr (FP8) {
+      constexpr int STEPS = VT_PANEL / 32;  // k32 steps a panel
 #pragma unroll
-      for (int ks = 0; ks < Bc / 32; ++ks) WgmmaE4M3::rs(acc, p[ks], dv + (sw128_k_step(ks, HEAD_DIM) >> 4), 1);
+      for (int ks = 0; ks < Bc / 32; ++ks)
+        WgmmaE4M3::rs(acc, p[ks], dv + (((ks / STEPS) * HEAD_DIM * VT_PANEL + (ks % STEPS) * 32) >> 4), 1);
     } else {
 #pragma unroll
       for (int ks = 0; ks < Bc / 16; ++ks) Wgmma16<T>::rs_bt(acc, p[ks], dv + ((ks * 16 * 128) >> 4), 1);
