@@ -24,6 +24,8 @@ for spec in args.tile:
     D, tile = spec.split("=")
     tiles[int(D)] = tuple(int(x) for x in tile.split(","))
 fp8.V3_5_FP8 = versions.KERNEL_ENTRIES["v3.5"] = dataclasses.replace(fp8.V3_5_FP8, tiles=tiles)
+if args.tile:  # the tiles asked for at every length (no 192-key blocks for long calls without a mask)
+    fp8.V3_5_FP8_WIDE = dataclasses.replace(fp8.V3_5_FP8_WIDE, tiles={})
 ms = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
 for D in args.headdim:
     for N in args.seqlen:
@@ -35,13 +37,15 @@ for D in args.headdim:
         for causal in (False, True):
             mode = "bottom_right" if causal else None
             flops = 4 * B * H * N * N * D / (2 if causal else 1)
+            wide = versions.long_plain(causal, N) and D in fp8.V3_5_FP8_WIDE.tiles
+            tile = fp8.V3_5_FP8_WIDE.tiles[D] if wide else tiles[D]
             t_kernel = ms(lambda: fp8.attention(q8, k8, v8, D**-0.5, mode, "bnhd", (dq, dk, dv), False, vt=vt))
             t_vt = ms(lambda: fp8.v_transposed(v8.transpose(1, 2)))
             t_call = ms(lambda: flash_attn_func(q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv))
             t_bf16 = float("nan") if args.no_bf16 else ms(lambda: flash_attn_func(*x, causal=causal))
             tf = lambda t: flops / t / 1e9
             print(
-                f"D={D} N={N} causal={causal} tile {tiles[D]}: kernel {t_kernel:.3f} ms ({tf(t_kernel):.0f} TF/s), "
+                f"D={D} N={N} causal={causal} tile {tile}: kernel {t_kernel:.3f} ms ({tf(t_kernel):.0f} TF/s), "
                 f"V^T {t_vt:.3f} ms, "
                 f"call {t_call:.3f} ms ({tf(t_call):.0f}), bf16 {t_bf16:.3f} ms ({tf(t_bf16):.0f}); "
                 f"call / bf16 {t_bf16 / t_call:.2f}x, kernel / bf16 {t_bf16 / t_kernel:.2f}x",

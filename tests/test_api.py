@@ -197,14 +197,16 @@ def test_fp32_dispatch_by_arch():
 
 def test_half_dispatch_on_hopper():
     """v3.7 (three consumer warpgroups) at D=64 but for short causal calls, which take v3.6
-    (persistent; v3.4's ping-pong at D=64), as D=128 and 256 do; v3.3 at 192; off Hopper the
-    mma.sync rungs."""
+    (persistent; v3.4's ping-pong at D=64), as D=128 and 256 do; v3.6_wide at D=128 for long
+    calls without a mask; v3.3 at 192; off Hopper the mma.sync rungs."""
     from tileattn.versions import select
 
     for dtype in ("bfloat16", "float16"):
         assert select(dtype, 64, 90).name == "v3.7"
         assert select(dtype, 64, 90, short_causal=True).name == "v3.6"
         assert select(dtype, 128, 90).name == select(dtype, 128, 90, short_causal=True).name == "v3.6"
+        assert select(dtype, 128, 90, long_plain=True).name == "v3.6_wide"
+        assert select(dtype, 64, 90, long_plain=True).name == "v3.7"  # v3.6_wide runs D=128 only
         assert select(dtype, 256, 90).name == "v3.6" and select(dtype, 192, 90).name == "v3.3"
         assert select(dtype, 64, 80).name == "v3.1"
 

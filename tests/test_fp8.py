@@ -18,7 +18,7 @@ import torch
 
 from tileattn import _nvrtc, _params, flash_attn_func, fp8, reference, scaled_dot_product_attention
 from tileattn.testing import LSE_TOLERANCE, compile_entry_spill_free
-from tileattn.versions import V3_5_FP8, V3_5_VT, VERSIONS
+from tileattn.versions import V3_5_FP8, V3_5_FP8_WIDE, V3_5_VT, VERSIONS
 
 E4M3 = torch.float8_e4m3fn
 
@@ -31,9 +31,13 @@ def test_v_transpose_kernel_compiles(dtype, D, causal):
     assert "PRMT" in sass and "LDS.U8" not in sass  # byte transposes of shared words, no byte reads
 
 
-@pytest.mark.parametrize("dtype,D,causal", V3_5_FP8.instantiations())
-def test_compiles_without_spills_to_8bit_wgmma(dtype, D, causal):
-    cubin, sass = compile_entry_spill_free(V3_5_FP8, dtype, D, causal)
+@pytest.mark.parametrize(
+    "entry,dtype,D,causal",
+    [(e, *inst) for e in (V3_5_FP8, V3_5_FP8_WIDE) for inst in e.instantiations()],
+    ids=lambda x: getattr(x, "name", str(x)),
+)
+def test_compiles_without_spills_to_8bit_wgmma(entry, dtype, D, causal):
+    cubin, sass = compile_entry_spill_free(entry, dtype, D, causal)
     assert 0 < _params.smem_bytes(cubin) <= 227 * 1024
     # QGMMA: wgmma with 8-bit operands (S = Q K^T and P V, both E4M3); F2FP...E4M3: P rounded to
     # e4m3 two at a time; UTMALDG: the copy engine's tiles; bf16 output (F2FP.BF16).
@@ -223,6 +227,9 @@ CASES = [
     (1, 4224, 1023, 4, 1, 64, "top_left", 0.05),
     (2, 1000, 1000, 2, 2, 256, None, -0.2),  # a negative scale
     (1, 300, 2000, 8, 2, 128, "top_left", None),
+    # long calls without a mask at D = 128 take 192-key blocks (v3.5_wide): Nk no multiple of 192
+    (1, 77, 2111, 4, 2, 128, None, None),
+    (2, 1000, 4100, 2, 1, 128, None, -0.1),
 ]
 
 
@@ -289,6 +296,27 @@ def _check(case, strided=False, form="per_head"):
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_float64(case):
     _check(case)
+
+
+@pytest.mark.gpu
+def test_long_calls_without_a_mask_take_the_wide_blocks(monkeypatch):
+    """fp8.attention's shape rule (versions.long_plain): D = 128, no mask, at least LONG_KEYS keys
+    run v3.5_wide (192-key blocks); shorter or causal calls and other head dims run v3.5."""
+    from tileattn.versions import LONG_KEYS
+
+    names = []
+    entry_kernel = fp8.api.entry_kernel
+    monkeypatch.setattr(fp8.api, "entry_kernel", lambda name, *a: names.append(name) or entry_kernel(name, *a))
+    for D, Nk, causal, name in (
+        (128, LONG_KEYS, None, "v3.5_wide"),
+        (128, LONG_KEYS - 1, None, "v3.5"),
+        (128, LONG_KEYS, "top_left", "v3.5"),
+        (64, LONG_KEYS, None, "v3.5"),
+    ):
+        names.clear()
+        (q8, dq), (k8, dk), (v8, dv) = (fp8.quantize_e4m3(torch.randn(1, n, 2, D, device="cuda")) for n in (5, Nk, Nk))
+        fp8.attention(q8, k8, v8, D**-0.5, causal, "bnhd", (dq, dk, dv), False)
+        assert names[-1] == name, (D, Nk, causal, names)
 
 
 @pytest.mark.gpu

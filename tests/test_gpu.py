@@ -60,7 +60,7 @@ def test_misaligned_contiguous_inputs(version):
     """Contiguous q, k, v one element past a 16-byte boundary (found faulting in the kernels'
     16-byte copies before 6c8bf90): copied into aligned memory, every rung."""
     dtype = VERSIONS[version].dtypes[-1]
-    _check(Case(version, B=2, H=3, Nq=77, D=64, causal="bottom_right", misaligned=True, dtype=dtype))
+    _check(Case(version, B=2, H=3, Nq=77, D=_dim(version, 64), causal="bottom_right", misaligned=True, dtype=dtype))
 
 
 @pytest.mark.parametrize("version", RUNGS)
@@ -101,7 +101,8 @@ def test_fp32_rungs_heads_and_rows_of_any_magnitude(version):
 def test_softmax_scale_sign_and_zero(version, scale):
     # Negative scales reach the kernels as (-q, -scale); scale 0 is a plain average of the visible v.
     dtype = VERSIONS[version].dtypes[0]
-    _check(Case(version, B=1, H=2, Nq=100, Nk=300, D=64, causal="bottom_right", dtype=dtype, scale=scale))
+    D = _dim(version, 64)
+    _check(Case(version, B=1, H=2, Nq=100, Nk=300, D=D, causal="bottom_right", dtype=dtype, scale=scale))
 
 
 @pytest.mark.parametrize("version", RUNGS)
@@ -111,6 +112,11 @@ def test_many_heads_beyond_grid_limit(version):
 
 
 # ---- fp16/bf16 tensor-core rungs ----------------------------------------------------------------
+
+
+def _dim(version, D):
+    """D, or the rung's nearest head dim (v3.6_wide runs D=128 only)."""
+    return min(VERSIONS[version].tiles, key=lambda d: abs(d - D))
 
 
 def _widest(version, D):
@@ -144,7 +150,7 @@ def test_mma_head_dims(version, dtype, D):
     ],
 )
 def test_mma_nq_ne_nk(version, Nq, Nk, causal):
-    _check(Case(version, B=2, H=2, Nq=Nq, Nk=Nk, D=64, causal=causal, dtype="bfloat16"))
+    _check(Case(version, B=2, H=2, Nq=Nq, Nk=Nk, D=_dim(version, 64), causal=causal, dtype="bfloat16"))
 
 
 @pytest.mark.parametrize("version", MMA)
@@ -156,15 +162,16 @@ def test_mma_gqa_mqa(version, H, H_kv):
 @pytest.mark.parametrize("version", MMA)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mma_packed_qkv_views(version, dtype):
-    _check(Case(version, B=2, H=4, Nq=1023, D=64, causal="top_left", layout="bnhd", noncontiguous=True, dtype=dtype))
+    D = _dim(version, 64)
+    _check(Case(version, B=2, H=4, Nq=1023, D=D, causal="top_left", layout="bnhd", noncontiguous=True, dtype=dtype))
 
 
 @pytest.mark.parametrize("version", MMA)
 def test_mma_many_heads(version):
-    _check(Case(version, B=7, H=10000, Nq=17, D=64, causal="bottom_right", dtype="bfloat16"))
+    _check(Case(version, B=7, H=10000, Nq=17, D=_dim(version, 64), causal="bottom_right", dtype="bfloat16"))
 
 
-@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
+@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.6_wide", 128), ("v3.7", 64)])
 @pytest.mark.parametrize(
     "Nq,Nk,causal",
     [(1023, 1023, None), (1023, 1023, "top_left"), (1023, 300, "bottom_right"), (300, 2000, "bottom_right")],
@@ -177,7 +184,7 @@ def test_persistent_many_tiles_per_cta(version, D, Nq, Nk, causal):
     _check(Case(version, B=3, H=37, Nq=Nq, Nk=Nk, D=D, causal=causal, dtype="bfloat16"))
 
 
-@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.7", 64)])
+@pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.6_wide", 128), ("v3.7", 64)])
 def test_o_stage_falls_back_on_unaligned_out(version, D):
     """The persistent rungs copy O out of a shared-memory stage by tensor stores, whose map takes a
     16-byte aligned base (v3_3_wgmma.cu, v3_3_stages_o); an output buffer 4 bytes off (the core's
@@ -210,6 +217,19 @@ def test_default_dispatch_short_causal_rule():
         pytest.skip("the rule is Hopper's (v3.6 and v3.7 are sm_90a rungs)")
     for causal, Nq, Br in ((False, 1, 192), (True, SHORT_CAUSAL_ROWS - 1, 128), (True, SHORT_CAUSAL_ROWS, 192)):
         assert api._plan("bfloat16", 64, causal, None, None, 0, Nq).Br == Br, (causal, Nq)
+
+
+def test_default_dispatch_long_plain_rule():
+    """D=128's default plan: v3.6_wide's 160-key blocks for calls without a causal mask of at least
+    LONG_KEYS keys, v3.6's 128 otherwise (versions.select's second shape rule)."""
+    from tileattn import api
+    from tileattn.versions import LONG_KEYS
+
+    cc = api._nvrtc.device_arch(0)
+    if cc[0] * 10 + cc[1] != 90:
+        pytest.skip("the rule is Hopper's (v3.6 is an sm_90a rung)")
+    for causal, Nk, Bc in ((False, LONG_KEYS - 1, 128), (False, LONG_KEYS, 160), (True, 4 * LONG_KEYS, 128)):
+        assert api._plan("bfloat16", 128, causal, None, None, 0, 1, Nk).Bc == Bc, (causal, Nk)
 
 
 def test_default_dispatch_half_and_causal_conventions():

@@ -79,7 +79,7 @@ SUITES = {
     ),
     # Tensor-core fp16/bf16: H=16, B*N = 32768.
     "mma": Suite(
-        ("v3", "v3.1", "v3.2", "v3.3", "v3.4", "v3.6", "v3.7"),
+        ("v3", "v3.1", "v3.2", "v3.3", "v3.4", "v3.6", "v3.6_wide", "v3.7"),
         tuple((32768 // N, 16, N, D) for D in (64, 128, 256) for N in (1024, 4096, 8192, 32768)),
         ("bfloat16", "float16"),
         ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex_attention"),
@@ -447,7 +447,7 @@ def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
     """One line per shape: TFLOP/s of every rung and of the given peers (timed in the same run), and
     every rung's ratio to the first peer; then, on Hopper, the rung the default dispatch picks there
     (versions.select) and its ratio to the other peers."""
-    from .versions import select, short_causal
+    from .versions import long_plain, select, short_causal
 
     rungs = [i for i in dict.fromkeys(r["impl"] for r in result["rows"]) if i in VERSIONS]
     peers = [p for p in peers if any(r["impl"] == p and r.get("tflops") for r in result["rows"])]
@@ -457,7 +457,8 @@ def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
 
     def default(shape):
         dtype, D, N, _, causal = shape
-        v = select(dtype, D, 90, short_causal=short_causal(causal, N)) if hopper else None
+        shape_rules = dict(short_causal=short_causal(causal, N), long_plain=long_plain(causal, N))
+        v = select(dtype, D, 90, **shape_rules) if hopper else None
         return v.name if v is not None and v.name in rungs else None
 
     head = ["dtype", "D", "N", "B", "causal"] + [f"{i} TFLOP/s" for i in rungs + peers]

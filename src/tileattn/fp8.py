@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import _params, api
-from .versions import V3_5_FP8, V3_5_VT
+from .versions import V3_5_FP8, V3_5_FP8_WIDE, V3_5_VT, long_plain
 
 E4M3_MAX = 448.0  # the largest finite e4m3 magnitude
 KEY_GROUP = 32  # keys per k32 step of P V: V^T's keys are permuted within groups of this many
@@ -200,8 +200,11 @@ def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, de
         qs, ks = api._bhnd(q, layout)[1], api._bhnd(k, layout)[1]
     if vt is None:
         vt = v_transposed(api._heads_view(v, v, v, layout)[0])
-    kern = api.entry_kernel(V3_5_FP8.name, "float8_e4m3fn", D, causal is not None, device_index)
-    Br, Bc = V3_5_FP8.tiles[D]
+    # 192-key blocks at D = 128 for long calls without a mask (versions.V3_5_FP8_WIDE).
+    wide = long_plain(causal is not None, Nk) and D in V3_5_FP8_WIDE.tiles
+    entry = V3_5_FP8_WIDE if wide else V3_5_FP8
+    kern = api.entry_kernel(entry.name, "float8_e4m3fn", D, causal is not None, device_index)
+    Br, Bc = entry.tiles[D]
     maps = _tensor_maps(q, k, vt, (B, H, Nq, D), qs, (B, H_kv, Nk, D), ks, Br, Bc)
     os_ = api._bhnd(out, layout)[1]
     offset = 0 if causal != "bottom_right" else Nk - Nq

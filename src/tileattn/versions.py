@@ -62,6 +62,10 @@ class Version:
     # False: the default dispatch passes over this rung for causal calls of fewer than
     # SHORT_CAUSAL_ROWS query rows (v3.7: its 192-row tiles waste more of the diagonal there).
     short_causal: bool = True
+    # True: the default dispatch takes this rung only for calls without a causal mask of at least
+    # LONG_KEYS keys (v3.6_wide: wider K/V blocks, whose last, part-filled block costs a short call
+    # more than the wider blocks save).
+    long_only: bool = False
     # The operands the host splits into scaled fp16 hi / lo halves (api._split_blocks,
     # csrc/split_halves.cu) for the rung to read through its tensor maps, their block maxima in
     # the split_amax field: v2.4 ("q", "k", "v"); v2.5 splits q itself ("k", "v").
@@ -334,6 +338,24 @@ _V3_7 = dataclasses.replace(
     "third warpgroup's GEMMs ready while two run their softmax (sm_90a)",
 )
 
+# v3.6 at D = 128 with K/V blocks of 160 keys (S by m64n160k16): the softmax's per-block costs (the
+# row max's shuffles, the rebase test, the barriers, the wgmma issue and waits) spread over 25% more
+# keys.  Shared memory 225 KB (Q, two stages of 160-row K and V, O's stage); 192 keys fit only
+# without O's stage and measured slower.  Measured on an H100 (scripts/tile_sweep.py, bf16, H=16,
+# B*N = 32768, one run beside cuDNN, bench/NOTES.md): N = 8192 without a mask 3.299 against
+# 3.488 ms (1.086x against 1.028x cuDNN), causal 1.752 against 1.735; N = 1024 0.502 against
+# 0.461 (the last block of 7 is 40% empty).  So the dispatch takes it for long calls without a
+# mask only (long_only, LONG_KEYS).
+_V3_6_WIDE = dataclasses.replace(
+    _V3_6,
+    name="v3.6_wide",
+    tiles={128: (128, 160)},
+    long_only=True,
+    priority=17,
+    summary="v3.6 at D=128 with 160-key K/V blocks, the default for calls without a causal mask of at least "
+    "LONG_KEYS keys: the softmax's per-block costs spread over 25% more keys (sm_90a)",
+)
+
 VERSIONS: dict[str, Version] = {
     v.name: v
     for v in [
@@ -385,6 +407,7 @@ VERSIONS: dict[str, Version] = {
         _V3_3,
         _V3_4,
         _V3_6,
+        _V3_6_WIDE,
         _V3_7,
     ]
 }
@@ -397,19 +420,37 @@ SHORT_CAUSAL_ROWS = 2048
 
 
 def short_causal(causal: bool, Nq: int) -> bool:
-    """The default dispatch's one shape rule: a causal call of fewer than SHORT_CAUSAL_ROWS query rows."""
+    """The default dispatch's first shape rule: a causal call of fewer than SHORT_CAUSAL_ROWS query rows."""
     return bool(causal) and Nq < SHORT_CAUSAL_ROWS
 
 
+# Where a call without a causal mask counts as long for Version.long_only (v3.6_wide's 160-key
+# blocks; v3.5's FP8 at 192, fp8.py), measured on an H100 (bench/NOTES.md).
+LONG_KEYS = 2048
+
+
+def long_plain(causal: bool, Nk: int) -> bool:
+    """The default dispatch's second shape rule: a call without a causal mask of at least LONG_KEYS keys."""
+    return not causal and Nk >= LONG_KEYS
+
+
 def select(
-    dtype: str, head_dim: int, arch: int, precision: str | None = None, short_causal: bool = False
+    dtype: str,
+    head_dim: int,
+    arch: int,
+    precision: str | None = None,
+    short_causal: bool = False,
+    long_plain: bool = False,
 ) -> Version | None:
     """The fastest registered rung that takes these inputs on this arch at this precision, or None.
-    short_causal: a causal call of fewer than SHORT_CAUSAL_ROWS query rows."""
+    short_causal: a causal call of fewer than SHORT_CAUSAL_ROWS query rows; long_plain: a call
+    without a causal mask of at least LONG_KEYS keys."""
     candidates = [
         v
         for v in VERSIONS.values()
-        if v.supports(dtype, head_dim, arch, precision) and (v.short_causal or not short_causal)
+        if v.supports(dtype, head_dim, arch, precision)
+        and (v.short_causal or not short_causal)
+        and (long_plain or not v.long_only)
     ]
     return max(candidates, key=lambda v: v.priority, default=None)
 
@@ -891,6 +932,18 @@ V3_5_FP8 = KernelEntry(
     tensor_maps=True,
 )
 
+# v3.5 at D = 128 with K/V blocks of 192 keys (S by m64n192k32, V^T in 64-key panels under the
+# 64-byte swizzle), for calls without a causal mask of at least LONG_KEYS keys (fp8.attention):
+# measured on an H100 (scripts/fp8_probe.py, kernel alone, B*N = 32768, H = 16, one call,
+# bench/NOTES.md) N = 8192 2.446 against 2.623 ms, causal 1.389 against 1.382, N = 1024 0.422
+# against 0.416 (causal 0.299 against 0.280).  256 spills (above).
+V3_5_FP8_WIDE = dataclasses.replace(
+    V3_5_FP8,
+    name="v3.5_wide",
+    tiles={128: (128, 192)},
+    summary="v3.5 at D=128 with 192-key K/V blocks, for calls without a causal mask of at least LONG_KEYS keys",
+)
+
 # v3.5's V^T (fp8.v_transposed): one byte-permuting copy of V per call, a block per 128 keys.
 V3_5_VT = KernelEntry(
     name="v3.5_vt",
@@ -991,6 +1044,6 @@ KERNEL_ENTRIES: dict[str, KernelEntry] = {
         *(BWD_PREPROCESS, *BWD_VERSIONS.values(), BWD_V2_VARIANTS, BWD_V2_VARLEN, BWD_V2_VARIANTS_VARLEN),
         *(BWD_V5_VARLEN, BWD_V5_VARIANTS, BWD_V5_VARIANTS_VARLEN),
         *(BWD_DQ_CONVERT, SPLIT_BLOCKS),
-        *(*DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_VT),
+        *(*DEC_ENTRIES, *PACKED_ENTRIES, V3_5_FP8, V3_5_FP8_WIDE, V3_5_VT),
     )
 }
