@@ -228,7 +228,7 @@ CASES = [
     (2, 1000, 1000, 2, 2, 256, None, -0.2),  # a negative scale
     (1, 300, 2000, 8, 2, 128, "top_left", None),
     # long calls without a mask at D = 128 take 192-key blocks (v3.5_wide): Nk no multiple of 192
-    (1, 77, 2111, 4, 2, 128, None, None),
+    (1, 77, 4111, 4, 2, 128, None, None),
     (2, 1000, 4100, 2, 1, 128, None, -0.1),
 ]
 
