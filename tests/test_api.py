@@ -247,6 +247,20 @@ def test_ratio_table_divides_by_peers_of_the_same_shape():
     assert next(x for x in table if "| 8192 |" in x).endswith("| 1.00x | 1.54x | v3.7 | 1.05x |")
 
 
+def test_default_column_of_a_run_before_the_long_call_rule():
+    """D=128 without a mask at N=8192 takes v3.6_wide now; a run with no rows of it (before the
+    rule) shows v3.6, its default then; a run with rows of both shows v3.6_wide."""
+    from tileattn.bench import ratio_table
+
+    base = dict(B=4, H=16, Nq=8192, Nk=8192, D=128, dtype="bfloat16", causal=False)
+    rows = [dict(base, impl="v3.6", tflops=630.0), dict(base, impl="sdpa_cudnn", tflops=600.0)]
+    table = ratio_table({"rows": rows, "gpu": "NVIDIA H200"}).splitlines()
+    assert table[-1].endswith("| v3.6 |"), table[-1]  # (no second peer: no default / peer column)
+    rows.append(dict(base, impl="v3.6_wide", tflops=660.0))
+    table = ratio_table({"rows": rows, "gpu": "NVIDIA H200"}).splitlines()
+    assert table[-1].endswith("| v3.6_wide |"), table[-1]
+
+
 def test_grouped_bars_label_no_bar_that_was_not_measured():
     """A peer missing from a group (FlexAttention at D=64 in the variants chart) gets no "0" label."""
     import matplotlib

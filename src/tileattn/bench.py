@@ -456,10 +456,16 @@ def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
     hopper = any(name in result.get("gpu", "") for name in ("H100", "H200", "H800", "H20"))
 
     def default(shape):
+        """The rung the dispatch takes at this shape, among those the run measured; a run from
+        before v3.6_wide (no rows of it) shows the default of its day, without the long-call rule."""
         dtype, D, N, _, causal = shape
-        shape_rules = dict(short_causal=short_causal(causal, N), long_plain=long_plain(causal, N))
-        v = select(dtype, D, 90, **shape_rules) if hopper else None
-        return v.name if v is not None and v.name in rungs else None
+        if not hopper:
+            return None
+        for long in (long_plain(causal, N), False):
+            v = select(dtype, D, 90, short_causal=short_causal(causal, N), long_plain=long)
+            if v is not None and v.name in rungs:
+                return v.name
+        return None
 
     head = ["dtype", "D", "N", "B", "causal"] + [f"{i} TFLOP/s" for i in rungs + peers]
     head += [f"{i} / {peers[0]}" for i in rungs] + (
