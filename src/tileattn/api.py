@@ -599,9 +599,8 @@ def tensor_map(ptr, layout, dtype: str, esize: int, box: tuple[int, int], l2_pro
 @dataclasses.dataclass
 class Plan:
     """Everything about a launch that depends only on its key (dtype, head dim, causal, rung,
-    precision, device, and the default dispatch's shape rules: a short causal call, a long one without a
-    mask): built once,
-    then each call fills the parameter struct and launches."""
+    precision, device, and the default dispatch's two shape rules: a short causal call, a long call
+    without a mask): built once, then each call fills the parameter struct and launches."""
 
     function: int  # the kernel as a CUfunction of the device's primary context
     context: int  # that context

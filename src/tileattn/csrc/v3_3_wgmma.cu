@@ -20,7 +20,8 @@
 //  * O accumulates inside the tensor core across K/V blocks (FP32, rescaled by FFMA when the row
 //    max moves), as in v3.x.
 // Head dims 64, 128, 192 and 256 (whole 64-column panels); Br = 128, Bc = 128 up to D = 128 (160 KB
-// of shared memory at D = 128) and 64 above (O takes 96-128 registers a thread; 192 KB at D = 256).
+// of shared memory at D = 128) and 64 above (O takes 96-128 registers a thread; 192 KB at D = 256);
+// v3.6_wide (versions.py) runs D = 128 at Bc = 160 for long calls without a mask.
 // Other head dims run v3.2 (up to 128) or v3.1.
 // Variable-length batches (flash_attn_varlen_func): the same kernel with cu_seqlens (common.cuh);
 // grid (packed tiles, heads): a tile scheduler over (sequence, Q block) (common.cuh packed_tile),

@@ -26,7 +26,8 @@
 //  * O (bf16) through the same epilogue, lse as v3.3's.
 // Tiles: Br = 128 (two warpgroups of 64 rows), Bc = 128 (V^T in panels of 128 key bytes, the
 // 128-byte swizzle), 256 at D = 64: shared memory Q Br D + 2 stages of K (Bc D) and V^T (D Bc)
-// bytes, 80 KB at D = 128.  Head dims 64, 128, 256.
+// bytes, 80 KB at D = 128.  Head dims 64, 128, 256.  v3.5_wide (versions.py): Bc = 192 at D = 128 for
+// long calls without a mask, V^T in 64-key panels under the 64-byte swizzle (v3_3_wgmma.cu's VT_PANEL).
 //
 // Measured on an H200 (scripts/fp8_probe.py, B*N = 32768, H = 16, N = 8192, bench/NOTES.md): at
 // D = 128 the kernel runs 1.2x tileattn's bf16, the MMAs themselves near the FP8 peak but not
