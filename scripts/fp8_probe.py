@@ -37,8 +37,7 @@ for D in args.headdim:
         for causal in (False, True):
             mode = "bottom_right" if causal else None
             flops = 4 * B * H * N * N * D / (2 if causal else 1)
-            wide = versions.long_plain(causal, N) and D in fp8.V3_5_FP8_WIDE.tiles
-            tile = fp8.V3_5_FP8_WIDE.tiles[D] if wide else tiles[D]
+            tile = fp8.kernel_entry(D, causal, N).tiles[D]
             t_kernel = ms(lambda: fp8.attention(q8, k8, v8, D**-0.5, mode, "bnhd", (dq, dk, dv), False, vt=vt))
             t_vt = ms(lambda: fp8.v_transposed(v8.transpose(1, 2)))
             t_call = ms(lambda: flash_attn_func(q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv))

@@ -175,6 +175,12 @@ def check_inputs(q, k, v, version, precision) -> None:
         )
 
 
+def kernel_entry(D: int, causal: bool, Nk: int):
+    """v3.5's entry for a call: 192-key blocks at D = 128 for long calls without a mask
+    (versions.V3_5_FP8_WIDE, versions.long_plain), else V3_5_FP8's tiles."""
+    return V3_5_FP8_WIDE if long_plain(causal, Nk) and D in V3_5_FP8_WIDE.tiles else V3_5_FP8
+
+
 def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, descales, with_lse: bool, out=None,
               lse=None, vt=None):  # fmt: skip
     """O (bf16, q's layout) and lse ((B, H, Nq) float32, or None) of e4m3 q, k, v in ``layout``.
@@ -200,9 +206,7 @@ def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, de
         qs, ks = api._bhnd(q, layout)[1], api._bhnd(k, layout)[1]
     if vt is None:
         vt = v_transposed(api._heads_view(v, v, v, layout)[0])
-    # 192-key blocks at D = 128 for long calls without a mask (versions.V3_5_FP8_WIDE).
-    wide = long_plain(causal is not None, Nk) and D in V3_5_FP8_WIDE.tiles
-    entry = V3_5_FP8_WIDE if wide else V3_5_FP8
+    entry = kernel_entry(D, causal is not None, Nk)
     kern = api.entry_kernel(entry.name, "float8_e4m3fn", D, causal is not None, device_index)
     Br, Bc = entry.tiles[D]
     maps = _tensor_maps(q, k, vt, (B, H, Nq, D), qs, (B, H_kv, Nk, D), ks, Br, Bc)

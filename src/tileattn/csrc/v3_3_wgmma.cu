@@ -320,13 +320,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // rows (2048 bytes) further; the next 64 columns of d are the next panel (leading byte offset).
   // FP8 at D = 64: rows of 64 bytes, the 64-byte swizzle (wgmma_desc_sw64); else 128-byte rows.
   constexpr int ROW_BYTES = (FP8 && HEAD_DIM == 64) ? 64 : 128;
-  auto desc_qk = [](unsigned addr) {
-    if constexpr (ROW_BYTES == 64)
-      return wgmma_desc_sw64(addr);
-    else
-      return wgmma_desc_sw128(addr);
-  };
-  const unsigned long long dq = desc_qk(s_q + cwg * 64 * ROW_BYTES);
+  const unsigned long long dq = wgmma_desc_k_major<ROW_BYTES>(s_q + cwg * 64 * ROW_BYTES);
   // This warp's 16 rows of O's stage (v3_6_smem_bytes).
   constexpr bool STAGE_O = v3_3_stages_o(PERSISTENT, sizeof(T), HEAD_DIM);
   const unsigned o_stage = s_q + Q_BYTES + 2 * STAGES * KV_BYTES + 1024 + (cwg * 4 + warp) * O_STAGE_WARP_BYTES<HEAD_DIM>;
@@ -335,10 +329,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // S = Q K_j^T into S (asynchronous: issued, committed, not waited for); n counts the CTA's K/V
   // blocks (the stage).
   auto issue_s = [&](float (&S)[NS], int n) {
-    // (The 16-bit path calls wgmma_desc_sw128 itself: through desc_qk, ptxas ORs instead of adding
+    // (The 16-bit path calls wgmma_desc_sw128 itself: through a lambda, ptxas ORed instead of adding
     // the descriptor's bits, one instruction more in v3.3's SASS.)
     const unsigned k_tile = s_k(KVBarriers<STAGES>::stage(n));
-    const unsigned long long dk = FP8 ? desc_qk(k_tile) : wgmma_desc_sw128(k_tile);
+    const unsigned long long dk = FP8 ? wgmma_desc_k_major<ROW_BYTES>(k_tile) : wgmma_desc_sw128(k_tile);
     wgmma_fence();
     if constexpr (FP8) {  // k32 steps of 32 bytes
 #pragma unroll
@@ -360,15 +354,13 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   unsigned p[Bc / (FP8 ? 32 : 16)][4];
   auto issue_pv = [&](int n) {
     const unsigned v_tile = s_v(KVBarriers<STAGES>::stage(n));
-    const unsigned long long dv =
-        FP8 && VT_PANEL == 64 ? wgmma_desc_sw64(v_tile) : wgmma_desc_sw128(v_tile, FP8 ? 16 : Bc * 128);
+    const unsigned long long dv = FP8 ? wgmma_desc_k_major<VT_PANEL>(v_tile) : wgmma_desc_sw128(v_tile, Bc * 128);
     fence_operands(acc);
     wgmma_fence();
     if constexpr (FP8) {
-      constexpr int STEPS = VT_PANEL / 32;  // k32 steps a panel
 #pragma unroll
       for (int ks = 0; ks < Bc / 32; ++ks)
-        WgmmaE4M3::rs(acc, p[ks], dv + (((ks / STEPS) * HEAD_DIM * VT_PANEL + (ks % STEPS) * 32) >> 4), 1);
+        WgmmaE4M3::rs(acc, p[ks], dv + (k_major_step<VT_PANEL>(ks, HEAD_DIM) >> 4), 1);
     } else {
 #pragma unroll
       for (int ks = 0; ks < Bc / 16; ++ks) Wgmma16<T>::rs_bt(acc, p[ks], dv + ((ks * 16 * 128) >> 4), 1);

@@ -51,6 +51,23 @@ __device__ __forceinline__ unsigned long long wgmma_desc_sw64(unsigned smem_addr
 // then 32 bytes per step inside the row.
 __host__ __device__ constexpr int sw128_k_step(int kk, int rows) { return (kk / 4) * rows * 128 + (kk % 4) * 32; }
 
+// A K-major operand of ROW_BYTES-byte rows (64 or 128) under the matching swizzle: its descriptor,
+// and the byte offset of k-step kk (32 bytes) when the tile is panels of `rows` x ROW_BYTES
+// (sw128_k_step at 128).  v3.5's FP8 tiles take both widths: Q and K at D = 64, V^T in 64-key
+// panels where Bc is no multiple of 128.
+template <int ROW_BYTES>
+__device__ __forceinline__ unsigned long long wgmma_desc_k_major(unsigned smem_addr) {
+  static_assert(ROW_BYTES == 64 || ROW_BYTES == 128, "the 64- or 128-byte swizzle");
+  if constexpr (ROW_BYTES == 64)
+    return wgmma_desc_sw64(smem_addr);
+  else
+    return wgmma_desc_sw128(smem_addr);
+}
+template <int ROW_BYTES>
+__host__ __device__ constexpr int k_major_step(int kk, int rows) {
+  return (kk / (ROW_BYTES / 32)) * rows * ROW_BYTES + (kk % (ROW_BYTES / 32)) * 32;
+}
+
 // 3xFP16's three products as passes over a product's k steps (bwd_v2.3, v2.4): pass 0 A_lo B_hi,
 // pass 1 A_hi B_lo, pass 2 A_hi B_hi (small terms first, into one accumulator from zero).  Each
 // lo tile sits right after its hi tile; these are the descriptor offsets (16-byte units) a pass
