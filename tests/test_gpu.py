@@ -127,6 +127,17 @@ def test_mma_awkward_lengths(version, dtype, N, causal):
     _check(Case(version, B=1, H=2, Nq=N, D=_dim(version, 128), causal=causal, dtype=dtype))
 
 
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("version", MMA)
+def test_mma_row_max_jumps_between_blocks(version, dtype, causal):
+    """Scores spread wide (scale 1.5 at D = 128: a score's spread is ~17, so a row's max often grows
+    by more than 2^10 from one K/V block to the next): the online softmax rebases on blocks past a
+    row's first, through the lazy rebase's path and the speculative softmax's fall-back
+    (TILEATTN_SPEC_SOFTMAX, csrc/v3_3_wgmma.cu)."""
+    _check(Case(version, B=1, H=2, Nq=1000, D=_dim(version, 128), causal=causal, dtype=dtype, scale=1.5))
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("version,D", [(v, D) for v in MMA for D in MMA_DIMS if D in VERSIONS[v].tiles])
 def test_mma_head_dims(version, dtype, D):

@@ -108,6 +108,19 @@ struct V33Tile {
 #ifndef TILEATTN_TRACE
 #define TILEATTN_TRACE 0
 #endif
+// An experiment (TILEATTN_DEFINES=TILEATTN_SPEC_SOFTMAX=1; off by default): the speculative
+// softmax of an unmasked K/V block.  The exponentials start at once against the row's running max
+// m_i instead of after the block's row max (64 FMNMX a thread at Bc = 128, half-rate on the ALU
+// pipe, then two shuffle rounds, while the SFU waits).  The guess is checked after them, without
+// a shuffle: 16-bit, every thread's partial row sum of the weights at most 2^15 (each weight is at
+// most the sum, so none reaches fp16's 65504; a sum that large means the row max moved by more
+// than 10, where the lazy rebase would move too); FP8, every weight at most 2^(tau + offset), the
+// lazy rebase's own bound.  A NaN or an infinity fails the check too.  On a failed check (a warp
+// any of whose rows failed) S is computed again from the K stage, which the warpgroup therefore
+// releases only after the softmax, and takes the ordinary path.
+#ifndef TILEATTN_SPEC_SOFTMAX
+#define TILEATTN_SPEC_SOFTMAX 0
+#endif
 constexpr int TRACE_CTAS = 160, TRACE_TILES = 48;
 }  // namespace tileattn
 #if TILEATTN_TRACE
@@ -441,6 +454,41 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
                                                            q_start, row_a, t, seq_k, offset);
       }
     };
+    // TILEATTN_SPEC_SOFTMAX (above): block n's softmax against the running max, from stage c's K;
+    // false when the check failed (S then holds the block's scores again) or the block is masked.
+    constexpr bool SPECULATE = TILEATTN_SPEC_SOFTMAX && !VARIANTS && !ALIBI;
+    auto speculative_softmax = [&](float (&S)[NS], int n, int c) {
+      const int kv_start = (j_lo + n) * Bc;
+      if (kv_start + Bc > seq_k || (CAUSAL && kv_start + Bc - 1 > q_start + offset)) return false;
+      if (fp8_negate) {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) S[i] = -S[i];
+      }
+      float m_base[2], lsum[2] = {0.0f, 0.0f}, pmax[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m_base[h] = FP8 ? m_i[h] - fp8_p_offset_log2() : m_i[h];
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const float w = softmax_weight(S[i], scale_log2, m_base[(i % 4) / 2]);
+        lsum[(i % 4) / 2] += w;
+        if (FP8) pmax[(i % 4) / 2] = fmaxf(pmax[(i % 4) / 2], w);
+        S[i] = w;
+      }
+      constexpr float bound = FP8 ? float(1 << int(fp8_lazy_rescale_log2() + fp8_p_offset_log2())) : 32768.0f;
+      const float x0 = FP8 ? pmax[0] : lsum[0], x1 = FP8 ? pmax[1] : lsum[1];
+      // (FP8: a NaN weight makes lsum NaN while fmaxf drops it from pmax: tested on the sum.)
+      const bool ok = x0 <= bound && x1 <= bound && (!FP8 || (lsum[0] == lsum[0] && lsum[1] == lsum[1]));
+      if (__all_sync(0xffffffffu, ok)) {
+        l_i[0] += lsum[0];
+        l_i[1] += lsum[1];
+        scale_old[0] = scale_old[1] = 1.0f;
+        return true;
+      }
+      issue_s(S, c);  // the block's scores again (the K stage is still this warpgroup's)
+      wgmma_wait<0>();
+      fence_operands(S);
+      return false;
+    };
     // P as 16-bit A fragments of P V (k16 step ks = S's n8 tiles 2ks, 2ks + 1: rows g / g + 8 of
     // the even tile are a0 / a1, of the odd tile a2 / a3), and O rebased to the new row max.
     // FP8: k32 step c takes S's n8 tiles 4c .. 4c + 3; register r (rows g / g + 8 as r % 2) holds
@@ -510,9 +558,15 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         your_turn(false);
         wgmma_wait<1>();  // S_{j+1} done (groups complete in order), P_j V_j may still run
         fence_operands(S);
-        mbar_arrive(bars.k_empty(c0 + j + 1));
-        release_q(j + 1);
-        softmax(S, j + 1);
+        if (!SPECULATE) {
+          mbar_arrive(bars.k_empty(c0 + j + 1));
+          release_q(j + 1);
+        }
+        if (!SPECULATE || !speculative_softmax(S, j + 1, c0 + j + 1)) softmax(S, j + 1);
+        if (SPECULATE) {
+          mbar_arrive(bars.k_empty(c0 + j + 1));
+          release_q(j + 1);
+        }
         // Where ptxas puts this wait is a measured choice (scripts/variants_probe.py --define, two
         // runs, bf16 causal N=8192): pinned behind the exponentials, the plain kernel runs 4% faster
         // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
