@@ -108,19 +108,6 @@ struct V33Tile {
 #ifndef TILEATTN_TRACE
 #define TILEATTN_TRACE 0
 #endif
-// An experiment (TILEATTN_DEFINES=TILEATTN_SPEC_SOFTMAX=1; off by default): the speculative
-// softmax of an unmasked K/V block.  The exponentials start at once against the row's running max
-// m_i instead of after the block's row max (64 FMNMX a thread at Bc = 128, half-rate on the ALU
-// pipe, then two shuffle rounds, while the SFU waits).  The guess is checked after them, without
-// a shuffle: 16-bit, every thread's partial row sum of the weights at most 2^15 (each weight is at
-// most the sum, so none reaches fp16's 65504; a sum that large means the row max moved by more
-// than 10, where the lazy rebase would move too); FP8, every weight at most 2^(tau + offset), the
-// lazy rebase's own bound.  A NaN or an infinity fails the check too.  On a failed check (a warp
-// any of whose rows failed) S is computed again from the K stage, which the warpgroup therefore
-// releases only after the softmax, and takes the ordinary path.
-#ifndef TILEATTN_SPEC_SOFTMAX
-#define TILEATTN_SPEC_SOFTMAX 0
-#endif
 constexpr int TRACE_CTAS = 160, TRACE_TILES = 48;
 }  // namespace tileattn
 #if TILEATTN_TRACE
@@ -139,6 +126,20 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
   trace_at(i, slot, ev, clock64());
 #endif
 }
+// An experiment (TILEATTN_DEFINES=TILEATTN_SPEC_SOFTMAX=1; off by default): the speculative
+// softmax of an unmasked K/V block.  The exponentials start at once against the row's running max
+// m_i instead of after the block's row max (64 FMNMX a thread at Bc = 128, half-rate on the ALU
+// pipe, then two shuffle rounds, while the SFU waits).  The guess is checked after them, without
+// a shuffle: 16-bit, every thread's partial row sum of the weights at most 2^15 (each weight is at
+// most the sum, so none reaches fp16's 65504; a sum that large means the row max moved by more
+// than 10, where the lazy rebase would move too); FP8, every weight at most 2^(tau + offset), the
+// lazy rebase's own bound.  A NaN or an infinity fails the check too.  On a failed check (a warp
+// any of whose rows failed) S is computed again from the K stage, which the warpgroup therefore
+// releases only after the softmax, and takes the ordinary path (bench/NOTES.md, "The speculative
+// softmax").
+#ifndef TILEATTN_SPEC_SOFTMAX
+#define TILEATTN_SPEC_SOFTMAX 0
+#endif
 // v3.8 (ALIBI, v3_8_alibi_mma.cu): causal ALiBi's key term slope_s c (c = 0 .. Bc - 1, the key's
 // column in its block) as one more k16 step of S = Q K^T, A [64 x 16] in registers against a
 // constant B [Bc x 16] in shared memory.  The table: row c holds c, c, c in columns 0 .. 2 and
