@@ -475,6 +475,8 @@ __device__ __forceinline__ void fragment_online_softmax(float (&S)[NS], float (&
                                                         float (&scale_old)[2], float scale_log2, int kv_start,
                                                         int Bc, int q_start, int row_a, int t, int Nk,
                                                         int causal_offset, float offset = 0.0f) {
+  // (block_needs_mask's test, written out: through the helper ptxas evaluates it differently in
+  // 51 v3.3-v3.8 kernels, SASS that has not run on a GPU.)
   const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
   float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};
   // Two loops, not one with `needs_mask && key >= kend`: ptxas turned that one into an ISETP and

@@ -23,6 +23,14 @@ __device__ __forceinline__ int key_end(int row, int Nk, int causal_offset) {
   return CAUSAL ? min(Nk, max(0, row + causal_offset + 1)) : Nk;
 }
 
+// Whether some score of the K/V block of keys kv_start .. kv_start + Bc - 1 is masked for the Q
+// block of rows q_start .. (past Nk, or right of a row's diagonal when causal): only such blocks
+// run the per-score mask.
+template <bool CAUSAL>
+__device__ __forceinline__ bool block_needs_mask(int kv_start, int Bc, int Nk, int q_start, int causal_offset) {
+  return kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
+}
+
 // Online-softmax guard: when every score seen so far is -inf, m is -inf and exp(S - m)
 // would be exp(-inf + inf) = NaN.  Subtracting 0 instead gives exp(-inf) = 0, the right weight.
 __device__ __forceinline__ float safe_max(float m) { return m == TILEATTN_NEG_INF ? 0.0f : m; }

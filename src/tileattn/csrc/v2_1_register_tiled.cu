@@ -228,6 +228,7 @@ __global__ void __launch_bounds__(v2_1::Config<HEAD_DIM, Br, Bc>::THREADS,
     for (int i = 0; i < TM; ++i)
 #pragma unroll
       for (int jj = 0; jj < TN; ++jj) S[i][jj] *= scale_log2;
+    // (block_needs_mask's test, written out: through the helper its causal kernels' SASS changes.)
     const bool needs_mask =
         kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
     if (needs_mask) {

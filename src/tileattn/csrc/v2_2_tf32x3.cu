@@ -190,7 +190,7 @@ __device__ __forceinline__ void v2_2_body(TILEATTN_FWD_PARAMS(T)) {
 
     // 2. Scale into the log2 domain and mask: keys past Nk, and above the diagonal on the
     //    block(s) that straddle it.  Only those blocks pay for the compares.
-    const bool needs_mask = kv_start + Bc > Nk || (CAUSAL && kv_start + Bc - 1 > q_start + causal_offset);
+    const bool needs_mask = block_needs_mask<CAUSAL>(kv_start, Bc, Nk, q_start, causal_offset);
     const int kend_a = key_end<CAUSAL>(row_a, Nk, causal_offset);
     const int kend_b = key_end<CAUSAL>(row_b, Nk, causal_offset);
     float m_tile[2] = {TILEATTN_NEG_INF, TILEATTN_NEG_INF};

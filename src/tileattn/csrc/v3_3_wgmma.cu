@@ -438,11 +438,14 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
     float scale_old[2];
     constexpr Rebase REBASE = FP8 ? Rebase::lazy_e4m3 : Rebase::lazy_16bit;
-    auto softmax = [&](float (&S)[NS], int n) {
+    auto negate_fp8 = [&](float (&S)[NS]) {
       if (fp8_negate) {
 #pragma unroll
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
       }
+    };
+    auto softmax = [&](float (&S)[NS], int n) {
+      negate_fp8(S);
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
       if constexpr (ALIBI_KEYS || ALIBI) {
         const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc - var.first_pos)
@@ -459,12 +462,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // false when the check failed (S then holds the block's scores again) or the block is masked.
     constexpr bool SPECULATE = TILEATTN_SPEC_SOFTMAX && !VARIANTS && !ALIBI;
     auto speculative_softmax = [&](float (&S)[NS], int n, int c) {
-      const int kv_start = (j_lo + n) * Bc;
-      if (kv_start + Bc > seq_k || (CAUSAL && kv_start + Bc - 1 > q_start + offset)) return false;
-      if (fp8_negate) {
-#pragma unroll
-        for (int i = 0; i < NS; ++i) S[i] = -S[i];
-      }
+      if (block_needs_mask<CAUSAL>((j_lo + n) * Bc, Bc, seq_k, q_start, offset)) return false;
+      negate_fp8(S);
       float m_base[2], lsum[2] = {0.0f, 0.0f}, pmax[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int h = 0; h < 2; ++h) m_base[h] = FP8 ? m_i[h] - fp8_p_offset_log2() : m_i[h];
@@ -559,15 +558,15 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         your_turn(false);
         wgmma_wait<1>();  // S_{j+1} done (groups complete in order), P_j V_j may still run
         fence_operands(S);
-        if (!SPECULATE) {
+        // K's stage (and, after the tile's last S, Q's buffer) go back to the producer; the
+        // speculative softmax keeps them until its check passed (it may need S again).
+        auto release_s = [&] {
           mbar_arrive(bars.k_empty(c0 + j + 1));
           release_q(j + 1);
-        }
+        };
+        if (!SPECULATE) release_s();
         if (!SPECULATE || !speculative_softmax(S, j + 1, c0 + j + 1)) softmax(S, j + 1);
-        if (SPECULATE) {
-          mbar_arrive(bars.k_empty(c0 + j + 1));
-          release_q(j + 1);
-        }
+        if (SPECULATE) release_s();
         // Where ptxas puts this wait is a measured choice (scripts/variants_probe.py --define, two
         // runs, bf16 causal N=8192): pinned behind the exponentials, the plain kernel runs 4% faster
         // at D = 64 and 3-4% slower at D = 128; the variants kernel moves within run-to-run noise.
