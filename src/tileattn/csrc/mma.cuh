@@ -363,6 +363,19 @@ template <int THREADS>
 __device__ __forceinline__ void named_barrier_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
 }
+// Whether `pred` holds in every one of the THREADS threads that meet at barrier `id`
+// (bar.red.and.pred): a warpgroup's vote, where a warp's own (__all_sync) is not enough because
+// what follows is a collective instruction (wgmma) that all four warps must issue alike.
+template <int THREADS>
+__device__ __forceinline__ bool named_barrier_all(int id, bool pred) {
+  unsigned all;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.and.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(all)
+      : "r"(static_cast<unsigned>(pred)), "r"(id), "n"(THREADS)
+      : "memory");
+  return all != 0;
+}
 // bar.sync that also ORs a predicate over the THREADS threads: every one gets the result.
 template <int THREADS>
 __device__ __forceinline__ bool named_barrier_or(int id, bool p) {

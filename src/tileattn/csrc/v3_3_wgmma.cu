@@ -133,10 +133,10 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 // a shuffle: 16-bit, every thread's partial row sum of the weights at most 2^15 (each weight is at
 // most the sum, so none reaches fp16's 65504; a sum that large means the row max moved by more
 // than 10, where the lazy rebase would move too); FP8, every weight at most 2^(tau + offset), the
-// lazy rebase's own bound.  A NaN or an infinity fails the check too.  On a failed check (a warp
-// any of whose rows failed) S is computed again from the K stage, which the warpgroup therefore
-// releases only after the softmax, and takes the ordinary path (bench/NOTES.md, "The speculative
-// softmax").
+// lazy rebase's own bound.  A NaN or an infinity fails the check too.  On a failed check (a
+// warpgroup any of whose rows failed: the vote is the warpgroup's) S is computed again from the K
+// stage, which the warpgroup therefore releases only after the softmax, and takes the ordinary path
+// (bench/NOTES.md, "The speculative softmax").
 #ifndef TILEATTN_SPEC_SOFTMAX
 #define TILEATTN_SPEC_SOFTMAX 0
 #endif
@@ -478,7 +478,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       const float x0 = FP8 ? pmax[0] : lsum[0], x1 = FP8 ? pmax[1] : lsum[1];
       // (FP8: a NaN weight makes lsum NaN while fmaxf drops it from pmax: tested on the sum.)
       const bool ok = x0 <= bound && x1 <= bound && (!FP8 || (lsum[0] == lsum[0] && lsum[1] == lsum[1]));
-      if (__all_sync(0xffffffffu, ok)) {
+      // The warpgroup's vote (barrier 5 + cwg; 1 + cwg is O's store, 3 + cwg the ping-pong): a
+      // failed check re-issues S, a wgmma all four warps must take (a warp's own vote, the first
+      // build, hung or faulted the kernel on the first block that one warp failed alone).
+      if (named_barrier_all<V3_3_WG>(5 + cwg, ok)) {
         l_i[0] += lsum[0];
         l_i[1] += lsum[1];
         scale_old[0] = scale_old[1] = 1.0f;
