@@ -425,12 +425,11 @@ def short_causal(causal: bool, Nq: int) -> bool:
 
 
 # Where a call without a causal mask counts as long for Version.long_only (v3.6_wide's 160-key
-# blocks; v3.5's FP8 at 192, fp8.py).  Measured on an H100 at N = 1024 (0.92x v3.6) and 8192
-# (1.06x) only (bench/NOTES.md); a model fitted to those two (a block of 160 keys costs 1.164
-# of 128, plus a per-tile cost of the part-empty last block that halves as the tile's blocks
-# double) puts N = 2048 near even (~1.02x) and 4096 at ~1.04x, so the rule starts at 4096 until
-# 2048 is measured.
-LONG_KEYS = 4096
+# blocks; v3.5's FP8 at 192, fp8.py): the shortest length measured where the wide blocks win.
+# bf16 D=128 on an H100 (tile_sweep.py beside cuDNN; sweeps/spec_softmax_wide_first_call_0c17585_h100.log
+# and the thirty-sixth session's): N = 1024 0.92x v3.6, 2048 0.997x, 4096 0.994x, 8192 1.06x,
+# 32768 1.075x.
+LONG_KEYS = 8192
 
 
 def long_plain(causal: bool, Nk: int) -> bool:
