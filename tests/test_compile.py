@@ -143,22 +143,45 @@ def test_sass(name, D, causal):
         assert "LDL" not in sass and "STL" not in sass, f"{name} D={D}: local memory in SASS"
 
 
+@pytest.mark.parametrize(
+    "name,D,causal", [i for i in INSTANCES if i[0] in ("v3.3", "v3.4", "v3.6", "v3.6_wide", "v3.7")], ids=str
+)
+def test_speculative_softmax(name, D, causal):
+    """The 16-bit rungs on v3.3's body take the speculative softmax on unmasked blocks (v3_3_wgmma.cu
+    speculative_softmax), whose check is a warpgroup's vote, bar.red.and.pred (BAR.RED.AND in SASS;
+    nothing else in these kernels reduces over a barrier).  The ping-pong's causal kernels (v3.4,
+    v3.6 at D = 64) keep the ordinary softmax (measured slower there), and so does v3.3 at D = 256
+    (its fp16 causal kernel kept 8 bytes of stack)."""
+    pingpong = name == "v3.4" or (name == "v3.6" and D == 64)
+    expected = not (pingpong and causal) and not (name == "v3.3" and D == 256)
+    sass = _nvrtc.sass(compiled(name, D, causal, "sm_90a"))
+    assert ("BAR.RED.AND" in sass) == expected, (name, D, causal)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["v3.3", "v3.7_variants"])
 def test_d64_exponentials_precede_pv_wait(name, causal):
     """v3.3 at D = 64 pins its P V wait behind the softmax (wgmma_wait_all_after), and so does
     v3.7's variants kernel: in the loop, every MUFU.EX2 of a block (64 scores and 2 rescales per
     thread) issues between the wait for S (gsb0 <= 1) and the wait for P V (gsb0 == 0), while P V
-    runs on the tensor core."""
+    runs on the tensor core.  With the speculative softmax (v3.3) the loop has two paths: its 64
+    exponentials, then (on a failed check) the wait for S issued again, which also waits for P V,
+    and the ordinary path's 66; a passed check jumps past them to the P V wait."""
     if name in VERSIONS:
         cubin = compiled(name, 64, causal, "sm_90a")
     else:
         e = KERNEL_ENTRIES[name]
         cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", 64, causal), "sm_90a")
-    ops = [line for line in _nvrtc.sass(cubin).splitlines() if "DEPBAR" in line or "MUFU" in line]
+    sass = _nvrtc.sass(cubin)
+    ops = [line for line in sass.splitlines() if "DEPBAR" in line or "MUFU" in line]
     s_wait = next(i for i, op in enumerate(ops) if "DEPBAR.LE gsb0, 0x1" in op)
-    pv_wait = next(i for i, op in enumerate(ops) if i > s_wait and "DEPBAR.LE gsb0, 0x0" in op)
-    assert sum("MUFU.EX2" in op for op in ops[s_wait:pv_wait]) == 66
+    exponentials = [0]  # MUFU.EX2 after the S wait, between consecutive gsb0 == 0 waits
+    for op in ops[s_wait:]:
+        if "DEPBAR.LE gsb0, 0x0" in op:
+            exponentials.append(0)
+        exponentials[-1] += "MUFU.EX2" in op
+    expected = [64, 66] if "BAR.RED.AND" in sass else [66]
+    assert exponentials[: len(expected)] == expected
 
 
 @pytest.mark.parametrize(

@@ -134,7 +134,7 @@ def test_mma_row_max_jumps_between_blocks(version, dtype, causal):
     """Scores spread wide (scale 1.5 at D = 128: a score's spread is ~17, so a row's max often grows
     by more than 2^10 from one K/V block to the next): the online softmax rebases on blocks past a
     row's first, through the lazy rebase's path and the speculative softmax's fall-back
-    (TILEATTN_SPEC_SOFTMAX, csrc/v3_3_wgmma.cu)."""
+    (csrc/v3_3_wgmma.cu, speculative_softmax)."""
     _check(Case(version, B=1, H=2, Nq=1000, D=_dim(version, 128), causal=causal, dtype=dtype, scale=1.5))
 
 
