@@ -389,6 +389,41 @@ def test_variants_match_float64(dtype, version, D, causal, variant):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("version,D", [("v3.7", 64), ("v3.6", 64), ("v3.6", 128), ("v3.3", 128)])
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+@pytest.mark.parametrize("window", [(-1, -1), (700, 300)])
+def test_softcap_row_max_jumps_between_blocks(dtype, version, D, causal, window):
+    """Softcap 12 over keys whose first 128 give scores near 0 and the rest scores of spread ~6:
+    a row's max grows by ~10-17 (log2) after its first K/V block, so the speculative softmax's
+    check (TILEATTN_SPEC_VARIANTS, v3_3_wgmma.cu) fails and the block takes the ordinary path, in
+    the variants kernels as in the plain ones (test_gpu's test_mma_row_max_jumps_between_blocks).
+    The bounds are the variants tests' own plus the SFU's tanh (about 2^-11 relative, times the
+    cap of 12 in lse)."""
+    _needs(version)
+    gen = torch.Generator(device="cuda").manual_seed(D + len(str(causal)) + window[0])
+    B, Nq, Nk, H, H_kv = 2, 700, 1000, 4, 2
+    q = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    k[:, :128] *= 0.01
+    k[:, 128:] *= 6.0
+    out = torch.full((B, Nq, H, D), float("nan"), device="cuda", dtype=dtype)  # poisoned
+    lse = torch.full((B, H, Nq), float("nan"), device="cuda")
+    mode = causal or None
+    checked = serving._variants(window, 12.0, None, mode is not None, B, H, Nq + Nk, q.device)
+    serving.attention_variants(q, k, v, D**-0.5, mode, checked[0], 12.0, None, True, out=out, lse=lse, version=version)
+    heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
+    o_ref, lse_ref = reference.attention_serving(
+        heads(q), heads(k), heads(v), D**-0.5, causal=bool(causal), window=window, softcap=12.0, offset=None
+    )
+    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
+    err = ((out.cpu().double() - o_ref).norm() / o_ref.norm()).item()
+    assert err < (1e-2 if dtype == torch.bfloat16 else 3e-3), err
+    assert torch.isfinite(lse).all()
+    assert (lse.cpu().double() - torch.from_numpy(lse_ref)).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("window_left", [0, 1, 127, 128, 129, 300, 511, 640, 896, 1000])
 @pytest.mark.parametrize(
     "Nq,Nk,causal", [(1000, 1000, "bottom_right"), (1000, 1000, "top_left"), (777, 1029, "top_left")]

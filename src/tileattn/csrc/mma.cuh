@@ -569,6 +569,14 @@ __device__ __forceinline__ float exp_scale_log2(const ScoreVariants& var, float 
   return var.softcap ? scale_log2 * var.cap_s : scale_log2;
 }
 
+// Whether the block of keys kv_start .. kv_start + Bc - 1 crosses the window's left or right edge
+// for some row of the block of query rows (first_pos .. last_pos): only such blocks run the
+// window's per-score mask.  Uniform over the rows' block.
+__device__ __forceinline__ bool window_edge(const ScoreVariants& var, int kv_start, int Bc) {
+  return (var.left >= 0 && kv_start < var.last_pos - var.left) ||
+         (var.right >= 0 && kv_start + Bc - 1 > var.first_pos + var.right);
+}
+
 // Apply the variants to one K/V block's fragment S (keys kv_start .. kv_start + Bc - 1, this
 // thread's rows pos[0], pos[1]), before fragment_online_softmax masks causality and Nk.  The
 // window's mask runs only on the blocks that cross an edge (the others are inside for every
@@ -589,6 +597,8 @@ __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVar
     for (int i = 0; i < NS; ++i)
       S[i] = fmaf(-var.slope_s, fabsf(d0[(i % 4) / 2] - static_cast<float>((i / 4) * 8 + (i & 1))), S[i]);
   }
+  // (window_edge's test, written out: through the helper ptxas laid out the non-causal variants
+  // kernels differently, 30 of them, v3.1's through v3.7's.)
   const bool left_edge = var.left >= 0 && kv_start < var.last_pos - var.left;
   const bool right_edge = var.right >= 0 && kv_start + Bc - 1 > var.first_pos + var.right;
   if (left_edge || right_edge) {

@@ -139,6 +139,13 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 // D = 128 without a mask from N = 8192 (v3.6_wide) and causal N = 1024, 0.97-0.99x at D = 64
 // causal N = 1024 (the ping-pong's causal kernel, which therefore keeps the ordinary softmax).
 // FP8 (bound 2^8, its lazy rebase's) ran 0.74-0.92x: its check fails too often.
+// An experiment (TILEATTN_DEFINES=TILEATTN_SPEC_VARIANTS=1; off by default): the same in the
+// variants kernels, on blocks with no mask of any kind (Nk, causal, the window's edges) in calls
+// without ALiBi (its offsets ride the ordinary path's row max): softcap's tanh, then the
+// speculative exponentials, so that softcap and the window keep pace with plain causal.
+#ifndef TILEATTN_SPEC_VARIANTS
+#define TILEATTN_SPEC_VARIANTS 0
+#endif
 // v3.8 (ALIBI, v3_8_alibi_mma.cu): causal ALiBi's key term slope_s c (c = 0 .. Bc - 1, the key's
 // column in its block) as one more k16 step of S = Q K^T, A [64 x 16] in registers against a
 // constant B [Bc x 16] in shared memory.  The table: row c holds c, c, c in columns 0 .. 2 and
@@ -463,10 +470,16 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // calls of fewer than SHORT_CAUSAL_ROWS rows: it ran 0.97-0.99x there, measured at N = 1024.
     // Nor in v3.3 at D = 256 (not the dispatch's: v3.6 is), where its fp16 causal kernel kept 8
     // bytes of stack.
-    constexpr bool SPECULATE =
-        !FP8 && !VARIANTS && !ALIBI && !(PINGPONG && CAUSAL) && !(HEAD_DIM == 256 && !PERSISTENT);
+    // (Every test before the vote is uniform over the warpgroup's tile: the vote is a barrier.)
+    constexpr bool SPECULATE = !FP8 && (!VARIANTS || TILEATTN_SPEC_VARIANTS) && !ALIBI && !(PINGPONG && CAUSAL) &&
+                               !(HEAD_DIM == 256 && !PERSISTENT);
     auto speculative_softmax = [&](float (&S)[NS], int n, int c) {
-      if (block_needs_mask<CAUSAL>((j_lo + n) * Bc, Bc, seq_k, q_start, offset)) return false;
+      const int kv_start = (j_lo + n) * Bc;
+      if (block_needs_mask<CAUSAL>(kv_start, Bc, seq_k, q_start, offset)) return false;
+      if (VARIANTS) {
+        if (var.alibi || window_edge(var, kv_start, Bc)) return false;
+        fragment_variants(S, var_rest, kv_start, Bc, t);  // softcap's tanh: the one variant left here
+      }
       float lsum[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int i = 0; i < NS; ++i) {
