@@ -73,9 +73,14 @@ def test_alibi_mma_adds_one_k_step_and_no_instruction_a_score(compiled_in_parall
     _, sass = compile_entry_spill_free(V3_8_ALIBI, dtype, D, causal)
     plain = VERSIONS["v3.7" if D == 64 else "v3.6"]
     base = _nvrtc.sass(_nvrtc.compile_kernel(plain.file, plain.name_expression(dtype, D, causal), "sm_90a"))
-    assert sass.count("HGMMA.64x128x16.F32.BF16") - base.count("HGMMA.64x128x16.F32.BF16") == 2
-    assert sass.count("HGMMA") == base.count("HGMMA") + 2
-    assert "MUFU.TANH" not in sass and sass.count("MUFU.EX2") == base.count("MUFU.EX2")
+    # The plain kernel's speculative softmax (v3_3_wgmma.cu; not v3.8's) adds S issued again (D / 16
+    # k16 steps, in the inputs' dtype) and its own 64 exponentials a thread (65 in SASS: ptxas
+    # keeps one more in the plain kernel's ordinary path beside it).
+    spec_s, spec_exp = (D // 16, 64) if "BAR.RED.AND" in base else (0, 0)
+    bf16_s = base.count("HGMMA.64x128x16.F32.BF16") - (spec_s if dtype == "bfloat16" else 0)
+    assert sass.count("HGMMA.64x128x16.F32.BF16") - bf16_s == 2
+    assert sass.count("HGMMA") == base.count("HGMMA") - spec_s + 2
+    assert "MUFU.TANH" not in sass and sass.count("MUFU.EX2") <= base.count("MUFU.EX2") - spec_exp
     assert sass.count(" FFMA ") - base.count(" FFMA ") < 32
 
 
