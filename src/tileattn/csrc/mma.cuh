@@ -376,17 +376,6 @@ __device__ __forceinline__ bool named_barrier_all(int id, bool pred) {
       : "memory");
   return all != 0;
 }
-// bar.sync that also ORs a predicate over the THREADS threads: every one gets the result.
-template <int THREADS>
-__device__ __forceinline__ bool named_barrier_or(int id, bool p) {
-  int r;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n selp.b32 %0, 1, 0, q;\n}\n"
-      : "=r"(r)
-      : "r"(static_cast<int>(p)), "r"(id), "n"(THREADS)
-      : "memory");
-  return r != 0;
-}
 // One box of a 4-d tensor map (coordinates innermost first: column, row, head, batch) from
 // global to shared memory at dst, completion counted on mbarrier bar.  tmap is the generic address
 // of the 128-byte CUtensorMap (a __grid_constant__ kernel parameter: TmaMaps, common.cuh).
