@@ -1,7 +1,8 @@
 """Model: v3.3's 16-bit block loop for one head, the lazy rebase (threshold 8) against the speculative
-softmax (TILEATTN_SPEC_SOFTMAX, csrc/v3_3_wgmma.cu) at three bounds on a thread's partial row sum.
-P is rounded to fp16 / bf16 before P V; printed: O's error against float64 and the share of
-warp-blocks (16 rows x 128 keys) whose check fails.  q's spread makes the rows peaky
+softmax (csrc/v3_3_wgmma.cu speculative_softmax, the 16-bit default at 2^15) at three bounds on a
+thread's partial row sum.  P is rounded to fp16 / bf16 before P V; printed: O's error against
+float64 and the share of warp-blocks (16 rows x 128 keys) whose check fails (the kernel votes over
+its warpgroup's 64 rows, so its share is higher).  q's spread makes the rows peaky
 (bench/NOTES.md, "The speculative softmax").  CPU only:
 
     python scripts/spec_softmax_model.py
