@@ -426,9 +426,9 @@ def short_causal(causal: bool, Nq: int) -> bool:
 
 # Where a call without a causal mask counts as long for Version.long_only (v3.6_wide's 160-key
 # blocks; v3.5's FP8 at 192, fp8.py): the shortest length measured where the wide blocks win.
-# bf16 D=128 on an H100 (tile_sweep.py beside cuDNN; sweeps/spec_softmax_wide_first_call_0c17585_h100.log
-# and the thirty-sixth session's): N = 1024 0.92x v3.6, 2048 0.997x, 4096 0.994x, 8192 1.06x,
-# 32768 1.075x.
+# bf16 D=128 on an H100 (tile_sweep.py beside cuDNN; bench/results/sweeps/
+# wide_blocks_probe_af0d624_h100.log and spec_softmax_wide_first_call_0c17585_h100.log): N = 1024
+# 0.92x v3.6, 2048 0.997x, 4096 0.994x, 8192 1.06x, 32768 1.075x.
 LONG_KEYS = 8192
 
 
