@@ -357,16 +357,20 @@ def _as_np(t):
     return t.double().cpu().numpy()
 
 
-def _assert_matches_float64(out, lse, q, k, v, scale, causal, window, softcap, slopes, dtype):
-    """(O, lse) of flash_attn_func's layout ((B, N, H, D)) against reference.attention_serving in
-    float64, positions aligned as ``causal`` (False, "top_left", "bottom_right")."""
+def _float64_reference(q, k, v, scale, causal, window, softcap, slopes):
+    """(O, lse) of reference.attention_serving in float64 for flash_attn_func's layout ((B, N, H, D)),
+    positions aligned as ``causal`` (False, "top_left", "bottom_right"); O back in that layout."""
     heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
     o_ref, lse_ref = reference.attention_serving(
         heads(q), heads(k), heads(v), scale, causal=bool(causal), window=window, softcap=softcap,
         alibi_slopes=None if slopes is None else slopes.cpu().numpy(), offset=0 if causal == "top_left" else None,
     )  # fmt: skip
-    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
-    assert_serving_output(out, lse, o_ref, torch.from_numpy(lse_ref), dtype)
+    return torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy()), torch.from_numpy(lse_ref)
+
+
+def _assert_matches_float64(out, lse, q, k, v, scale, causal, window, softcap, slopes, dtype):
+    """(O, lse) against _float64_reference within the serving tests' bounds."""
+    assert_serving_output(out, lse, *_float64_reference(q, k, v, scale, causal, window, softcap, slopes), dtype)
 
 
 @pytest.mark.gpu
@@ -417,15 +421,11 @@ def test_softcap_row_max_jumps_between_blocks(dtype, version, D, causal, window)
     mode = causal or None
     checked = serving._variants(window, 12.0, None, mode is not None, B, H, Nq + Nk, q.device)
     serving.attention_variants(q, k, v, D**-0.5, mode, checked[0], 12.0, None, True, out=out, lse=lse, version=version)
-    heads = lambda t: _as_np(t).transpose(0, 2, 1, 3)
-    o_ref, lse_ref = reference.attention_serving(
-        heads(q), heads(k), heads(v), D**-0.5, causal=bool(causal), window=window, softcap=12.0, offset=None
-    )
-    o_ref = torch.from_numpy(o_ref.transpose(0, 2, 1, 3).copy())
+    o_ref, lse_ref = _float64_reference(q, k, v, D**-0.5, causal, window, 12.0, None)
     err = ((out.cpu().double() - o_ref).norm() / o_ref.norm()).item()
     assert err < (1e-2 if dtype == torch.bfloat16 else 3e-3), err
     assert torch.isfinite(lse).all()
-    assert (lse.cpu().double() - torch.from_numpy(lse_ref)).abs().max().item() < 1e-2
+    assert (lse.cpu().double() - lse_ref).abs().max().item() < 1e-2
 
 
 @pytest.mark.gpu

@@ -444,14 +444,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
     float scale_old[2];
     constexpr Rebase REBASE = FP8 ? Rebase::lazy_e4m3 : Rebase::lazy_16bit;
-    auto negate_fp8 = [&](float (&S)[NS]) {
+    auto softmax = [&](float (&S)[NS], int n) {
       if (fp8_negate) {
 #pragma unroll
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
       }
-    };
-    auto softmax = [&](float (&S)[NS], int n) {
-      negate_fp8(S);
       if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
       if constexpr (ALIBI_KEYS || ALIBI) {
         const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc - var.first_pos)
