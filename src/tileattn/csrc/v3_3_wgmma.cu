@@ -139,10 +139,13 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 // D = 128 without a mask from N = 8192 (v3.6_wide) and causal N = 1024, 0.97-0.99x at D = 64
 // causal N = 1024 (the ping-pong's causal kernel, which therefore keeps the ordinary softmax).
 // FP8 (bound 2^8, its lazy rebase's) ran 0.74-0.92x: its check fails too often.
-// An experiment (TILEATTN_DEFINES=TILEATTN_SPEC_VARIANTS=1; off by default): the same in the
-// variants kernels, on blocks with no mask of any kind (Nk, causal, the window's edges) in calls
-// without ALiBi (its offsets ride the ordinary path's row max): softcap's tanh, then the
-// speculative exponentials, so that softcap and the window keep pace with plain causal.
+// The same in the variants kernels at D = 128, on blocks with no mask of any kind (Nk, causal,
+// the window's edges) in calls without ALiBi (its offsets ride the ordinary path's row max):
+// softcap's tanh, then the speculative exponentials.  Measured on an H100 (bench/NOTES.md, "The
+// speculative softmax in the variants kernels"; bf16 B=2 H=16 N=8192 causal): D = 128 window 4096
+// 0.722 -> 0.688 ms, nothing on 0.902 -> 0.858, softcap 1.093 -> 1.102; at D = 64 it lost
+// (softcap 0.847 -> 0.914 ms, the SFU binds; window 0.504 -> 0.535), so D = 64 keeps the ordinary
+// path.  TILEATTN_DEFINES=TILEATTN_SPEC_VARIANTS=1 turns it on at every head dim (the experiment).
 #ifndef TILEATTN_SPEC_VARIANTS
 #define TILEATTN_SPEC_VARIANTS 0
 #endif
@@ -468,7 +471,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // Nor in v3.3 at D = 256 (not the dispatch's: v3.6 is), where its fp16 causal kernel kept 8
     // bytes of stack.
     // (Every test before the vote is uniform over the warpgroup's tile: the vote is a barrier.)
-    constexpr bool SPECULATE = !FP8 && (!VARIANTS || TILEATTN_SPEC_VARIANTS) && !ALIBI && !(PINGPONG && CAUSAL) &&
+    constexpr bool SPECULATE = !FP8 && (!VARIANTS || TILEATTN_SPEC_VARIANTS || HEAD_DIM == 128) && !ALIBI && !(PINGPONG && CAUSAL) &&
                                !(HEAD_DIM == 256 && !PERSISTENT);
     auto speculative_softmax = [&](float (&S)[NS], int n, int c) {
       const int kv_start = (j_lo + n) * Bc;
