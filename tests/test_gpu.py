@@ -225,19 +225,6 @@ def test_default_dispatch_short_causal_rule():
         assert api._plan("bfloat16", 64, causal, None, None, 0, Nq).Br == Br, (causal, Nq)
 
 
-def test_default_dispatch_long_plain_rule():
-    """D=128's default plan: v3.6_wide's 160-key blocks for calls without a causal mask of at least
-    LONG_KEYS keys, v3.6's 128 otherwise (versions.select's second shape rule)."""
-    from tileattn import api
-    from tileattn.versions import LONG_KEYS
-
-    cc = api._nvrtc.device_arch(0)
-    if cc[0] * 10 + cc[1] != 90:
-        pytest.skip("the rule is Hopper's (v3.6 is an sm_90a rung)")
-    for causal, Nk, Bc in ((False, LONG_KEYS - 1, 128), (False, LONG_KEYS, 160), (True, 4 * LONG_KEYS, 128)):
-        assert api._plan("bfloat16", 128, causal, None, None, 0, 1, Nk).Bc == Bc, (causal, Nk)
-
-
 def test_default_dispatch_half_and_causal_conventions():
     import torch
 

@@ -40,7 +40,7 @@ import torch
 
 from . import _nvrtc, _params
 from .reference import CAUSAL_MODES
-from .versions import SPLIT_BLOCKS, VERSIONS, Version, long_plain, select, short_causal
+from .versions import SPLIT_BLOCKS, VERSIONS, Version, select, short_causal
 
 _DTYPES = {
     torch.float32: "float32",
@@ -627,19 +627,17 @@ class Plan:
 _PLANS: dict[tuple, Plan] = {}
 
 
-def _plan(dtype: str, D: int, causal: bool, version, precision, device_index: int, Nq: int, Nk: int = 0) -> Plan:
-    short, long = short_causal(causal, Nq), long_plain(causal, Nk)
-    key = (dtype, D, causal, version, precision, device_index, short, long)
+def _plan(dtype: str, D: int, causal: bool, version, precision, device_index: int, Nq: int) -> Plan:
+    short = short_causal(causal, Nq)
+    key = (dtype, D, causal, version, precision, device_index, short)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS[key] = _make_plan(dtype, D, causal, version, precision, device_index, short, long)
+        plan = _PLANS[key] = _make_plan(dtype, D, causal, version, precision, device_index, short)
     return plan
 
 
-def _make_plan(
-    dtype: str, D: int, causal: bool, version, precision, device_index: int, short: bool, long: bool = False
-) -> Plan:
-    entry = _dispatch(version, dtype, D, device_index, precision, short, long)
+def _make_plan(dtype: str, D: int, causal: bool, version, precision, device_index: int, short: bool) -> Plan:
+    entry = _dispatch(version, dtype, D, device_index, precision, short)
     cc = _nvrtc.device_arch(device_index)
     arch_num = cc[0] * 10 + cc[1]
     arch = _nvrtc.arch_string(cc, arch_specific=entry.arch_specific)
@@ -754,12 +752,11 @@ def _dispatch(
     device_index: int,
     precision: str | None,
     short_causal: bool = False,
-    long_plain: bool = False,
 ) -> Version:
     cc = _nvrtc.device_arch(device_index)
     arch = cc[0] * 10 + cc[1]
     if version is None:
-        entry = select(dtype, head_dim, arch, precision, short_causal, long_plain)
+        entry = select(dtype, head_dim, arch, precision, short_causal)
         if entry is None:
             alternatives = sorted({v.name for v in VERSIONS.values() if dtype in v.dtypes})
             raise ValueError(
@@ -866,7 +863,7 @@ def _forward(
         qs, ks, vs = _bhnd(q, layout)[1], _bhnd(k, layout)[1], _bhnd(v, layout)[1]
         q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
 
-    plan = _plan(dtype, D, causal is not None, version, precision, device_index, Nq, Nk)
+    plan = _plan(dtype, D, causal is not None, version, precision, device_index, Nq)
     os_ = (Nq * H * D, D, H * D) if layout == "bnhd" else (H * Nq * D, Nq * D, D)
     call = _Launch(
         plan,

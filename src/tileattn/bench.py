@@ -447,7 +447,7 @@ def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
     """One line per shape: TFLOP/s of every rung and of the given peers (timed in the same run), and
     every rung's ratio to the first peer; then, on Hopper, the rung the default dispatch picks there
     (versions.select) and its ratio to the other peers."""
-    from .versions import long_plain, select, short_causal
+    from .versions import select, short_causal
 
     rungs = [i for i in dict.fromkeys(r["impl"] for r in result["rows"]) if i in VERSIONS]
     peers = [p for p in peers if any(r["impl"] == p and r.get("tflops") for r in result["rows"])]
@@ -456,16 +456,10 @@ def ratio_table(result: dict, peers=("sdpa_flash", "sdpa_cudnn")) -> str:
     hopper = any(name in result.get("gpu", "") for name in ("H100", "H200", "H800", "H20"))
 
     def default(shape):
-        """The rung the dispatch takes at this shape, among those the run measured; a run from
-        before v3.6_wide (no rows of it) shows the default of its day, without the long-call rule."""
+        """The rung the dispatch takes at this shape, if the run measured it."""
         dtype, D, N, _, causal = shape
-        if not hopper:
-            return None
-        for long in (long_plain(causal, N), False):
-            v = select(dtype, D, 90, short_causal=short_causal(causal, N), long_plain=long)
-            if v is not None and v.name in rungs:
-                return v.name
-        return None
+        v = select(dtype, D, 90, short_causal=short_causal(causal, N)) if hopper else None
+        return v.name if v is not None and v.name in rungs else None
 
     head = ["dtype", "D", "N", "B", "causal"] + [f"{i} TFLOP/s" for i in rungs + peers]
     head += [f"{i} / {peers[0]}" for i in rungs] + (

@@ -62,10 +62,6 @@ class Version:
     # False: the default dispatch passes over this rung for causal calls of fewer than
     # SHORT_CAUSAL_ROWS query rows (v3.7: its 192-row tiles waste more of the diagonal there).
     short_causal: bool = True
-    # True: the default dispatch takes this rung only for calls without a causal mask of at least
-    # LONG_KEYS keys (v3.6_wide: wider K/V blocks, whose last, part-filled block costs a short call
-    # more than the wider blocks save).
-    long_only: bool = False
     # The operands the host splits into scaled fp16 hi / lo halves (api._split_blocks,
     # csrc/split_halves.cu) for the rung to read through its tensor maps, their block maxima in
     # the split_amax field: v2.4 ("q", "k", "v"); v2.5 splits q itself ("k", "v").
@@ -344,16 +340,19 @@ _V3_7 = dataclasses.replace(
 # without O's stage and measured slower.  Measured on an H100 (scripts/tile_sweep.py, bf16, H=16,
 # B*N = 32768, one run beside cuDNN, bench/NOTES.md): N = 8192 without a mask 3.299 against
 # 3.488 ms (1.086x against 1.028x cuDNN), causal 1.752 against 1.735; N = 1024 0.502 against
-# 0.461 (the last block of 7 is 40% empty).  So the dispatch takes it for long calls without a
-# mask only (long_only, LONG_KEYS).
+# 0.461 (the last block of 7 is 40% empty).  So the dispatch took it for calls without a causal
+# mask of at least 8192 keys, until the speculative softmax (v3_3_wgmma.cu) took the row max's
+# per-block cost away: then v3.6's 128 keys ran faster at every length of the mma suite (H100,
+# steady clock, bf16 without a mask, ratio to cuDNN: N = 4096 1.112x against 1.052x, 8192 1.129x
+# against 1.072x, 32768 1.143x against 1.094x; bench/results/mma_steady_h100.json).  A rung the
+# dispatch passes over (priority below v3.6's), kept as the measured step.
 _V3_6_WIDE = dataclasses.replace(
     _V3_6,
     name="v3.6_wide",
     tiles={128: (128, 160)},
-    long_only=True,
-    priority=17,
-    summary="v3.6 at D=128 with 160-key K/V blocks, the default for calls without a causal mask of at least "
-    "LONG_KEYS keys: the softmax's per-block costs spread over 25% more keys (sm_90a)",
+    priority=14,
+    summary="v3.6 at D=128 with 160-key K/V blocks: the softmax's per-block costs spread over 25% more keys; "
+    "since the speculative softmax slower than v3.6, which the dispatch takes (sm_90a)",
 )
 
 VERSIONS: dict[str, Version] = {
@@ -424,16 +423,16 @@ def short_causal(causal: bool, Nq: int) -> bool:
     return bool(causal) and Nq < SHORT_CAUSAL_ROWS
 
 
-# Where a call without a causal mask counts as long for Version.long_only (v3.6_wide's 160-key
-# blocks; v3.5's FP8 at 192, fp8.py): the shortest length measured where the wide blocks win.
-# bf16 D=128 on an H100 (tile_sweep.py beside cuDNN; bench/results/sweeps/
-# wide_blocks_probe_af0d624_h100.log and spec_softmax_wide_first_call_0c17585_h100.log): N = 1024
-# 0.92x v3.6, 2048 0.997x, 4096 0.994x, 8192 1.06x, 32768 1.075x.
+# Where a call without a causal mask counts as long for FP8's 192-key blocks (v3.5_wide, fp8.py):
+# the shortest length measured where wide blocks win, first for bf16's 160-key v3.6_wide at D=128
+# on an H100 (tile_sweep.py beside cuDNN; bench/results/sweeps/wide_blocks_probe_af0d624_h100.log
+# and spec_softmax_wide_first_call_0c17585_h100.log; N = 1024 0.92x v3.6, 2048 0.997x, 4096
+# 0.994x, 8192 1.06x, 32768 1.075x, before the speculative softmax), and for FP8 (docs/fp8.md).
 LONG_KEYS = 8192
 
 
 def long_plain(causal: bool, Nk: int) -> bool:
-    """The default dispatch's second shape rule: a call without a causal mask of at least LONG_KEYS keys."""
+    """FP8's shape rule (fp8.py): a call without a causal mask of at least LONG_KEYS keys."""
     return not causal and Nk >= LONG_KEYS
 
 
@@ -443,17 +442,14 @@ def select(
     arch: int,
     precision: str | None = None,
     short_causal: bool = False,
-    long_plain: bool = False,
 ) -> Version | None:
     """The fastest registered rung that takes these inputs on this arch at this precision, or None.
-    short_causal: a causal call of fewer than SHORT_CAUSAL_ROWS query rows; long_plain: a call
-    without a causal mask of at least LONG_KEYS keys."""
+    short_causal: a causal call of fewer than SHORT_CAUSAL_ROWS query rows."""
     candidates = [
         v
         for v in VERSIONS.values()
         if v.supports(dtype, head_dim, arch, precision)
         and (v.short_causal or not short_causal)
-        and (long_plain or not v.long_only)
     ]
     return max(candidates, key=lambda v: v.priority, default=None)
 
