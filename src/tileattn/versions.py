@@ -448,8 +448,7 @@ def select(
     candidates = [
         v
         for v in VERSIONS.values()
-        if v.supports(dtype, head_dim, arch, precision)
-        and (v.short_causal or not short_causal)
+        if v.supports(dtype, head_dim, arch, precision) and (v.short_causal or not short_causal)
     ]
     return max(candidates, key=lambda v: v.priority, default=None)
 
