@@ -246,7 +246,7 @@ def _quantized(x, H_kv: int, form: str):
     return x8, (d.reshape(1) if form == "tensor" else d.item())
 
 
-def _check(case, strided=False, form="per_head"):
+def _check(case, strided=False, form="per_head", jump=False):
     B, Nq, Nk, H, H_kv, D, causal, scale = case
     gen = torch.Generator(device="cuda").manual_seed(abs(hash((case, strided, form))) % 2**31)
     # heads of different magnitudes, so that the factors differ per (batch, KV head)
@@ -262,8 +262,11 @@ def _check(case, strided=False, form="per_head"):
         q8, k8, v8 = buf.unbind(2)
         assert not q8.is_contiguous()
     else:
-        shapes = ((Nq, H), (Nk, H_kv), (Nk, H_kv))
-        (q8, dq), (k8, dk), (v8, dv) = (_quantized(spread(n, h), H_kv, form) for n, h in shapes)
+        q, k, v = spread(Nq, H), spread(Nk, H_kv), spread(Nk, H_kv)
+        if jump:  # scores near 0 over the first 128 keys, of spread ~4 after them
+            k[:, :128] *= 0.01
+            k[:, 128:] *= 4.0
+        (q8, dq), (k8, dk), (v8, dv) = (_quantized(x, H_kv, form) for x in (q, k, v))
     s = D**-0.5 if scale is None else scale
     out = torch.full((B, Nq, H, D), float("nan"), device="cuda", dtype=torch.bfloat16)
     lse = torch.full((B, H, Nq), float("nan"), device="cuda")
@@ -296,6 +299,18 @@ def _check(case, strided=False, form="per_head"):
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_float64(case):
     _check(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "D,Nk,causal", [(64, 1000, None), (128, 1000, "bottom_right"), (128, 8300, None), (256, 700, None)]
+)
+def test_row_max_jumps_between_blocks(D, Nk, causal):
+    """Keys whose first 128 give scores near 0 and the rest scores of spread ~4 (times the heads' own
+    spread): a row's max climbs past its first K/V block, so a speculative softmax (the
+    TILEATTN_SPEC_FP8 experiment, v3_3_wgmma.cu) must fail its check there and take the ordinary
+    path; 8300 keys without a mask take v3.5_wide's 192-key blocks."""
+    _check((1, 300, Nk, 4, 2, D, causal, None), jump=True)
 
 
 @pytest.mark.gpu

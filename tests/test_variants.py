@@ -520,6 +520,33 @@ def test_alibi_mma_matches_float64(dtype, D, causal, Nq, Nk, scale):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("loud", ["first", "last"])
+@pytest.mark.parametrize("slopes", ["bloom", "flat"])
+def test_alibi_row_max_jumps_between_blocks(dtype, D, loud, slopes):
+    """v3.8 over keys whose first (or last) 128 give scores of spread ~6 and the rest scores near 0,
+    with BLOOM's slopes or flat ones (2^-10): a row's max jumps between K/V blocks against the walk's
+    order either way, so v3.8's speculative softmax (the TILEATTN_SPEC_ALIBI / TILEATTN_ALIBI_REVERSE
+    experiments, v3_3_wgmma.cu) must fail its check and take the ordinary path, S issued again with
+    the ALiBi step.  By default v3.8 takes the ordinary path throughout: the same bounds hold."""
+    _needs("v3.7")
+    gen = torch.Generator(device="cuda").manual_seed(D + len(loud) + len(slopes))
+    B, Nq, Nk, H, H_kv = 2, 700, 1000, 8, 2
+    q = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    loud_keys = slice(0, 128) if loud == "first" else slice(Nk - 128, Nk)
+    k *= 0.01
+    k[:, loud_keys] *= 600.0
+    slope = _bloom_slopes(H) if slopes == "bloom" else torch.full((H,), 2.0**-10, device="cuda")
+    out = torch.full((B, Nq, H, D), float("nan"), device="cuda", dtype=dtype)  # poisoned
+    lse = torch.full((B, H, Nq), float("nan"), device="cuda")
+    serving.attention_variants(q, k, v, D**-0.5, "bottom_right", (-1, -1), 0.0, slope, True, out=out, lse=lse,
+                               version="v3.8")  # fmt: skip
+    _assert_matches_float64(out, lse, q, k, v, D**-0.5, "bottom_right", (-1, 0), 0.0, slope, dtype)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("B,H,N", [(4100, 16, 3), (1, 2, 4096)])
 def test_alibi_mma_public_call(B, H, N):
     """flash_attn_func's default for causal ALiBi alone (v3.8 at D = 64 past the short causal rule

@@ -149,6 +149,24 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 #ifndef TILEATTN_SPEC_VARIANTS
 #define TILEATTN_SPEC_VARIANTS 0
 #endif
+// An experiment (TILEATTN_DEFINES=TILEATTN_SPEC_ALIBI=G, G > 0; off by default): the same in v3.8
+// (causal ALiBi), whose block term slope_s (kv_start - first_pos) then joins the exponent's
+// per-row constant as it joins the ordinary path's row max.  A head whose bias climbs more than G
+// log2 units a block (slope_s Bc scale = slope Bc log2 e) keeps the ordinary path: its row max
+// outruns the running max every few blocks, and each failed check costs the exponentials and S
+// issued again.  (BLOOM's 16 slopes climb 0.72 to 130.6 log2 units a 128-key block: G = 2
+// speculates in 3 of the 16 heads, G = 8 in 7, G = 16 in 9.)
+#ifndef TILEATTN_SPEC_ALIBI
+#define TILEATTN_SPEC_ALIBI 0
+#endif
+// A second experiment for v3.8 (TILEATTN_DEFINES=TILEATTN_ALIBI_REVERSE=1; off by default): its K/V
+// blocks walked from the diagonal leftwards.  ALiBi's bias falls with every block of that walk, so
+// the first block (the diagonal's, masked) sets a row max the later ones rarely pass: the lazy
+// rebase rarely rescales O, and with TILEATTN_SPEC_ALIBI (any G, e.g. 1000000: no head needs the
+// gate then) the speculative check rarely fails, whatever the slopes.
+#ifndef TILEATTN_ALIBI_REVERSE
+#define TILEATTN_ALIBI_REVERSE 0
+#endif
 // v3.8 (ALIBI, v3_8_alibi_mma.cu): causal ALiBi's key term slope_s c (c = 0 .. Bc - 1, the key's
 // column in its block) as one more k16 step of S = Q K^T, A [64 x 16] in registers against a
 // constant B [Bc x 16] in shared memory.  The table: row c holds c, c, c in columns 0 .. 2 and
@@ -217,6 +235,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr int VT_PANEL = Bc % 128 == 0 ? 128 : 64;
   // ALIBI (v3.8, v3_8_alibi_mma.cu): causal ALiBi alone, its key term added by the tensor core.
   static_assert(!ALIBI || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128), "v3.8: causal, 16-bit, v3.6's walk");
+  constexpr bool REVERSE = ALIBI && TILEATTN_ALIBI_REVERSE;  // v3.8's blocks from the diagonal leftwards (above)
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
@@ -318,7 +337,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       }
       tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
       for (int n = 0; n < w.Tc; ++n) {
-        const int row = w.k0 + (w.j_lo + n) * Bc, c = c0 + n;
+        // (REVERSE: the walk's block n is the tile's n-th from the right, as the consumers' kv_block.)
+        const int row = w.k0 + (REVERSE ? w.j_lo + w.Tc - 1 - n : w.j_lo + n) * Bc, c = c0 + n;
         bars.wait_k_empty(c);
         tma_tile_load<HEAD_DIM>(tmaps, 1, s_k(bars.stage(c)), bars.k_full(c), Bc, row, hk_, tma_b);
         bars.wait_v_empty(c);
@@ -397,6 +417,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const int bh = w.bh, b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
     const int q_start = w.q_start, q0 = w.q0, seq_q = w.seq_q, seq_k = w.seq_k, offset = w.offset;
     const int j_lo = w.j_lo, Tc = w.Tc;
+    // The walk's block n.  A macro: as a lambda (capturing by reference or by value) ptxas
+    // scheduled 40 of the default kernels differently (SASS fingerprints), REVERSE or not.
+#define kv_block(n) (REVERSE ? j_lo + Tc - 1 - (n) : j_lo + (n))
     const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
     const int row_a = q_start + cwg * 64 + warp * 16 + g;  // this thread's query rows: row_a, row_a + 8
     // > 0, so max(s S) = s max(S) and the scale folds into one FFMA per score (softmax.cuh).
@@ -452,15 +475,15 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 #pragma unroll
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
       }
-      if (VARIANTS) fragment_variants(S, var_rest, (j_lo + n) * Bc, Bc, t);
+      if (VARIANTS) fragment_variants(S, var_rest, kv_block(n) * Bc, Bc, t);
       if constexpr (ALIBI_KEYS || ALIBI) {
-        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>((j_lo + n) * Bc - var.first_pos)
-                                   : var.alibi ? fragment_alibi_keys(S, var, (j_lo + n) * Bc, t)
+        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>(kv_block(n) * Bc - var.first_pos)
+                                   : var.alibi ? fragment_alibi_keys(S, var, kv_block(n) * Bc, t)
                                                : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true, REBASE>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+        fragment_online_softmax<CAUSAL, NS, true, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_block(n) * Bc, Bc,
                                                           q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
-        fragment_online_softmax<CAUSAL, NS, false, REBASE>(S, m_i, l_i, scale_old, scale_log2, (j_lo + n) * Bc, Bc,
+        fragment_online_softmax<CAUSAL, NS, false, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_block(n) * Bc, Bc,
                                                            q_start, row_a, t, seq_k, offset);
       }
     };
@@ -471,14 +494,28 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // Nor in v3.3 at D = 256 (not the dispatch's: v3.6 is), where its fp16 causal kernel kept 8
     // bytes of stack.
     // (Every test before the vote is uniform over the warpgroup's tile: the vote is a barrier.)
-    constexpr bool SPECULATE = !FP8 && (!VARIANTS || TILEATTN_SPEC_VARIANTS || HEAD_DIM == 128) && !ALIBI && !(PINGPONG && CAUSAL) &&
+    constexpr bool SPECULATE = !FP8 && (!VARIANTS || TILEATTN_SPEC_VARIANTS || HEAD_DIM == 128) &&
+                               (!ALIBI || TILEATTN_SPEC_ALIBI > 0) && !(PINGPONG && CAUSAL) &&
                                !(HEAD_DIM == 256 && !PERSISTENT);
     auto speculative_softmax = [&](float (&S)[NS], int n, int c) {
-      const int kv_start = (j_lo + n) * Bc;
+      const int kv_start = kv_block(n) * Bc;
       if (block_needs_mask<CAUSAL>(kv_start, Bc, seq_k, q_start, offset)) return false;
       if (VARIANTS) {
         if (var.alibi || window_edge(var, kv_start, Bc)) return false;
         fragment_variants(S, var_rest, kv_start, Bc, t);  // softcap's tanh: the one variant left here
+      }
+      // ALIBI: the block's term joins m_i for the exponentials (2^(s (S + offset) - m) = 2^(s S - m')),
+      // which then get m_i back.  (In place, not through a copy of m_i: that copy changed the SASS
+      // of the four D = 128 causal variants kernels, which speculate without it.)
+      float m_kept[2];
+      if constexpr (ALIBI) {  // (the test is per head: uniform over the warpgroup)
+        if (var.slope_s * static_cast<float>(Bc) * scale_log2 > static_cast<float>(TILEATTN_SPEC_ALIBI)) return false;
+        const float offset = var.slope_s * static_cast<float>(kv_start - var.first_pos);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          m_kept[h] = m_i[h];
+          m_i[h] = fmaf(-offset, scale_log2, m_i[h]);
+        }
       }
       float lsum[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -486,6 +523,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         S[i] = softmax_weight(S[i], scale_log2, m_i[(i % 4) / 2]);
         lsum[(i % 4) / 2] += S[i];
       }
+      if constexpr (ALIBI) m_i[0] = m_kept[0], m_i[1] = m_kept[1];
       const bool ok = lsum[0] <= 32768.0f && lsum[1] <= 32768.0f;
       // The warpgroup's vote (barrier 5 + cwg; 1 + cwg is O's store, 3 + cwg the ping-pong): a
       // failed check re-issues S, a wgmma all four warps must take (a warp's own vote, the first
@@ -603,7 +641,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         // but 0 x NaN is NaN, so each consumer warpgroup zeroes those rows of every 64-column
         // panel (row r: bytes [r 128, r 128 + 128) of its panel) before its P V reads them.  Only
         // the last tile can reach past the keys; the dense path's copy engine zero-fills instead.
-        const int first = seq_k - (j_lo + Tc - 1) * Bc;  // rows first .. Bc - 1
+        const int first = seq_k - (j_lo + Tc - 1) * Bc;  // rows first .. Bc - 1 (packed: never REVERSE)
         if (first < Bc) {
           unsigned char* v_tile = smem + (s_v(bars.stage(c0 + Tc - 1)) - s_q);
           for (int i = threadIdx.x % V3_3_WG; i < (HEAD_DIM / 64) * (Bc - first) * 8; i += V3_3_WG) {
@@ -649,6 +687,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     }
     if (tracer) trace_clock(i, cwg, 5);
   };
+#undef kv_block
   v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true);
   if constexpr (STAGE_O) {  // the last tile's copies read the stage: it must outlive them
     if (lane == 0) bulk_wait_read<0>();
