@@ -167,6 +167,17 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 #ifndef TILEATTN_ALIBI_REVERSE
 #define TILEATTN_ALIBI_REVERSE 0
 #endif
+// A third (TILEATTN_DEFINES=TILEATTN_SPEC_FP8=1; off by default): FP8 speculates again, each weight
+// checked against e4m3's largest value, 448 (64 FMNMX a thread after the exponentials, off their
+// chain to the SFU).  The thirty-eighth session's build checked them against 2^8, the lazy
+// rebase's own bound (tau + offset), which fails wherever the ordinary path would rebase: on 31%
+// of a warpgroup's blocks past the first in scripts/fp8_rebase_model.py's flat rows at N = 8192
+// (50% at N = 1024), and that kernel ran 0.74-0.92x.  Against 448 the model's warpgroups fail on
+// 3.4% (5.4% at N = 1024); peaky rows, whose max climbs block after block, still fail on 80-97%,
+// as the ordinary path rebases there too.
+#ifndef TILEATTN_SPEC_FP8
+#define TILEATTN_SPEC_FP8 0
+#endif
 // v3.8 (ALIBI, v3_8_alibi_mma.cu): causal ALiBi's key term slope_s c (c = 0 .. Bc - 1, the key's
 // column in its block) as one more k16 step of S = Q K^T, A [64 x 16] in registers against a
 // constant B [Bc x 16] in shared memory.  The table: row c holds c, c, c in columns 0 .. 2 and
@@ -494,7 +505,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // Nor in v3.3 at D = 256 (not the dispatch's: v3.6 is), where its fp16 causal kernel kept 8
     // bytes of stack.
     // (Every test before the vote is uniform over the warpgroup's tile: the vote is a barrier.)
-    constexpr bool SPECULATE = !FP8 && (!VARIANTS || TILEATTN_SPEC_VARIANTS || HEAD_DIM == 128) &&
+    constexpr bool SPECULATE = (!FP8 || TILEATTN_SPEC_FP8) && (!VARIANTS || TILEATTN_SPEC_VARIANTS || HEAD_DIM == 128) &&
                                (!ALIBI || TILEATTN_SPEC_ALIBI > 0) && !(PINGPONG && CAUSAL) &&
                                !(HEAD_DIM == 256 && !PERSISTENT);
     auto speculative_softmax = [&](float (&S)[NS], int n, int c) {
@@ -504,27 +515,37 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         if (var.alibi || window_edge(var, kv_start, Bc)) return false;
         fragment_variants(S, var_rest, kv_start, Bc, t);  // softcap's tanh: the one variant left here
       }
-      // ALIBI: the block's term joins m_i for the exponentials (2^(s (S + offset) - m) = 2^(s S - m')),
-      // which then get m_i back.  (In place, not through a copy of m_i: that copy changed the SASS
-      // of the four D = 128 causal variants kernels, which speculate without it.)
+      if (fp8_negate) {  // (as the ordinary path: S issued again after a failed check is not negated)
+#pragma unroll
+        for (int i = 0; i < NS; ++i) S[i] = -S[i];
+      }
+      // ALIBI: the block's term joins m_i for the exponentials (2^(s (S + offset) - m) = 2^(s S - m'));
+      // FP8: the weights lifted by 2^fp8_p_offset_log2(), as the ordinary path's (l_i sums them).
+      // Then m_i comes back.  (In place, not through a copy of m_i: that copy changed the SASS of
+      // the four D = 128 causal variants kernels, which speculate with neither.)
       float m_kept[2];
-      if constexpr (ALIBI) {  // (the test is per head: uniform over the warpgroup)
-        if (var.slope_s * static_cast<float>(Bc) * scale_log2 > static_cast<float>(TILEATTN_SPEC_ALIBI)) return false;
-        const float offset = var.slope_s * static_cast<float>(kv_start - var.first_pos);
+      if constexpr (ALIBI || FP8) {
+        // (ALIBI's test is per head: uniform over the warpgroup)
+        if (ALIBI && var.slope_s * static_cast<float>(Bc) * scale_log2 > static_cast<float>(TILEATTN_SPEC_ALIBI))
+          return false;
+        const float offset = ALIBI ? var.slope_s * static_cast<float>(kv_start - var.first_pos) : 0.0f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           m_kept[h] = m_i[h];
-          m_i[h] = fmaf(-offset, scale_log2, m_i[h]);
+          m_i[h] = FP8 ? m_i[h] - fp8_p_offset_log2() : fmaf(-offset, scale_log2, m_i[h]);
         }
       }
-      float lsum[2] = {0.0f, 0.0f};
+      float lsum[2] = {0.0f, 0.0f}, pmax[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int i = 0; i < NS; ++i) {
         S[i] = softmax_weight(S[i], scale_log2, m_i[(i % 4) / 2]);
         lsum[(i % 4) / 2] += S[i];
+        if (FP8) pmax[(i % 4) / 2] = fmaxf(pmax[(i % 4) / 2], S[i]);
       }
-      if constexpr (ALIBI) m_i[0] = m_kept[0], m_i[1] = m_kept[1];
-      const bool ok = lsum[0] <= 32768.0f && lsum[1] <= 32768.0f;
+      if constexpr (ALIBI || FP8) m_i[0] = m_kept[0], m_i[1] = m_kept[1];
+      // FP8: every weight at most e4m3's 448 (a NaN weight, which fmaxf drops, makes lsum NaN).
+      const bool ok = FP8 ? pmax[0] <= 448.0f && pmax[1] <= 448.0f && lsum[0] == lsum[0] && lsum[1] == lsum[1]
+                          : lsum[0] <= 32768.0f && lsum[1] <= 32768.0f;
       // The warpgroup's vote (barrier 5 + cwg; 1 + cwg is O's store, 3 + cwg the ping-pong): a
       // failed check re-issues S, a wgmma all four warps must take (a warp's own vote, the first
       // build, hung or faulted the kernel on the first block that one warp failed alone).
