@@ -172,8 +172,8 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 // chain to the SFU).  The thirty-eighth session's build checked them against 2^8, the lazy
 // rebase's own bound (tau + offset), which fails wherever the ordinary path would rebase: on 31%
 // of a warpgroup's blocks past the first in scripts/fp8_rebase_model.py's flat rows at N = 8192
-// (50% at N = 1024), and that kernel ran 0.74-0.92x.  Against 448 the model's warpgroups fail on
-// 3.4% (5.4% at N = 1024); peaky rows, whose max climbs block after block, still fail on 80-97%,
+// (41% at N = 1024), and that kernel ran 0.74-0.92x.  Against 448 the model's warpgroups fail on
+// 3.4% (3.6% at N = 1024); peaky rows, whose max climbs block after block, still fail on 90-96%,
 // as the ordinary path rebases there too.
 #ifndef TILEATTN_SPEC_FP8
 #define TILEATTN_SPEC_FP8 0
