@@ -528,11 +528,11 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         // (ALIBI's test is per head: uniform over the warpgroup)
         if (ALIBI && var.slope_s * static_cast<float>(Bc) * scale_log2 > static_cast<float>(TILEATTN_SPEC_ALIBI))
           return false;
-        const float offset = ALIBI ? var.slope_s * static_cast<float>(kv_start - var.first_pos) : 0.0f;
+        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>(kv_start - var.first_pos) : 0.0f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           m_kept[h] = m_i[h];
-          m_i[h] = FP8 ? m_i[h] - fp8_p_offset_log2() : fmaf(-offset, scale_log2, m_i[h]);
+          m_i[h] = FP8 ? m_i[h] - fp8_p_offset_log2() : fmaf(-alibi_offset, scale_log2, m_i[h]);
         }
       }
       float lsum[2] = {0.0f, 0.0f}, pmax[2] = {0.0f, 0.0f};
