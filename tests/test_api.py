@@ -165,6 +165,16 @@ def test_registry_is_public_and_consistent():
             assert set(over) <= set(v.tiles), "an arch tile for a head dim the rung does not take"
 
 
+def test_check_cases_take_each_rungs_own_head_dims_and_dtypes():
+    """`python -m tileattn check`'s cases stay within what each rung takes: its fixed awkward cases
+    once ran D=64 on v3.6_wide (D=128 only), which refused them with its ValueError on the GPU."""
+    from tileattn.testing import check_cases
+
+    for case in check_cases(tileattn.VERSIONS):
+        entry = tileattn.VERSIONS[case.version]
+        assert case.D in entry.head_dims and case.dtype in entry.dtypes, case
+
+
 def test_precision_values():
     with pytest.raises(ValueError, match=r"precision must be None, 'fp32' or 'tf32', got 'fp16'"):
         flash_attn_func(*qkv(), precision="fp16")
