@@ -49,6 +49,9 @@ def test_variants_kernel_compiles_without_spills(compiled_in_parallel, entry, dt
     assert "HGMMA.64x" in sass and "MUFU.TANH" in sass and "MUFU.EX2" in sass
     # v3.6's walk strides over tiles by gridDim.x (v3.3's packed_tile reads it too).
     assert "c[0x0][0xc]" in sass
+    # The speculative softmax (v3_3_wgmma.cu), whose check is the warpgroup's vote (BAR.RED.AND): at
+    # D = 128 only (at D = 64 it measured slower with softcap and the window).
+    assert ("BAR.RED.AND" in sass) == (D == 128)
 
 
 @pytest.mark.parametrize("D", [64, 128])
