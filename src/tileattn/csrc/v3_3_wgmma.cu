@@ -163,7 +163,10 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 // blocks walked from the diagonal leftwards.  ALiBi's bias falls with every block of that walk, so
 // the first block (the diagonal's, masked) sets a row max the later ones rarely pass: the lazy
 // rebase rarely rescales O, and with TILEATTN_SPEC_ALIBI (any G, e.g. 1000000: no head needs the
-// gate then) the speculative check rarely fails, whatever the slopes.
+// gate then) the speculative check rarely fails, whatever the slopes.  scripts/alibi_spec_model.py
+// (BLOOM's 16 slopes, N = 8192): left to right the ordinary path rescales O on 93% of a warpgroup's
+// blocks, and G = 8 speculates on 34% of them and fails on 8%; from the diagonal no block rescales
+// O and every check passes.
 #ifndef TILEATTN_ALIBI_REVERSE
 #define TILEATTN_ALIBI_REVERSE 0
 #endif
