@@ -250,6 +250,10 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   // ALIBI (v3.8, v3_8_alibi_mma.cu): causal ALiBi alone, its key term added by the tensor core.
   static_assert(!ALIBI || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128), "v3.8: causal, 16-bit, v3.6's walk");
   constexpr bool REVERSE = ALIBI && TILEATTN_ALIBI_REVERSE;  // v3.8's blocks from the diagonal leftwards (above)
+  // K/V block n of tile w's walk, in the producer's copies and the consumers' offsets alike.  A
+  // macro: as a lambda (capturing by reference or by value) ptxas scheduled 40 of the default
+  // kernels differently (SASS fingerprints), REVERSE or not.
+#define kv_block(w, n) (REVERSE ? (w).j_lo + (w).Tc - 1 - (n) : (w).j_lo + (n))
   constexpr int STAGES = 2;
   constexpr int Q_BYTES = Br * HEAD_DIM * sizeof(T), KV_BYTES = Bc * HEAD_DIM * sizeof(T);
 
@@ -338,21 +342,20 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         for (int n = 0; n < w.Tc; ++n) {
           const int c = c0 + n;
           bars.wait_k_empty(c);
-          tma_rows_load_e4m3<HEAD_DIM>(tmaps, 1, s_k(bars.stage(c)), bars.k_full(c), Bc, (w.j_lo + n) * Bc, hk_,
+          tma_rows_load_e4m3<HEAD_DIM>(tmaps, 1, s_k(bars.stage(c)), bars.k_full(c), Bc, kv_block(w, n) * Bc, hk_,
                                        tma_b);
           bars.wait_v_empty(c);
           mbar_arrive_expect_tx(bars.v_full(c), HEAD_DIM * Bc);  // panels of D rows x VT_PANEL key bytes
 #pragma unroll
           for (int p = 0; p < Bc / VT_PANEL; ++p)
             tma_load_4d(s_v(bars.stage(c)) + p * HEAD_DIM * VT_PANEL, tmaps->desc[2],
-                        ((w.j_lo + n) * Bc + VT_PANEL * p) / 2, 0, hk_, tma_b, bars.v_full(c));
+                        (kv_block(w, n) * Bc + VT_PANEL * p) / 2, 0, hk_, tma_b, bars.v_full(c));
         }
         return;
       }
       tma_tile_load<HEAD_DIM>(tmaps, 0, s_q, bars.q, Br, w.q0 + w.q_start, h_, tma_b);  // maps: q, k, v
       for (int n = 0; n < w.Tc; ++n) {
-        // (REVERSE: the walk's block n is the tile's n-th from the right, as the consumers' kv_block.)
-        const int row = w.k0 + (REVERSE ? w.j_lo + w.Tc - 1 - n : w.j_lo + n) * Bc, c = c0 + n;
+        const int row = w.k0 + kv_block(w, n) * Bc, c = c0 + n;
         bars.wait_k_empty(c);
         tma_tile_load<HEAD_DIM>(tmaps, 1, s_k(bars.stage(c)), bars.k_full(c), Bc, row, hk_, tma_b);
         bars.wait_v_empty(c);
@@ -431,9 +434,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const int bh = w.bh, b_ = bh / H, h_ = bh % H, hk_ = h_ / h_per_kv;
     const int q_start = w.q_start, q0 = w.q0, seq_q = w.seq_q, seq_k = w.seq_k, offset = w.offset;
     const int j_lo = w.j_lo, Tc = w.Tc;
-    // The walk's block n.  A macro: as a lambda (capturing by reference or by value) ptxas
-    // scheduled 40 of the default kernels differently (SASS fingerprints), REVERSE or not.
-#define kv_block(n) (REVERSE ? j_lo + Tc - 1 - (n) : j_lo + (n))
     const HeadSlice<T> hs = TILEATTN_HEAD_SLICE(T, bh);
     const int row_a = q_start + cwg * 64 + warp * 16 + g;  // this thread's query rows: row_a, row_a + 8
     // > 0, so max(s S) = s max(S) and the scale folds into one FFMA per score (softmax.cuh).
@@ -477,6 +477,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const float scale_log2 = VARIANTS ? exp_scale_log2(var, plain_scale_log2) : plain_scale_log2;
     ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
     if (ALIBI_KEYS) var_rest.alibi = false;
+    // TILEATTN_SPEC_ALIBI's gate (above), once a tile: this head's bias climbs at most G log2 units a block.
+    const bool alibi_speculates = !ALIBI || var.slope_s * static_cast<float>(Bc) * scale_log2 <= TILEATTN_SPEC_ALIBI;
     // ALIBI: the tensor core adds slope_s c (key c of the block, alibi_a against the key table);
     // the block's slope_s (kv_start - first row's position) joins the row max as ALIBI_KEYS's
     // offset does, and the row's own position leaves lse at the end (the same correction).
@@ -484,20 +486,23 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // Online softmax of block n's scores, in place (variants, mask, new row max, S = exp2(S * scale - m)).
     float scale_old[2];
     constexpr Rebase REBASE = FP8 ? Rebase::lazy_e4m3 : Rebase::lazy_16bit;
-    auto softmax = [&](float (&S)[NS], int n) {
+    auto negate_fp8 = [&](float (&S)[NS]) {
       if (fp8_negate) {
 #pragma unroll
         for (int i = 0; i < NS; ++i) S[i] = -S[i];
       }
-      if (VARIANTS) fragment_variants(S, var_rest, kv_block(n) * Bc, Bc, t);
+    };
+    auto softmax = [&](float (&S)[NS], int n) {
+      negate_fp8(S);
+      if (VARIANTS) fragment_variants(S, var_rest, kv_block(w, n) * Bc, Bc, t);
       if constexpr (ALIBI_KEYS || ALIBI) {
-        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>(kv_block(n) * Bc - var.first_pos)
-                                   : var.alibi ? fragment_alibi_keys(S, var, kv_block(n) * Bc, t)
+        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>(kv_block(w, n) * Bc - var.first_pos)
+                                   : var.alibi ? fragment_alibi_keys(S, var, kv_block(w, n) * Bc, t)
                                                : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_block(n) * Bc, Bc,
+        fragment_online_softmax<CAUSAL, NS, true, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_block(w, n) * Bc, Bc,
                                                           q_start, row_a, t, seq_k, offset, alibi_offset);
       } else {
-        fragment_online_softmax<CAUSAL, NS, false, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_block(n) * Bc, Bc,
+        fragment_online_softmax<CAUSAL, NS, false, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_block(w, n) * Bc, Bc,
                                                            q_start, row_a, t, seq_k, offset);
       }
     };
@@ -512,25 +517,20 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
                                (!ALIBI || TILEATTN_SPEC_ALIBI > 0) && !(PINGPONG && CAUSAL) &&
                                !(HEAD_DIM == 256 && !PERSISTENT);
     auto speculative_softmax = [&](float (&S)[NS], int n, int c) {
-      const int kv_start = kv_block(n) * Bc;
+      const int kv_start = kv_block(w, n) * Bc;
       if (block_needs_mask<CAUSAL>(kv_start, Bc, seq_k, q_start, offset)) return false;
       if (VARIANTS) {
         if (var.alibi || window_edge(var, kv_start, Bc)) return false;
         fragment_variants(S, var_rest, kv_start, Bc, t);  // softcap's tanh: the one variant left here
       }
-      if (fp8_negate) {  // (as the ordinary path: S issued again after a failed check is not negated)
-#pragma unroll
-        for (int i = 0; i < NS; ++i) S[i] = -S[i];
-      }
+      negate_fp8(S);  // (as the ordinary path: S issued again after a failed check is not negated)
       // ALIBI: the block's term joins m_i for the exponentials (2^(s (S + offset) - m) = 2^(s S - m'));
       // FP8: the weights lifted by 2^fp8_p_offset_log2(), as the ordinary path's (l_i sums them).
       // Then m_i comes back.  (In place, not through a copy of m_i: that copy changed the SASS of
       // the four D = 128 causal variants kernels, which speculate with neither.)
       float m_kept[2];
       if constexpr (ALIBI || FP8) {
-        // (ALIBI's test is per head: uniform over the warpgroup)
-        if (ALIBI && var.slope_s * static_cast<float>(Bc) * scale_log2 > static_cast<float>(TILEATTN_SPEC_ALIBI))
-          return false;
+        if (!alibi_speculates) return false;  // (per head: uniform over the warpgroup)
         const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>(kv_start - var.first_pos) : 0.0f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
