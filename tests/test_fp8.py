@@ -307,9 +307,9 @@ def test_matches_float64(case):
 )
 def test_row_max_jumps_between_blocks(D, Nk, causal):
     """Keys whose first 128 give scores near 0 and the rest scores of spread ~4 (times the heads' own
-    spread): a row's max climbs past its first K/V block, so a speculative softmax (the
-    TILEATTN_SPEC_FP8 experiment, v3_3_wgmma.cu) must fail its check there and take the ordinary
-    path; 8300 keys without a mask take v3.5_wide's 192-key blocks."""
+    spread): a row's max climbs past its first K/V block, so the lazy rebase (softmax.cuh) must move
+    P's base there before e4m3 saturates (and a speculative softmax, measured and dropped for FP8 in
+    v3_3_wgmma.cu, would fail its check); 8300 keys without a mask take v3.5_wide's 192-key blocks."""
     _check((1, 300, Nk, 4, 2, D, causal, None), jump=True)
 
 

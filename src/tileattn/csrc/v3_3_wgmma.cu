@@ -138,7 +138,6 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 // cuDNN in the same process): 1.02-1.07x the ordinary softmax's speed at most shapes, even at
 // D = 128 without a mask from N = 8192 (v3.6_wide) and causal N = 1024, 0.97-0.99x at D = 64
 // causal N = 1024 (the ping-pong's causal kernel, which therefore keeps the ordinary softmax).
-// FP8 (bound 2^8, its lazy rebase's) ran 0.74-0.92x: its check fails too often.
 // The same in the variants kernels at D = 128, on blocks with no mask of any kind (Nk, causal,
 // the window's edges) in calls without ALiBi (its offsets ride the ordinary path's row max):
 // softcap's tanh, then the speculative exponentials.  Measured on an H100 (bench/NOTES.md, "The
@@ -149,38 +148,20 @@ __device__ __forceinline__ void trace_clock(int i, int slot, int ev) {
 #ifndef TILEATTN_SPEC_VARIANTS
 #define TILEATTN_SPEC_VARIANTS 0
 #endif
-// An experiment (TILEATTN_DEFINES=TILEATTN_SPEC_ALIBI=G, G > 0; off by default): the same in v3.8
-// (causal ALiBi), whose block term slope_s (kv_start - first_pos) then joins the exponent's
-// per-row constant as it joins the ordinary path's row max.  A head whose bias climbs more than G
-// log2 units a block (slope_s Bc scale = slope Bc log2 e) keeps the ordinary path: its row max
-// outruns the running max every few blocks, and each failed check costs the exponentials and S
-// issued again.  (BLOOM's 16 slopes climb 0.72 to 130.6 log2 units a 128-key block: G = 2
-// speculates in 3 of the 16 heads, G = 8 in 7, G = 16 in 9.)
-#ifndef TILEATTN_SPEC_ALIBI
-#define TILEATTN_SPEC_ALIBI 0
-#endif
-// A second experiment for v3.8 (TILEATTN_DEFINES=TILEATTN_ALIBI_REVERSE=1; off by default): its K/V
-// blocks walked from the diagonal leftwards.  ALiBi's bias falls with every block of that walk, so
-// the first block (the diagonal's, masked) sets a row max the later ones rarely pass: the lazy
-// rebase rarely rescales O, and with TILEATTN_SPEC_ALIBI (any G, e.g. 1000000: no head needs the
-// gate then) the speculative check rarely fails, whatever the slopes.  scripts/alibi_spec_model.py
-// (BLOOM's 16 slopes, N = 8192): left to right the ordinary path rescales O on 93% of a warpgroup's
-// blocks, and G = 8 speculates on 34% of them and fails on 8%; from the diagonal no block rescales
-// O and every check passes.
-#ifndef TILEATTN_ALIBI_REVERSE
-#define TILEATTN_ALIBI_REVERSE 0
-#endif
-// A third (TILEATTN_DEFINES=TILEATTN_SPEC_FP8=1; off by default): FP8 speculates again, each weight
-// checked against e4m3's largest value, 448 (64 FMNMX a thread after the exponentials, off their
-// chain to the SFU).  The thirty-eighth session's build checked them against 2^8, the lazy
-// rebase's own bound (tau + offset), which fails wherever the ordinary path would rebase: on 31%
-// of a warpgroup's blocks past the first in scripts/fp8_rebase_model.py's flat rows at N = 8192
-// (41% at N = 1024), and that kernel ran 0.74-0.92x.  Against 448 the model's warpgroups fail on
-// 3.4% (3.6% at N = 1024); peaky rows, whose max climbs block after block, still fail on 90-96%,
-// as the ordinary path rebases there too.
-#ifndef TILEATTN_SPEC_FP8
-#define TILEATTN_SPEC_FP8 0
-#endif
+// v3.8 (causal ALiBi) speculates too, and walks its K/V blocks from the diagonal leftwards
+// (REVERSE below).  ALiBi's bias falls with every block of that walk, so the first block (the
+// diagonal's, masked, the ordinary path) sets a row max the later ones rarely pass: the
+// speculative check rarely fails and the lazy rebase rarely rescales O, whatever the slopes.  The
+// block term slope_s (kv_start - first_pos) joins the exponent's per-row constant as it joins the
+// ordinary path's row max.  scripts/alibi_spec_model.py (float64, BLOOM's 16 slopes, N = 8192):
+// left to right the ordinary path rescales O on 93% of a warpgroup's blocks; from the diagonal on
+// none, and every check passes.  Measured on an H100 (bench/NOTES.md, "ALiBi from the diagonal";
+// bf16 B=2 H=16 N=8192, one process): 0.864x -> 0.970x of plain causal time at D = 64, 0.875x ->
+// 0.954x at D = 128; the walk alone 0.938x / 0.920x; left to right with the speculation gated to
+// heads climbing <= 8 log2 units a block 0.808x / 0.809x (its check failed too often).
+// FP8 keeps the ordinary path: against 2^8 (its lazy rebase's bound) the check failed on 31% of
+// blocks (0.74-0.92x); against e4m3's 448 it took 0.96-1.09x the ordinary kernel's time, more at
+// 10 of 12 shapes (the same note, "FP8's check against 448").
 // v3.8 (ALIBI, v3_8_alibi_mma.cu): causal ALiBi's key term slope_s c (c = 0 .. Bc - 1, the key's
 // column in its block) as one more k16 step of S = Q K^T, A [64 x 16] in registers against a
 // constant B [Bc x 16] in shared memory.  The table: row c holds c, c, c in columns 0 .. 2 and
@@ -249,7 +230,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr int VT_PANEL = Bc % 128 == 0 ? 128 : 64;
   // ALIBI (v3.8, v3_8_alibi_mma.cu): causal ALiBi alone, its key term added by the tensor core.
   static_assert(!ALIBI || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128), "v3.8: causal, 16-bit, v3.6's walk");
-  constexpr bool REVERSE = ALIBI && TILEATTN_ALIBI_REVERSE;  // v3.8's blocks from the diagonal leftwards (above)
+  constexpr bool REVERSE = ALIBI;  // v3.8's blocks from the diagonal leftwards (above)
   // K/V block n of tile w's walk, in the producer's copies and the consumers' offsets alike.  A
   // macro: as a lambda (capturing by reference or by value) ptxas scheduled 40 of the default
   // kernels differently (SASS fingerprints), REVERSE or not.
@@ -477,8 +458,6 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     const float scale_log2 = VARIANTS ? exp_scale_log2(var, plain_scale_log2) : plain_scale_log2;
     ScoreVariants var_rest = var;  // what fragment_variants applies: all but ALiBi under ALIBI_KEYS
     if (ALIBI_KEYS) var_rest.alibi = false;
-    // TILEATTN_SPEC_ALIBI's gate (above), once a tile: this head's bias climbs at most G log2 units a block.
-    const bool alibi_speculates = !ALIBI || var.slope_s * static_cast<float>(Bc) * scale_log2 <= TILEATTN_SPEC_ALIBI;
     // ALIBI: the tensor core adds slope_s c (key c of the block, alibi_a against the key table);
     // the block's slope_s (kv_start - first row's position) joins the row max as ALIBI_KEYS's
     // offset does, and the row's own position leaves lse at the end (the same correction).
@@ -513,9 +492,8 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // Nor in v3.3 at D = 256 (not the dispatch's: v3.6 is), where its fp16 causal kernel kept 8
     // bytes of stack.
     // (Every test before the vote is uniform over the warpgroup's tile: the vote is a barrier.)
-    constexpr bool SPECULATE = (!FP8 || TILEATTN_SPEC_FP8) && (!VARIANTS || TILEATTN_SPEC_VARIANTS || HEAD_DIM == 128) &&
-                               (!ALIBI || TILEATTN_SPEC_ALIBI > 0) && !(PINGPONG && CAUSAL) &&
-                               !(HEAD_DIM == 256 && !PERSISTENT);
+    constexpr bool SPECULATE = !FP8 && (!VARIANTS || TILEATTN_SPEC_VARIANTS || HEAD_DIM == 128) &&
+                               !(PINGPONG && CAUSAL) && !(HEAD_DIM == 256 && !PERSISTENT);
     auto speculative_softmax = [&](float (&S)[NS], int n, int c) {
       const int kv_start = kv_block(w, n) * Bc;
       if (block_needs_mask<CAUSAL>(kv_start, Bc, seq_k, q_start, offset)) return false;
@@ -523,32 +501,26 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
         if (var.alibi || window_edge(var, kv_start, Bc)) return false;
         fragment_variants(S, var_rest, kv_start, Bc, t);  // softcap's tanh: the one variant left here
       }
-      negate_fp8(S);  // (as the ordinary path: S issued again after a failed check is not negated)
-      // ALIBI: the block's term joins m_i for the exponentials (2^(s (S + offset) - m) = 2^(s S - m'));
-      // FP8: the weights lifted by 2^fp8_p_offset_log2(), as the ordinary path's (l_i sums them).
-      // Then m_i comes back.  (In place, not through a copy of m_i: that copy changed the SASS of
-      // the four D = 128 causal variants kernels, which speculate with neither.)
+      // ALIBI: the block's term joins m_i for the exponentials (2^(s (S + offset) - m) = 2^(s S - m')),
+      // then m_i comes back.  (In place, not through a copy of m_i: that copy changed the SASS of
+      // the four D = 128 causal variants kernels, which speculate without it.)
       float m_kept[2];
-      if constexpr (ALIBI || FP8) {
-        if (!alibi_speculates) return false;  // (per head: uniform over the warpgroup)
-        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>(kv_start - var.first_pos) : 0.0f;
+      if constexpr (ALIBI) {
+        const float alibi_offset = var.slope_s * static_cast<float>(kv_start - var.first_pos);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           m_kept[h] = m_i[h];
-          m_i[h] = FP8 ? m_i[h] - fp8_p_offset_log2() : fmaf(-alibi_offset, scale_log2, m_i[h]);
+          m_i[h] = fmaf(-alibi_offset, scale_log2, m_i[h]);
         }
       }
-      float lsum[2] = {0.0f, 0.0f}, pmax[2] = {0.0f, 0.0f};
+      float lsum[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int i = 0; i < NS; ++i) {
         S[i] = softmax_weight(S[i], scale_log2, m_i[(i % 4) / 2]);
         lsum[(i % 4) / 2] += S[i];
-        if (FP8) pmax[(i % 4) / 2] = fmaxf(pmax[(i % 4) / 2], S[i]);
       }
-      if constexpr (ALIBI || FP8) m_i[0] = m_kept[0], m_i[1] = m_kept[1];
-      // FP8: every weight at most e4m3's 448 (a NaN weight, which fmaxf drops, makes lsum NaN).
-      const bool ok = FP8 ? pmax[0] <= 448.0f && pmax[1] <= 448.0f && lsum[0] == lsum[0] && lsum[1] == lsum[1]
-                          : lsum[0] <= 32768.0f && lsum[1] <= 32768.0f;
+      if constexpr (ALIBI) m_i[0] = m_kept[0], m_i[1] = m_kept[1];
+      const bool ok = lsum[0] <= 32768.0f && lsum[1] <= 32768.0f;
       // The warpgroup's vote (barrier 5 + cwg; 1 + cwg is O's store, 3 + cwg the ping-pong): a
       // failed check re-issues S, a wgmma all four warps must take (a warp's own vote, the first
       // build, hung or faulted the kernel on the first block that one warp failed alone).
