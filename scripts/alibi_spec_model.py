@@ -1,6 +1,7 @@
 """Model: v3.8's block loop under causal ALiBi for one Q tile at a time (128 rows, two 64-row
-warpgroups), walked left to right (the default) or from the diagonal leftwards
-(TILEATTN_ALIBI_REVERSE), with the speculative softmax of TILEATTN_SPEC_ALIBI=G (csrc/v3_3_wgmma.cu):
+warpgroups), walked left to right (the build before b971373) or from the diagonal leftwards (v3.8
+since, csrc/v3_3_wgmma.cu REVERSE), with a speculative softmax gated at G (the experiment
+TILEATTN_SPEC_ALIBI=G measured then; v3.8 now speculates in every head, G = infinity):
 on each unmasked block after the walk's first, a head whose bias climbs at most G log2 units a
 block tries the block's weights against the running max m_i, and the warpgroup's check fails if
 some thread's partial row sum (32 keys of a row) passes 2^15; otherwise, and on masked blocks, the

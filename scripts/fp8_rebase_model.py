@@ -1,7 +1,8 @@
 """v3.5's online softmax as a float64 model on the CPU: what the rebase threshold tau and P's exponent
 offset cost O's accuracy once P is rounded to e4m3, how often a warp (16 rows) must rebase O, and
-how often a speculative softmax (v3_3_wgmma.cu, TILEATTN_SPEC_FP8: a block's weights against the
-running max, checked after them) would fail its check in a warpgroup (64 rows).
+how often a speculative softmax (the experiment TILEATTN_SPEC_FP8, measured and removed: a block's
+weights against the running max, checked after them; bench/NOTES.md) would fail its check in a
+warpgroup (64 rows).
 
 For each score distribution it prints O's relative error against exact attention of the same
 (e4m3) inputs, as a multiple of the error of tests/test_fp8.py's model (P rounded against the row's
