@@ -617,6 +617,13 @@ __device__ __forceinline__ float fragment_alibi_keys(float (&S)[NS], const Score
   return var.slope_s * static_cast<float>(kv_start + 2 * t - var.first_pos);
 }
 
+// v3.8's block term (causal ALiBi with the key's column on the tensor core, v3_8_alibi_mma.cu):
+// slope_s (kv_start - p0), one offset for the whole block, which joins the row max and the
+// exponent's per-row constant (fragment_online_softmax's OFFSET, or the speculative softmax's m_i).
+__device__ __forceinline__ float alibi_block_offset(const ScoreVariants& var, int kv_start) {
+  return var.slope_s * static_cast<float>(kv_start - var.first_pos);
+}
+
 // Two adjacent output values in the output dtype.
 __device__ __forceinline__ void store_pair(float* dst, float a, float b) { *reinterpret_cast<float2*>(dst) = make_float2(a, b); }
 template <typename T>

@@ -473,16 +473,17 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     };
     auto softmax = [&](float (&S)[NS], int n) {
       negate_fp8(S);
-      if (VARIANTS) fragment_variants(S, var_rest, kv_block(w, n) * Bc, Bc, t);
+      const int kv_start = kv_block(w, n) * Bc;
+      if (VARIANTS) fragment_variants(S, var_rest, kv_start, Bc, t);
       if constexpr (ALIBI_KEYS || ALIBI) {
-        const float alibi_offset = ALIBI ? var.slope_s * static_cast<float>(kv_block(w, n) * Bc - var.first_pos)
-                                   : var.alibi ? fragment_alibi_keys(S, var, kv_block(w, n) * Bc, t)
+        const float alibi_offset = ALIBI ? alibi_block_offset(var, kv_start)
+                                   : var.alibi ? fragment_alibi_keys(S, var, kv_start, t)
                                                : 0.0f;
-        fragment_online_softmax<CAUSAL, NS, true, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_block(w, n) * Bc, Bc,
-                                                          q_start, row_a, t, seq_k, offset, alibi_offset);
+        fragment_online_softmax<CAUSAL, NS, true, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_start, Bc, q_start,
+                                                          row_a, t, seq_k, offset, alibi_offset);
       } else {
-        fragment_online_softmax<CAUSAL, NS, false, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_block(w, n) * Bc, Bc,
-                                                           q_start, row_a, t, seq_k, offset);
+        fragment_online_softmax<CAUSAL, NS, false, REBASE>(S, m_i, l_i, scale_old, scale_log2, kv_start, Bc, q_start,
+                                                           row_a, t, seq_k, offset);
       }
     };
     // The speculative softmax (above): block n's weights against the running max, from stage c's
@@ -506,7 +507,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       // the four D = 128 causal variants kernels, which speculate without it.)
       float m_kept[2];
       if constexpr (ALIBI) {
-        const float alibi_offset = var.slope_s * static_cast<float>(kv_start - var.first_pos);
+        const float alibi_offset = alibi_block_offset(var, kv_start);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           m_kept[h] = m_i[h];
