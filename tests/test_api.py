@@ -270,6 +270,21 @@ def test_default_column_names_the_dispatch_rung_not_the_fastest():
     assert table[-1].endswith("| v3.6 |"), table[-1]
 
 
+def test_hf_table_reads_runs_with_and_without_the_attention_free_run():
+    """The attention columns of `bench --suite hf` (from its run with no attention) read "-" for
+    results recorded before that run existed."""
+    from tileattn.bench import hf_table
+
+    old = [dict(impl="sdpa", B=2, N=8192, ms=88.5), dict(impl="tileattn", B=2, N=8192, ms=85.1,
+           vs_sdpa=88.5 / 85.1, max_abs_logit_diff_vs_sdpa=0.125)]  # fmt: skip
+    assert hf_table({"rows": old}).splitlines()[-1] == "| 2 | 8192 | 88.50 | 85.10 | 1.040x | - | - | - | 0.125 |"
+    new = [dict(r, attn_ms=a) for r, a in zip(old, (20.5, 17.1))]
+    new[1].update(attn_vs_sdpa=20.5 / 17.1, attn_needed_for_1_05x=20.5 / (88.5 / 1.05 - 68.0))
+    assert hf_table({"rows": new}).splitlines()[-1] == (
+        "| 2 | 8192 | 88.50 | 85.10 | 1.040x | 20.50 / 17.10 | 1.20x | 1.26x | 0.125 |"
+    )
+
+
 def test_grouped_bars_label_no_bar_that_was_not_measured():
     """A peer missing from a group (FlexAttention at D=64 in the variants chart) gets no "0" label."""
     import matplotlib
