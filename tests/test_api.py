@@ -283,6 +283,8 @@ def test_hf_table_reads_runs_with_and_without_the_attention_free_run():
     assert hf_table({"rows": new}).splitlines()[-1] == (
         "| 2 | 8192 | 88.50 | 85.10 | 1.040x | 20.50 / 17.10 | 1.20x | 1.26x | 0.125 |"
     )
+    new[1]["attn_needed_for_1_05x"] = None  # not even attention in no time would reach 1.05x
+    assert "| 1.20x | - | 0.125 |" in hf_table({"rows": new})
 
 
 def test_grouped_bars_label_no_bar_that_was_not_measured():

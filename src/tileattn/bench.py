@@ -601,10 +601,11 @@ def hf_prefill(shapes=HF_SHAPES, layers: int = 16) -> list[dict]:
         sdpa, ours = rows[-2:]
         ours["max_abs_logit_diff_vs_sdpa"] = (logits["tileattn"] - logits["sdpa"]).abs().max().item()
         ours["vs_sdpa"] = sdpa["ms"] / ours["ms"]
-        ours["attn_vs_sdpa"] = sdpa["attn_ms"] / ours["attn_ms"]
-        # 1.05x end to end: the model in sdpa's time / 1.05, of which ms["no_attention"] is not attention
+        ours["attn_vs_sdpa"] = sdpa["attn_ms"] / ours["attn_ms"] if ours["attn_ms"] > 0 else None
+        # 1.05x end to end: the model in sdpa's time / 1.05, of which ms["no_attention"] is not
+        # attention (None: not even attention in no time would do)
         needed = sdpa["ms"] / 1.05 - ms["no_attention"]
-        ours["attn_needed_for_1_05x"] = sdpa["attn_ms"] / needed if needed > 0 else float("inf")
+        ours["attn_needed_for_1_05x"] = sdpa["attn_ms"] / needed if needed > 0 else None
         del ids
         torch.cuda.empty_cache()
     return rows
@@ -618,8 +619,9 @@ def hf_table(result: dict) -> str:
     ]
     rows = result["rows"]
     for a, b in zip(rows[::2], rows[1::2]):
+        ratio = lambda key: "-" if b.get(key) is None else f"{b[key]:.2f}x"
         attn = (
-            f"{a['attn_ms']:.2f} / {b['attn_ms']:.2f} | {b['attn_vs_sdpa']:.2f}x | {b['attn_needed_for_1_05x']:.2f}x"
+            f"{a['attn_ms']:.2f} / {b['attn_ms']:.2f} | {ratio('attn_vs_sdpa')} | {ratio('attn_needed_for_1_05x')}"
             if "attn_ms" in b
             else "- | - | -"  # runs from before the attention-free run was added
         )
