@@ -28,6 +28,7 @@ from tileattn.versions import (
     V3_6_VARIANTS,
     V3_7_VARIANTS,
     V3_8_ALIBI,
+    V3_9_WINDOW,
     VERSIONS,
 )
 
@@ -37,7 +38,7 @@ WGMMA_INSTANCES = [(e, *i) for e in (V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS
 @pytest.fixture(scope="module")
 def compiled_in_parallel():
     """The kernels below compiled and disassembled up front, one NVRTC and cuobjdump per core."""
-    instances = [*WGMMA_INSTANCES, *((V3_8_ALIBI, *i) for i in V3_8_ALIBI.instantiations())]
+    instances = [*WGMMA_INSTANCES, *((e, *i) for e in (V3_8_ALIBI, V3_9_WINDOW) for i in e.instantiations())]
     jobs = {(e.file, e.name_expression(dt, D, c), "sm_90a") for e, dt, D, c in instances}
     compile_in_parallel(jobs, disassemble=jobs)
 
@@ -84,6 +85,22 @@ def test_alibi_mma_adds_one_k_step_and_no_instruction_a_score(compiled_in_parall
     assert sass.count("HGMMA") == base.count("HGMMA") + 3
     assert "MUFU.TANH" not in sass and sass.count("MUFU.EX2") <= base.count("MUFU.EX2")
     assert sass.count(" FFMA ") - base.count(" FFMA ") < 32
+
+
+@pytest.mark.parametrize("dtype,D,causal", V3_9_WINDOW.instantiations())
+def test_window_kernel_is_plain_causal_with_a_left_edge(compiled_in_parallel, dtype, D, causal):
+    """v3.9: the plain causal kernel of the same tile (v3.7's at D=64, v3.6's at D=128) with the
+    window's left edge: spill-free, the speculative softmax's vote (BAR.RED.AND), the plain
+    kernel's MMAs and exponentials, no tanh, and the edge's mask on the edge blocks only (a few
+    dozen ISETP / FSEL a copy of the loop, no FFMA a score)."""
+    _, sass = compile_entry_spill_free(V3_9_WINDOW, dtype, D, causal)
+    assert "BAR.RED.AND" in sass and "MUFU.TANH" not in sass
+    plain = VERSIONS["v3.7" if D == 64 else "v3.6"]
+    assert plain.tile(D, 90) == V3_9_WINDOW.tiles[D]
+    base = _nvrtc.sass(_nvrtc.compile_kernel(plain.file, plain.name_expression(dtype, D, causal, 90), "sm_90a"))
+    assert sass.count("HGMMA") == base.count("HGMMA")
+    assert sass.count("MUFU.EX2") == base.count("MUFU.EX2")
+    assert abs(sass.count(" FFMA ") - base.count(" FFMA ")) < 32
 
 
 def test_alibi_slope_in_three_bf16_terms_is_exact():
@@ -168,6 +185,7 @@ def test_packed_path_picks_the_kernel(monkeypatch, cc, D, version, variants, dty
         ((9, 0), 256, "v3.6", torch.bfloat16, r"version='v3.6' runs x on Hopper .* at head dims \(64, 128\)"),
         ((8, 0), 64, "v3.6", torch.bfloat16, r"version='v3.6' .* on sm_80"),
         ((9, 0), 128, "v3.8", torch.bfloat16, r"version='v3.8' runs causal ALiBi alone"),  # (alibi=False)
+        ((9, 0), 128, "v3.9", torch.bfloat16, r"version='v3.9' runs a causal window alone"),  # (window_only=False)
     ],
 )
 def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, dtype, expected):
@@ -181,6 +199,18 @@ def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, 
     else:
         with pytest.raises(NotImplementedError, match=expected):
             serving._packed_path("x", dtype, D, device, True, version, dense=True)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_causal_window_alone_takes_v3_9_when_named(monkeypatch, D):
+    """A causal window alone (window_only) runs v3.9's kernel with version="v3.9"; by default the
+    variants kernel (v3.9 is not the default until a run times it)."""
+    monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (9, 0))
+    device, path = torch.device("cuda", 0), serving._packed_path
+    assert path("x", torch.bfloat16, D, device, True, "v3.9", dense=True, window_only=True) == "v3.9_window"
+    assert path("x", torch.bfloat16, D, device, True, None, dense=True, window_only=True) == "v3.6_variants"
+    with pytest.raises(NotImplementedError, match=r"version='v3.9' runs .* head dims \(64, 128\)"):
+        path("x", torch.bfloat16, 256, device, True, "v3.9", dense=True, window_only=True)
 
 
 @pytest.mark.parametrize(
@@ -236,7 +266,7 @@ BAD_INPUT = [
     (dict(softcap="big"), TypeError, "softcap must be a float"),
     (dict(alibi_slopes=torch.zeros(3)), ValueError, r"alibi_slopes must be a float32 tensor of shape \(4,\)"),
     (dict(alibi_slopes=torch.zeros(4, dtype=torch.float64)), ValueError, "alibi_slopes must be a float32"),
-    (dict(window_size=(8, 0), version="v2.3"), ValueError, "alibi_slopes run on v3.8, v3.7, v3.6, v3.3 or v3.1"),
+    (dict(window_size=(8, 0), version="v2.3"), ValueError, "alibi_slopes run on v3.9, v3.8, v3.7, v3.6, v3.3 or v3.1"),
     (dict(softcap=1.0, precision="tf32"), ValueError, r"precision=None\); got version=None, precision='tf32'"),
     (dict(window_size=(8, 0), version="v3.1"), ValueError, "q must be a CUDA tensor"),  # (v3.1 takes variants)
     (dict(softcap=1.0), ValueError, "q must be a CUDA tensor"),
@@ -519,6 +549,27 @@ def test_alibi_mma_matches_float64(dtype, D, causal, Nq, Nk, scale):
     lse = torch.full((B, H, Nq), float("nan"), device="cuda")
     serving.attention_variants(q, k, v, scale, causal, (-1, -1), 0.0, slopes, True, out=out, lse=lse, version="v3.8")
     _assert_matches_float64(out, lse, q, k, v, scale, causal, (-1, 0), 0.0, slopes, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("left", [0, 1, 127, 300, 1000])
+@pytest.mark.parametrize("Nq,Nk", [(300, 457), (457, 300), (1, 700), (2000, 2000)])
+def test_window_plain_kernel_matches_float64(dtype, D, causal, left, Nq, Nk):
+    """v3.9 (a causal window alone on the plain causal kernel) against float64: windows of 0 keys
+    past the diagonal to wider than the tile, edges inside and across K/V blocks, lengths off every
+    tile, Nq > Nk (rows that see no key), N=1, GQA."""
+    _needs("v3.7")
+    gen = torch.Generator(device="cuda").manual_seed(Nq * 3 + Nk + D + left)
+    B, H, H_kv = 2, 8, 2
+    q = torch.randn(B, Nq, H, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, Nk, H_kv, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    out = torch.full((B, Nq, H, D), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((B, H, Nq), float("nan"), device="cuda")
+    serving.attention_variants(q, k, v, D**-0.5, causal, (left, 0), 0.0, None, True, out=out, lse=lse, version="v3.9")
+    _assert_matches_float64(out, lse, q, k, v, D**-0.5, causal, (left, 0), 0.0, None, dtype)
 
 
 @pytest.mark.gpu

@@ -93,7 +93,8 @@ def flash_attn_func(
             input that requires grad elsewhere, or with deterministic=True (or under
             torch.use_deterministic_algorithms(True)), raises.
         version: a rung name from ``tileattn.VERSIONS``; None picks the fastest that fits.  With
-            a variant: None, "v3.8" (causal ALiBi alone), "v3.7", "v3.6", "v3.3" or "v3.1" (the
+            a variant: None, "v3.9" (a causal window alone), "v3.8" (causal ALiBi alone), "v3.7",
+            "v3.6", "v3.3" or "v3.1" (the
             mma.sync variants kernel, also on Hopper).
         return_lse: also return the float32 log-sum-exp of each row, (B, H, Nq); -inf for a row
             that sees no key (its output is 0).
@@ -168,10 +169,11 @@ def _variants_call(
     )
     if not serving.any_variant(window, softcap, slopes, mode is not None):
         return None
-    if version not in serving._VARIANTS_VERSIONS or precision is not None:  # (versions.V3_8_ALIBI, V3_7..V3_1_VARIANTS)
+    if version not in serving._VARIANTS_VERSIONS or precision is not None:  # (versions.V3_9_WINDOW .. V3_1_VARIANTS)
         raise ValueError(
-            "window_size, softcap and alibi_slopes run on v3.8, v3.7, v3.6, v3.3 or v3.1 (version=None, 'v3.8', "
-            f"'v3.7', 'v3.6', 'v3.3' or 'v3.1', precision=None); got version={version!r}, precision={precision!r}"
+            "window_size, softcap and alibi_slopes run on v3.9, v3.8, v3.7, v3.6, v3.3 or v3.1 (version=None, "
+            "'v3.9', 'v3.8', 'v3.7', 'v3.6', 'v3.3' or 'v3.1', precision=None); "
+            f"got version={version!r}, precision={precision!r}"
         )
     needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
     if needs_grad:

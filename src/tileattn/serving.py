@@ -426,10 +426,11 @@ _VARIANTS = "v3.3_variants"  # the same body compiled with the score variants (v
 _VARIANTS_DENSE = "v3.6_variants"  # the variants on v3.6's persistent walk, dense calls (versions.py)
 _VARIANTS_THREE = "v3.7_variants"  # ... on v3.7's three consumers: ALiBi alone at D=64 (versions.py)
 _ALIBI_MMA = "v3.8_alibi"  # causal ALiBi alone, its key term on the tensor core (versions.py)
+_WINDOW_PLAIN = "v3.9_window"  # a causal window alone on the plain causal kernel (versions.py)
 _VARLEN_MMA = "v3.1_varlen"  # variable-length batches on the mma.sync path, sm_80+ (versions.py)
 _VARIANTS_MMA = "v3.1_variants"  # its body compiled with the score variants, packed or dense (versions.py)
 _PACKED_VERSIONS = (None, "v3.3", "v3.1")  # flash_attn_varlen_func's version=
-_VARIANTS_VERSIONS = (None, "v3.8", "v3.7", "v3.6", "v3.3", "v3.1")  # flash_attn_func's version= with variants
+_VARIANTS_VERSIONS = (None, "v3.9", "v3.8", "v3.7", "v3.6", "v3.3", "v3.1")  # flash_attn_func's version= with variants
 
 
 def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: int):
@@ -442,15 +443,16 @@ def _packed_kernel(dtype: str, D: int, causal: bool, kernel: str, device_index: 
 
 def _packed_path(
     what: str, dtype, D: int, device, variants: bool, version=None, dense: bool = False, three: bool = False,
-    alibi: bool = False,
+    alibi: bool = False, window_only: bool = False,
 ) -> str:  # fmt: skip
     """The kernel a packed (or, with variants, dense) call runs: v3.3's (its variants kernel with
     variants) on Hopper at its head dims, else v3.1's variable-length kernel or its variants kernel
     (sm_80+, Hopper's other head dims included); dense calls with variants on Hopper take v3.6's
     variants kernel (persistent) at its head dims, or with ``three`` (no window, no softcap, not a
     short causal call: attention_variants) v3.7's at its one, and with ``alibi`` (causal ALiBi
-    alone) v3.8's at D = 128, or at D = 64 where ``three`` holds too.  ``version`` ("v3.8",
-    "v3.7", "v3.6", "v3.3" or "v3.1") forces one.  Raises NotImplementedError naming what runs
+    alone) v3.8's at D = 128, or at D = 64 where ``three`` holds too; ``window_only`` (a causal
+    window alone) lets ``version="v3.9"`` take v3.9's.  ``version`` ("v3.9", "v3.8", "v3.7",
+    "v3.6", "v3.3" or "v3.1") forces one.  Raises NotImplementedError naming what runs
     where."""
     from . import _nvrtc
     from .versions import KERNEL_ENTRIES
@@ -462,8 +464,11 @@ def _packed_path(
     half = dtype in (torch.float16, torch.bfloat16)
     if version == "v3.8" and not alibi:
         raise NotImplementedError(f"version='v3.8' runs causal ALiBi alone (no window, no softcap); got {what}")
+    if version == "v3.9" and not window_only:
+        raise NotImplementedError(f"version='v3.9' runs a causal window alone (no softcap, no ALiBi); got {what}")
     v38 = [(_ALIBI_MMA, "v3.8", D != 64 or three)] if alibi else []
-    for name, rung, default in (*v38, (_VARIANTS_THREE, "v3.7", three), (_VARIANTS_DENSE, "v3.6", True)):
+    v39 = [(_WINDOW_PLAIN, "v3.9", False)] if window_only else []  # (not the default until timed)
+    for name, rung, default in (*v39, *v38, (_VARIANTS_THREE, "v3.7", three), (_VARIANTS_DENSE, "v3.6", True)):
         entry = KERNEL_ENTRIES[name]
         fits = variants and dense and half and entry.runs_on(arch) and D in entry.head_dims
         if fits and (version == rung or (version is None and default)):
@@ -757,7 +762,7 @@ def attention_variants(
     """flash_attn_func with a window, softcap or ALiBi: (B, Nq, H, D) q, (B, Nk, H_kv, D) k, v,
     already checked by api._validate (dtype, shapes, devices, strides), and the variants by
     _variants.  Returns (O, lse or None); out / lse: buffers to write (the tests hand in
-    NaN-poisoned ones).  version: None, "v3.8", "v3.7", "v3.6", "v3.3" or "v3.1" (_packed_path's choice, or
+    NaN-poisoned ones).  version: None, "v3.9", "v3.8", "v3.7", "v3.6", "v3.3" or "v3.1" (_packed_path's choice, or
     the one named)."""
     from .versions import short_causal
 
@@ -770,9 +775,12 @@ def attention_variants(
     three = softcap == 0.0 and not windowed and not short_causal(mode is not None, Nq)
     # v3.8 for causal ALiBi alone: the plain causal kernel with the key term on the tensor core.
     alibi = alibi_slopes is not None and softcap == 0.0 and not windowed and mode is not None
+    # v3.9 for a causal window alone: the plain causal kernel with the window's left edge.
+    window_only = windowed and softcap == 0.0 and alibi_slopes is None and mode is not None
     kernel = _packed_path(
-        "a window, softcap and ALiBi", q.dtype, D, q.device, True, version, dense=True, three=three, alibi=alibi
-    )
+        "a window, softcap and ALiBi", q.dtype, D, q.device, True, version, dense=True, three=three, alibi=alibi,
+        window_only=window_only,
+    )  # fmt: skip
     no_work = B * H * Nq == 0 or Nk == 0
     out, lse = api._outputs(out, lse, (B, Nq, H, D), q.dtype, (B, H, Nq), return_lse, q.device, no_work)
     if no_work:

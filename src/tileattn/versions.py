@@ -883,6 +883,21 @@ V3_8_ALIBI = dataclasses.replace(
     "slope in registers): plain causal's kernel, no instruction a score (dense calls)",
 )
 
+# A causal sliding window alone on the plain causal kernel (csrc/v3_9_window.cu): v3.7's tile at
+# D = 64 and v3.6's at D = 128 (as v3.8), the window's first block for j_lo and the left edge's mask
+# on the blocks that cross it; serving.attention_variants takes it with version="v3.9" (not yet
+# timed: not the default).
+V3_9_WINDOW = dataclasses.replace(
+    V3_6_VARIANTS,
+    name="v3.9_window",
+    file="v3_9_window.cu",
+    kernel="v3_9_window_fwd",
+    tiles={64: _V3_7.tiles[64], 128: _V3_6.tiles[128]},  # plain causal's tiles: v3.7's three consumers at D=64
+    causal_variants=(True,),
+    summary="a causal sliding window alone on plain causal's kernel: blocks left of the window skipped, the left "
+    "edge masked on the blocks that cross it, the speculative softmax elsewhere (dense calls)",
+)
+
 # Variable-length batches on the mma.sync path (flash_attn_varlen_func off Hopper, and on Hopper at
 # the head dims v3.3 has not): v3.1's body run per sequence (csrc/fa2_mma.cuh), at v3.1's default
 # (spill-free) tiles, for the common head dims.
@@ -958,7 +973,9 @@ V3_5_VT = KernelEntry(
 )
 
 # The forward kernels the packed paths launch with every field (serving._launch_packed).
-PACKED_ENTRIES = (V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS, V3_8_ALIBI, V3_1_VARLEN, V3_1_VARIANTS)
+PACKED_ENTRIES = (
+    V3_3_PACKED, V3_3_VARIANTS, V3_6_VARIANTS, V3_7_VARIANTS, V3_8_ALIBI, V3_9_WINDOW, V3_1_VARLEN, V3_1_VARIANTS,
+)  # fmt: skip
 
 # The gradients of the score variants (a sliding window, softcap, ALiBi): bwd_v2's body with the
 # forward's scores rebuilt (bwd_common.cuh frag_p_ds_variants), for flash_attn_func's variants

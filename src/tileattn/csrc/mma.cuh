@@ -602,6 +602,28 @@ __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVar
   }
 }
 
+// v3.9's window (v3_9_window.cu): a causal sliding window alone, so only the left edge masks.
+// Whether the block's first key lies left of some row's window (the block's last row's, the
+// rightmost edge): uniform over the rows' block.
+__device__ __forceinline__ bool window_left_edge(const ScoreVariants& var, int kv_start) {
+  return kv_start < var.last_pos - var.left;
+}
+// The left edge's mask on such a block (fragment_variants's, without the right edge or a branch
+// on which variants are on); the diagonal and Nk are fragment_online_softmax's.  A row may lose
+// every key of the walk's first block (its window starts in the next): its max stays -inf there,
+// which online_rescale takes as the variants kernels' rows do.
+template <int NS>
+__device__ __forceinline__ void fragment_window_left(float (&S)[NS], const ScoreVariants& var, int kv_start, int t) {
+  if (window_left_edge(var, kv_start)) {
+    const int lo[2] = {var.pos[0] - var.left, var.pos[1] - var.left};
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int key = kv_start + (i / 4) * 8 + 2 * t + (i & 1);
+      if (key < lo[(i % 4) / 2]) S[i] = TILEATTN_NEG_INF;
+    }
+  }
+}
+
 // ALiBi under a causal mask as one FFMA a score (v3.3's variants kernel).  Every visible key j is
 // at most the row's position p, so -slope (p - j) = slope (j - p0) - slope (p - p0), p0 the
 // block's first row's position: the second term is a row constant (it cancels in the softmax;

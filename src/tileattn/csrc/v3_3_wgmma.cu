@@ -211,7 +211,7 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
 }
 
 template <typename T, int HEAD_DIM, int Br, int Bc, bool CAUSAL, bool VARIANTS, bool PINGPONG = false,
-          bool PERSISTENT = false, bool ALIBI = false>
+          bool PERSISTENT = false, bool ALIBI = false, bool WINDOW = false>
 __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps* tmaps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // FP8: v3.5 (v3_5_fp8.cu), e4m3 Q, K and V^T, bf16 O; its differences are marked FP8 below.
@@ -230,6 +230,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   constexpr int VT_PANEL = Bc % 128 == 0 ? 128 : 64;
   // ALIBI (v3.8, v3_8_alibi_mma.cu): causal ALiBi alone, its key term added by the tensor core.
   static_assert(!ALIBI || (CAUSAL && !VARIANTS && !FP8 && PERSISTENT && Bc == 128), "v3.8: causal, 16-bit, v3.6's walk");
+  // WINDOW (v3.9, v3_9_window.cu): a causal sliding window alone, the left edge's mask on the
+  // blocks that cross it; the rest is the plain causal kernel.
+  static_assert(!WINDOW || (CAUSAL && !VARIANTS && !FP8 && !ALIBI && PERSISTENT), "v3.9: causal, 16-bit, v3.6's walk");
   constexpr bool REVERSE = ALIBI;  // v3.8's blocks from the diagonal leftwards (above)
   // K/V block n of tile w's walk, in the producer's copies and the consumers' offsets alike.  A
   // macro: as a lambda (capturing by reference or by value) ptxas scheduled 40 of the default
@@ -292,9 +295,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     w.q_start = w.qb * Br;
     w.empty = w.q_start >= w.seq_q;  // dense: a Q block past Nq (never launched); packed: none
     // Keys kv_lo .. kv_hi - 1 hold every key some row of the block sees: K/V blocks j_lo .. j_lo +
-    // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without VARIANTS, j_lo is 0.
+    // Tc - 1, counted by n = j - j_lo for the stages and barriers.  Without a window, j_lo is 0.
     int kv_lo = 0, kv_hi = CAUSAL ? min(w.seq_k, max(0, w.q_start + Br + w.offset)) : w.seq_k;
-    if (VARIANTS) {
+    if (VARIANTS || WINDOW) {
       if (!CAUSAL && window_right >= 0) kv_hi = min(kv_hi, max(0, w.q_start + Br + w.offset + window_right));
       if (window_left >= 0) kv_lo = min(kv_hi, max(0, w.q_start + w.offset - window_left));
     }
@@ -447,7 +450,9 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     // (scripts/variants_probe.py, bf16 causal N=8192) 0.904x -> 1.045x of plain causal at D=64 and
     // 0.848x -> 0.938x at D=128.
     constexpr bool ALIBI_KEYS = VARIANTS && CAUSAL;
-    if (VARIANTS || ALIBI) {  // (ALIBI: the host passes no window and no softcap, so var holds ALiBi alone)
+    // (ALIBI: the host passes no window and no softcap, so var holds ALiBi alone; WINDOW: the
+    // window alone, its left edge: under the causal mask the diagonal is the right one.)
+    if (VARIANTS || ALIBI || WINDOW) {
       var = head_variants<CAUSAL>(softmax_scale, softcap, alibi_slopes, alibi_sb, b_, h_, window_left, window_right);
       var.first_pos = q_start + offset;
       var.last_pos = q_start + Br - 1 + offset;
@@ -475,6 +480,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       negate_fp8(S);
       const int kv_start = kv_block(w, n) * Bc;
       if (VARIANTS) fragment_variants(S, var_rest, kv_start, Bc, t);
+      if (WINDOW) fragment_window_left(S, var, kv_start, t);
       if constexpr (ALIBI_KEYS || ALIBI) {
         const float alibi_offset = ALIBI ? alibi_block_offset(var, kv_start)
                                    : var.alibi ? fragment_alibi_keys(S, var, kv_start, t)
@@ -498,6 +504,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     auto speculative_softmax = [&](float (&S)[NS], int n, int c) {
       const int kv_start = kv_block(w, n) * Bc;
       if (block_needs_mask<CAUSAL>(kv_start, Bc, seq_k, q_start, offset)) return false;
+      if (WINDOW && window_left_edge(var, kv_start)) return false;
       if (VARIANTS) {
         if (var.alibi || window_edge(var, kv_start, Bc)) return false;
         fragment_variants(S, var_rest, kv_start, Bc, t);  // softcap's tanh: the one variant left here
