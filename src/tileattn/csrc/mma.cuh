@@ -558,11 +558,17 @@ __device__ __forceinline__ float exp_scale_log2(const ScoreVariants& var, float 
   return var.softcap ? scale_log2 * var.cap_s : scale_log2;
 }
 
+// Whether the block's first key lies left of some row's window (the block's last row's, the
+// rightmost edge), for a window with a left bound (var.left >= 0).  Uniform over the rows' block.
+__device__ __forceinline__ bool window_left_edge(const ScoreVariants& var, int kv_start) {
+  return kv_start < var.last_pos - var.left;
+}
+
 // Whether the block of keys kv_start .. kv_start + Bc - 1 crosses the window's left or right edge
 // for some row of the block of query rows (first_pos .. last_pos): only such blocks run the
 // window's per-score mask.  Uniform over the rows' block.
 __device__ __forceinline__ bool window_edge(const ScoreVariants& var, int kv_start, int Bc) {
-  return (var.left >= 0 && kv_start < var.last_pos - var.left) ||
+  return (var.left >= 0 && window_left_edge(var, kv_start)) ||
          (var.right >= 0 && kv_start + Bc - 1 > var.first_pos + var.right);
 }
 
@@ -602,14 +608,10 @@ __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVar
   }
 }
 
-// v3.9's window (v3_9_window.cu): a causal sliding window alone, so only the left edge masks.
-// Whether the block's first key lies left of some row's window (the block's last row's, the
-// rightmost edge): uniform over the rows' block.
-__device__ __forceinline__ bool window_left_edge(const ScoreVariants& var, int kv_start) {
-  return kv_start < var.last_pos - var.left;
-}
-// The left edge's mask on such a block (fragment_variants's, without the right edge or a branch
-// on which variants are on); the diagonal and Nk are fragment_online_softmax's.  A row may lose
+// v3.9's window (v3_9_window.cu): a causal sliding window alone, so only the left edge masks, on
+// window_left_edge's blocks (the host passes window_left >= 0): fragment_variants's mask without
+// the right edge or a branch on which variants are on; the diagonal and Nk are
+// fragment_online_softmax's.  A row may lose
 // every key of the walk's first block (its window starts in the next): its max stays -inf there,
 // which online_rescale takes as the variants kernels' rows do.
 template <int NS>
