@@ -107,7 +107,10 @@ for D in (64, 128):
             q, k, v, D**-0.5, "bottom_right", (-1, 0), 0.0, None, False, version=VERSION
         ),
         "window 4096": lambda: flash_attn_func(q, k, v, causal=True, window_size=(4096, 0), version=VERSION),
-        "window 4096, v3.9": lambda: flash_attn_func(q, k, v, causal=True, window_size=(4096, 0), version="v3.9"),
+        # a causal window alone on the variants kernel the dispatch took before v3.9
+        "window 4096, variants kernel": lambda: flash_attn_func(
+            q, k, v, causal=True, window_size=(4096, 0), version="v3.6"
+        ),
         "alibi": lambda: flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, version=VERSION),
         # causal ALiBi alone on the variants kernel the dispatch took before v3.8, and on v3.8
         "alibi, variants kernel": lambda: flash_attn_func(

@@ -213,13 +213,17 @@ def test_dense_variants_pick_the_persistent_kernel(monkeypatch, cc, D, version, 
 
 
 @pytest.mark.parametrize("D", [64, 128])
-def test_causal_window_alone_takes_v3_9_when_named(monkeypatch, D):
-    """A causal window alone (window_only) runs v3.9's kernel with version="v3.9"; by default the
-    variants kernel (v3.9 is not the default until a run times it)."""
+def test_causal_window_alone_takes_v3_9(monkeypatch, D):
+    """A causal window alone (window_only) runs v3.9's kernel by default and when named; with a
+    softcap or ALiBi beside it (window_only false) the variants kernel, v3.3's at D=256; naming v3.9
+    where it does not run is an error."""
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (9, 0))
     device, path = torch.device("cuda", 0), serving._packed_path
     assert path("x", torch.bfloat16, D, device, True, "v3.9", dense=True, window_only=True) == "v3.9_window"
-    assert path("x", torch.bfloat16, D, device, True, None, dense=True, window_only=True) == "v3.6_variants"
+    assert path("x", torch.float16, D, device, True, None, dense=True, window_only=True) == "v3.9_window"
+    assert path("x", torch.bfloat16, D, device, True, None, dense=True) == "v3.6_variants"
+    assert path("x", torch.bfloat16, D, device, True, "v3.6", dense=True, window_only=True) == "v3.6_variants"
+    assert path("x", torch.bfloat16, 256, device, True, None, dense=True, window_only=True) == "v3.3_variants"
     with pytest.raises(NotImplementedError, match=r"version='v3.9' runs .* head dims \(64, 128\)"):
         path("x", torch.bfloat16, 256, device, True, "v3.9", dense=True, window_only=True)
 
