@@ -2,8 +2,18 @@
 # Device calls for what changed and has not yet run on a GPU in its committed form (bench/NOTES.md,
 # "Next session"), one call each, about 3-4 minutes on an H100.  Installs nothing.  Writes
 # $OUT/experiments.log (tee'd as it goes: a call cut short at its time limit still returns it).
-#     bash scripts/experiments.sh window      (the default)
+#     bash scripts/experiments.sh mma         (the default: issue 13's H200 suite, ~4 min a dtype)
+#     bash scripts/experiments.sh suites      (then: hf, fp8, the hf model's shapes; ~8 min)
+#     bash scripts/experiments.sh window
 #     bash scripts/experiments.sh alibi
+# mma: `bench --suite mma --versions v3.6 v3.7 --steady --dtype $DTYPES` (default bfloat16; one
+# call a dtype: DTYPES=float16 for the second), $OUT/<dtype>/mma.json, merged afterwards with
+# scripts/merge_results.py into bench/results/mma_steady.json.  Issue 13 asks for this suite on an
+# H200; the last H200 run (291f0e7) predates the speculative softmax.
+# suites: `bench --suite hf --steady` (with the model's time without attention), `--suite fp8
+# --steady`, then scripts/fwd_probe.py at the hf model's attention (D=64, H=32:8, causal, B*N =
+# 16384) under the default dispatch, v3.6 and v3.7: at B=8 N=2048 the hf suite timed tileattn's
+# attention at 0.94x cuDNN's (H100, 997296a), where the dispatch takes v3.7 (SHORT_CAUSAL_ROWS).
 # window: v3.9 (a causal window alone on plain causal's kernel and tiles, built in the forty-first
 # session, the default since the forty-second: 160 passed, racecheck 0 hazards, 1-2% faster than the
 # variants kernel at 997296a): its float64 GPU tests, the racecheck of a sample, then
@@ -17,7 +27,7 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEATTN_CACHE_DIR=${TILEATTN_CACHE_DIR:-/tmp/tileattn-cache}
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 LOG=$OUT/experiments.log
-which=${*:-window}
+which=${*:-mma}
 log() { tee -a "$LOG"; }
 pytest_gpu() { timeout "$1" python3 -m pytest -m gpu -q -p no:cacheprovider --tb=short "${@:2}" 2>&1 | tail -4 | log; }
 
@@ -49,4 +59,23 @@ if [[ " $which " == *" alibi "* ]]; then
   done
   echo "== variants_probe" | log
   timeout 90 python3 scripts/variants_probe.py 2>&1 | grep -E "plain causal|alibi|window|none on|softcap " | log
+fi
+if [[ " $which " == *" mma "* ]]; then
+  python3 -m tileattn compile --jobs 16 --versions v3.6 v3.7 > /dev/null 2>&1
+  for dt in ${DTYPES:-bfloat16}; do
+    echo "== mma suite, $dt" | log
+    timeout 500 python3 -m tileattn bench --suite mma --versions v3.6 v3.7 --steady --dtype $dt \
+      --out-dir "$OUT/$dt" 2>&1 | grep -E "^\| $dt \|.*(1024|8192) \|" | log
+  done
+fi
+if [[ " $which " == *" suites "* ]]; then
+  for suite in hf fp8; do
+    echo "== $suite suite" | log
+    timeout 220 python3 -m tileattn bench --suite $suite --steady --out-dir "$OUT" 2>&1 | tail -14 | log
+  done
+  for version in default v3.6 v3.7; do
+    echo "== fwd_probe, the hf model's attention, $version" | log
+    timeout 90 python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 2048 4096 8192 --heads 32 --kv-heads 8 \
+      --tokens 16384 --causal 1 $([[ $version != default ]] && echo --version $version) 2>&1 | grep "D=" | log
+  done
 fi
