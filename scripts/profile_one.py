@@ -11,6 +11,9 @@ Optional B H N [causal] after D pick another shape, e.g. a small one under compu
 A last argument "softcap" (after causal) runs flash_attn_func with softcap 50 (the variants
 kernels, -k regex:variants), e.g. for the SFU's share against plain causal:
     ncu ... -k regex:v3_6_variants python3 scripts/profile_one.py v3.6 bfloat16 64 2 16 8192 causal softcap
+"window" in its place a causal 4096-key window on the named rung ("v3.9", -k regex:v3_9_window; "v3.6",
+-k regex:v3_6_variants):
+    ncu ... -k regex:v3_9_window python3 scripts/profile_one.py v3.9 bfloat16 64 2 16 8192 causal window
 """
 
 import sys
@@ -25,6 +28,7 @@ version, dtype, D = sys.argv[1], getattr(torch, sys.argv[2]), int(sys.argv[3])
 B, H, N = map(int, sys.argv[4:7]) if len(sys.argv) > 6 else (4, 16, 8192)
 causal = sys.argv[7:8] == ["causal"]
 softcap = 50.0 if sys.argv[8:9] == ["softcap"] else 0.0
+window = sys.argv[8:9] == ["window"]
 q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
 dO = torch.randn_like(q)
 for _ in range(2):  # the first launch compiles/loads; ncu skips it
@@ -51,9 +55,10 @@ for _ in range(2):  # the first launch compiles/loads; ncu skips it
         vt = tileattn.fp8.v_transposed(q8[2][0])
         tileattn.fp8.attention(*(x for x, _ in q8), D**-0.5, "top_left" if causal else None, "bhnd",
                                tuple(d for _, d in q8), False, vt=vt)  # fmt: skip
-    elif softcap:  # (B, N, H, D) views; the dispatch picks the variants kernel
+    elif softcap or window:  # (B, N, H, D) views; softcap: the dispatch picks the variants kernel
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-        tileattn.flash_attn_func(qt, kt, vt, causal="top_left" if causal else False, softcap=softcap)
+        kw = dict(window_size=(4096, 0), version=version) if window else dict(softcap=softcap)
+        tileattn.flash_attn_func(qt, kt, vt, causal="top_left" if causal else False, **kw)
     else:
         tileattn.scaled_dot_product_attention(q, k, v, is_causal=causal, version=version)
 torch.cuda.synchronize()
