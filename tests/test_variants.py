@@ -247,6 +247,29 @@ def test_dense_variants_take_three_consumers_as_plain_v3_7(monkeypatch, D, softc
     """attention_variants's default on Hopper (ALiBi slopes given): v3.8 for causal ALiBi alone at
     D = 128, and at D = 64 where the plain dispatch takes v3.7 (not a short causal call); v3.7's
     variants kernel for non-causal ALiBi alone there; windows and softcap stay on v3.6's."""
+    assert _variants_kernel(monkeypatch, D, softcap, window, causal, Nq, alibi=True) == expected
+
+
+@pytest.mark.parametrize(
+    "D,softcap,window,causal,expected",
+    [
+        (64, 0.0, (300, 0), True, "v3.9_window"),  # a causal window alone: plain causal's kernel
+        (128, 0.0, (4096, 0), True, "v3.9_window"),
+        (64, 30.0, (300, 0), True, "v3.6_variants"),  # with a softcap
+        (128, 0.0, (300, 300), False, "v3.6_variants"),  # no causal mask: both edges
+        (256, 0.0, (300, 0), True, "v3.3_variants"),  # a head dim v3.9 has not
+    ],
+)
+def test_dense_causal_window_alone_takes_v3_9(monkeypatch, D, softcap, window, causal, expected):
+    """attention_variants's default on Hopper without ALiBi: v3.9 for a causal window alone at
+    D = 64 and 128; a window beside a softcap, a two-sided window or another head dim stays on a
+    variants kernel."""
+    assert _variants_kernel(monkeypatch, D, softcap, window, causal, 4096, alibi=False) == expected
+
+
+def _variants_kernel(monkeypatch, D, softcap, window, causal, Nq, alibi):
+    """The kernel attention_variants launches on a (mocked) Hopper for these variants (bf16,
+    2 heads, ALiBi slopes given or not), nothing run."""
     monkeypatch.setattr(_nvrtc, "device_arch", lambda index: (9, 0))
     chosen = []
     monkeypatch.setattr(serving, "_launch_packed", lambda *a, kernel, **kw: chosen.append(kernel))
@@ -254,9 +277,10 @@ def test_dense_variants_take_three_consumers_as_plain_v3_7(monkeypatch, D, softc
     k = v = torch.zeros(1, Nq, 2, D, dtype=torch.bfloat16, device="meta")
     monkeypatch.setattr(serving, "_prepare_scale_and_rows", lambda q, k, v, s, f: (q, k, v, s))
     monkeypatch.setattr(api, "_outputs", lambda out, lse, shape, dtype, *_: (torch.empty(shape, device="meta"), None))
-    slopes = torch.zeros(2, device="meta")
+    slopes = torch.zeros(2, device="meta") if alibi else None
     serving.attention_variants(q, k, v, 0.1, "top_left" if causal else None, window, softcap, slopes, False)
-    assert chosen == [expected]
+    (kernel,) = chosen
+    return kernel
 
 
 def test_reference_top_left_window_is_causal_mask():
