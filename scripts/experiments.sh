@@ -5,6 +5,7 @@
 #     bash scripts/experiments.sh mma         (the default: issue 13's H200 suite, ~4 min a dtype)
 #     bash scripts/experiments.sh suites      (then: hf, fp8, the hf model's shapes; ~8 min)
 #     bash scripts/experiments.sh fp8tile     (FP8 at D=128 on three consumer warpgroups; ~2 min)
+#     bash scripts/experiments.sh sortedtail  (the causal walk's tail sorted, TILEATTN_SORTED_TAIL=2; ~6 min)
 #     bash scripts/experiments.sh window
 #     bash scripts/experiments.sh alibi
 # mma: `bench --suite mma --versions v3.6 v3.7 --steady --dtype $DTYPES` (default bfloat16; one
@@ -20,6 +21,11 @@
 # 192 x 128 it spills 144 bytes), and 128 x 64 for the block width alone, beside the default
 # (128 x 128; 128 x 192 without a mask from LONG_KEYS): scripts/fp8_probe.py's kernel times and
 # O's error against float64 of the e4m3 values.  Issue 13 asks FP8 for 1.4x our bf16 (1.29x).
+# sortedtail: the persistent causal walk with its last two rounds as single tiles, the most keys
+# first, dealt in a snake (csrc/common.cuh, TILEATTN_SORTED_TAIL; the model: the busiest CTA from
+# 1.031-1.155x the ideal to 1.004-1.018x).  The persistent rungs' causal GPU tests under the
+# define, then fwd_probe's causal rows and variants_probe (B*H = 32: v3.7's 1.155x) in the
+# default build and under the define, in that order, one process each.
 # window: v3.9 (a causal window alone on plain causal's kernel and tiles, built in the forty-first
 # session, the default since the forty-second: 160 passed, racecheck 0 hazards, 1-2% faster than the
 # variants kernel at 997296a): its float64 GPU tests, the racecheck of a sample, then
@@ -91,5 +97,18 @@ if [[ " $which " == *" fp8tile "* ]]; then
     echo "== fp8_probe ${tile:-default}" | log
     timeout 150 python3 scripts/fp8_probe.py --headdim 128 --seqlen 8192 1024 ${tile:+--no-bf16 --tile $tile} 2>&1 \
       | grep -E "D=|Error|error" | log
+  done
+fi
+if [[ " $which " == *" sortedtail "* ]]; then
+  ST=TILEATTN_SORTED_TAIL=2
+  echo "== GPU tests under $ST" | log
+  TILEATTN_DEFINES=$ST pytest_gpu 200 tests/test_gpu.py -k "(v3.6 or v3.7) and (persistent_many or awkward or nq_ne_nk or gqa or many_heads or jumps)"
+  TILEATTN_DEFINES=$ST pytest_gpu 120 tests/test_variants.py -k "window_plain_kernel and 2000-2000-300 or alibi_mma_matches and 300-457"
+  for d in "" $ST; do
+    echo "== fwd_probe, causal, defines '${d}'" | log
+    TILEATTN_DEFINES="$d" timeout 120 python3 scripts/fwd_probe.py --headdim 64 128 --seqlen 1024 4096 8192 32768 \
+      --causal 1 2>&1 | grep "D=" | log
+    echo "== variants_probe, defines '${d}'" | log
+    TILEATTN_DEFINES="$d" timeout 120 python3 scripts/variants_probe.py 2>&1 | grep -E "plain causal|window 4096 |alibi  " | log
   done
 fi

@@ -395,6 +395,47 @@ def packed_tile_schedule(
     return schedule
 
 
+def persistent_schedule(
+    Tr: int, bh_count: int, ctas: int, causal: bool, sorted_tail: int = 0
+) -> list[list[tuple[int, int]]]:
+    """The persistent rungs' tiles (csrc/common.cuh persistent_tile, v3_3_wgmma.cu
+    v3_3_for_my_tiles), CTA by CTA: the (bh, Q block) each of `ctas` CTAs takes, in its order.
+    Tiles blockIdx.x, + ctas, ... (in pairs under the causal mask: a head's Q blocks from both ends,
+    its middle block, for odd Tr, after every head's pairs); with sorted_tail = R (the experiment
+    TILEATTN_SORTED_TAIL=R, causal) the pairs stop R rounds before the end and the rest go one at
+    a time, the most keys first, dealt to the CTAs in a snake."""
+    T = Tr * bh_count
+    W = Tr - 1 if Tr % 2 else Tr
+
+    def paired(t):
+        if not causal:
+            return divmod(t, Tr)
+        if W < Tr and t >= W * bh_count:
+            return t - W * bh_count, Tr // 2
+        bh, r = divmod(t, W)
+        return bh, Tr - 1 - r // 2 if r % 2 == 0 else r // 2
+
+    if not (causal and sorted_tail):
+        U = 2 if causal else 1
+        return [
+            [paired(t) for u in range(c, -(-T // U), ctas) for t in range(u * U, min(T, u * U + U))]
+            for c in range(ctas)
+        ]
+    rounds = (T + 1) // 2 // ctas - sorted_tail
+    t0 = 2 * rounds * ctas if rounds > 0 else 0
+    # The tail from t0 in decreasing Q block order (common.cuh sorted_tail_tile, written out).
+    tail = sorted((paired(t) for t in range(t0, T)), key=lambda x: -x[1])
+    out = []
+    for c in range(ctas):
+        tiles = [paired(t) for u in range(c, t0 // 2, ctas) for t in (2 * u, 2 * u + 1)]
+        r = 0
+        while (k := r * ctas + (c if r % 2 == 0 else ctas - 1 - c)) < T - t0:
+            tiles.append(tail[k])
+            r += 1
+        out.append(tiles)
+    return out
+
+
 def varlen_kv_blocks(cu_seqlens_k, Bc: int, total_k: int) -> list[tuple[int, int] | None]:
     """The varlen backward's grid (csrc/bwd_common.cuh's bwd_varlen_sequence), block by block: the
     (sequence b, first key of its K/V block) each of the ceil(total_k / Bc) + B thread blocks of a

@@ -145,9 +145,57 @@ __device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - block
 struct TileIndex {
   int bh, q_block;
 };
+// The experiment TILEATTN_SORTED_TAIL=R (causal, not the default): the pairs stop R rounds of
+// units before the end, at a whole round (every CTA has had the same pairs, so the same work), and
+// the tiles left, from tail_start on, go one at a time, the most keys first, dealt to the CTAs in
+// a snake (CTA 0 .. G - 1, then G - 1 .. 0, ...): a greedy longest-first packing of the tail
+// instead of a last round of pairs that leaves some CTAs idle.  A model of the schedule
+// (reference.persistent_schedule, scripts/schedule_model.py) puts the busiest CTA at 1.03-1.16x
+// the ideal makespan with the pairs alone (v3.7 at N = 8192 B*H = 32: 1.155) and 1.004-1.018x with
+// R = 2.  The tail's tile k (its k-th largest Q block) comes from sorted_tail_tile.
+#ifndef TILEATTN_SORTED_TAIL
+#define TILEATTN_SORTED_TAIL 0
+#endif
+// The first tile of the sorted tail (even: a pair boundary), for G = gridDim.x CTAs over T tiles.
+__device__ __forceinline__ int sorted_tail_start(int T, int G) {
+  const int rounds = (T + 1) / 2 / G - TILEATTN_SORTED_TAIL;
+  return rounds > 0 ? 2 * rounds * G : 0;
+}
+// Tile k of the tail from t0 (persistent order) in decreasing Q block order.  The tail holds, in
+// persistent order, the rest of head h0's pairs (Q blocks j0 .. Tr - 1 - j0), every pair of the
+// nw heads after it, then every head's middle block (odd Tr; "middles last" below).  By Q block:
+// j0 blocks at the top with nw tiles each, the band j0 .. Tr - 1 - j0 with nw + 1 (the middle:
+// bh_count), j0 blocks at the bottom with nw each.
+__device__ __forceinline__ TileIndex sorted_tail_tile(int k, int t0, int Tr, int bh_count) {
+  const int W = Tr % 2 == 1 ? Tr - 1 : Tr;
+  if (t0 >= W * bh_count) return {t0 - W * bh_count + k, Tr / 2};  // middles only
+  const int h0 = t0 / W, j0 = t0 % W / 2, nw = bh_count - 1 - h0, mid = Tr % 2 == 1 ? Tr / 2 : -1;
+  const int top = j0 * nw;
+  if (k < top) return {h0 + 1 + k % nw, Tr - 1 - k / nw};
+  k -= top;
+  const int hi = Tr - 1 - j0;  // the band's first Q block
+  const int above = mid >= 0 ? (hi - mid) * (nw + 1) : 0;  // the band's tiles above the middle
+  if (mid >= 0 && k >= above) {
+    k -= above;
+    if (k < bh_count) return {k, mid};
+    k -= bh_count;
+    const int band_below = (mid - j0) * (nw + 1);
+    if (k < band_below) return {h0 + k % (nw + 1), mid - 1 - k / (nw + 1)};
+    k -= band_below;
+    return {h0 + 1 + k % nw, j0 - 1 - k / nw};
+  }
+  const int band = (hi - j0 + 1) * (nw + 1);  // (no middle)
+  if (k < band) return {h0 + k % (nw + 1), hi - k / (nw + 1)};
+  k -= band;
+  return {h0 + 1 + k % nw, j0 - 1 - k / nw};
+}
 template <bool CAUSAL>
 __device__ __forceinline__ TileIndex persistent_tile(int tile, int Tr, int bh_count) {
   if (!CAUSAL) return {tile / Tr, tile % Tr};
+#if TILEATTN_SORTED_TAIL
+  const int t0 = sorted_tail_start(Tr * bh_count, gridDim.x);
+  if (tile >= t0) return sorted_tail_tile(tile - t0, t0, Tr, bh_count);
+#endif
   const int W = Tr % 2 == 1 ? Tr - 1 : Tr;  // a head's tiles in pairs
   if (W < Tr && tile >= W * bh_count) return {tile - W * bh_count, Tr / 2};
   const int bh = tile / W, r = tile % W;

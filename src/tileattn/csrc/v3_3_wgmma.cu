@@ -198,6 +198,30 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
   if constexpr (PERSISTENT) {
     constexpr int U = CAUSAL ? 2 : 1;
     int c0 = 0, i = 0;
+#if TILEATTN_SORTED_TAIL
+    if constexpr (CAUSAL) {  // pairs up to the sorted tail (common.cuh), then its tiles in a snake
+      // One loop and one call of f (three calls inlined the tile's body three times).  The pairs
+      // end at a whole round: this CTA's first 2 * rounds tiles are its units' pairs.
+      // (G, t0 and the pairs' count are found again each tile: kept live across the tile's body
+      // they spilled 4-16 bytes.)
+      for (int n = 0;; ++n) {
+        const int G = gridDim.x, t0 = sorted_tail_start(total, G), pair_tiles = t0 / G;
+        int tile;
+        if (n < pair_tiles) {
+          tile = (blockIdx.x + n / 2 * G) * 2 + n % 2;
+        } else {
+          const int r = n - pair_tiles, k = r * G + (r % 2 == 0 ? blockIdx.x : G - 1 - blockIdx.x);
+          if (k >= total - t0) break;  // (a CTA's k grows from round to round)
+          tile = t0 + k;
+        }
+        const auto w = tile_at(tile);
+        f(w, warp_uniform ? __shfl_sync(0xffffffffu, c0, 0) : c0, i);
+        c0 += w.Tc;
+        ++i;
+      }
+      return;
+    }
+#endif
     for (int unit = blockIdx.x; unit * U < total; unit += gridDim.x) {
       for (int tile = unit * U; tile < min(total, unit * U + U); ++tile, ++i) {
         const auto w = tile_at(tile);
