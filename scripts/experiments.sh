@@ -25,7 +25,10 @@
 # first, dealt in a snake (csrc/common.cuh, TILEATTN_SORTED_TAIL; the model: the busiest CTA from
 # 1.031-1.155x the ideal to 1.004-1.018x).  The persistent rungs' causal GPU tests under the
 # define, then fwd_probe's causal rows and variants_probe (B*H = 32: v3.7's 1.155x) in the
-# default build and under the define, in that order, one process each.
+# default build and under the define, in that order, one process each.  Under a window the pairs
+# are not equal work and the model wants every tile sorted (TILEATTN_SORTED_TAIL=1000000: the
+# window's 1.06-1.29x to 1.001-1.027x, at the cost of L2 locality): a second call,
+#     SORTED_TAIL=TILEATTN_SORTED_TAIL=1000000 bash scripts/experiments.sh sortedtail
 # window: v3.9 (a causal window alone on plain causal's kernel and tiles, built in the forty-first
 # session, the default since the forty-second: 160 passed, racecheck 0 hazards, 1-2% faster than the
 # variants kernel at 997296a): its float64 GPU tests, the racecheck of a sample, then
@@ -100,7 +103,7 @@ if [[ " $which " == *" fp8tile "* ]]; then
   done
 fi
 if [[ " $which " == *" sortedtail "* ]]; then
-  ST=TILEATTN_SORTED_TAIL=2
+  ST=${SORTED_TAIL:-TILEATTN_SORTED_TAIL=2}
   echo "== GPU tests under $ST" | log
   TILEATTN_DEFINES=$ST pytest_gpu 200 tests/test_gpu.py -k "(v3.6 or v3.7) and (persistent_many or awkward or nq_ne_nk or gqa or many_heads or jumps)"
   TILEATTN_DEFINES=$ST pytest_gpu 120 tests/test_variants.py -k "window_plain_kernel and 2000-2000-300 or alibi_mma_matches and 300-457"
