@@ -275,3 +275,19 @@ def test_trace_diagnostic_compiles(name, D, monkeypatch):
     assert not cubin.wgmma_serialized
     assert sass.count("CS2R") > default.count("CS2R")
     assert b"tileattn_trace" in cubin.data
+
+
+@pytest.mark.parametrize("name,D", [("v3.6", 64), ("v3.7", 64), ("v3.6", 128)])
+def test_sorted_tail_experiment_compiles(name, D, monkeypatch):
+    """The sorted tail of the causal walk (TILEATTN_DEFINES=TILEATTN_SORTED_TAIL=2, csrc/common.cuh;
+    scripts/experiments.sh sortedtail): the persistent rungs compile with it spill-free (its
+    producer gets 32 registers), their tile's body once (as many HGMMA as the default build: one
+    call site of the tile in the walk)."""
+    e = VERSIONS[name]
+    default = _nvrtc.sass(compiled(name, D, True, "sm_90a"))
+    monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_SORTED_TAIL=2"])
+    cubin = _nvrtc.compile_kernel(e.file, e.name_expression("bfloat16", D, True), "sm_90a", announce=False)
+    res = cubin.resources
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
+    assert not cubin.wgmma_serialized
+    assert _nvrtc.sass(cubin).count("HGMMA") == default.count("HGMMA")

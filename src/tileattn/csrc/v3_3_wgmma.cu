@@ -37,7 +37,10 @@
 namespace tileattn {
 
 constexpr int V3_3_WG = 128;              // threads per warpgroup
-constexpr int V3_3_PRODUCER_REGS = 24;    // the producer only issues copies
+// The producer only issues copies.  Under TILEATTN_SORTED_TAIL (common.cuh) its walk takes more
+// registers than 24 (the tail's tile arithmetic spilled 8-16 bytes there); 32 leaves the
+// consumers' share (240 for two warpgroups, 160 for three) as it is.
+constexpr int V3_3_PRODUCER_REGS = TILEATTN_SORTED_TAIL ? 32 : 24;
 // The block: a producer warpgroup and Br / 64 consumer warpgroups of 64 query rows (Br = 128;
 // Br = 192 in v3.7: registered at D = 64; D = 128 fits at Bc = 64 only, for tile sweeps).  The
 // consumers share what the producer gives back of the register file (65536 / 128 a thread of
