@@ -277,12 +277,13 @@ def test_trace_diagnostic_compiles(name, D, monkeypatch):
     assert b"tileattn_trace" in cubin.data
 
 
-@pytest.mark.parametrize("name,D", [("v3.6", 64), ("v3.7", 64), ("v3.6", 128)])
+@pytest.mark.parametrize("name,D", [("v3.7", 64)])
 def test_sorted_tail_experiment_compiles(name, D, monkeypatch):
     """The sorted tail of the causal walk (TILEATTN_DEFINES=TILEATTN_SORTED_TAIL=2, csrc/common.cuh;
-    scripts/experiments.sh sortedtail): the persistent rungs compile with it spill-free (its
-    producer gets 32 registers), their tile's body once (as many HGMMA as the default build: one
-    call site of the tile in the walk)."""
+    scripts/experiments.sh sortedtail): the rung it would help most (v3.7, 192-row tiles)
+    compiles with it spill-free (its producer gets 32 registers) with its tile's body once (as
+    many HGMMA as the default build: one call site of the tile in the walk).  (v3.5-v3.9 were all
+    spill-free under it with NVRTC 13.0, bench/NOTES.md; one rung here keeps CI's minutes.)"""
     e = VERSIONS[name]
     default = _nvrtc.sass(compiled(name, D, True, "sm_90a"))
     monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_SORTED_TAIL=2"])
