@@ -12,15 +12,15 @@ replaced) and persistent_tile's middles last.  No GPU: the numbers are the sched
 import argparse
 import math
 
+from tileattn.reference import persistent_tile
+
 
 def q_block(tile: int, Tr: int, bh_count: int, causal: bool, middles_last: bool) -> tuple[int, int]:
-    """persistent_tile: (bh, q_block) of a tile index."""
-    if not causal:
-        return divmod(tile, Tr)
-    W = Tr - 1 if middles_last and Tr % 2 == 1 else Tr
-    if W < Tr and tile >= W * bh_count:
-        return tile - W * bh_count, Tr // 2
-    bh, r = divmod(tile, W)
+    """(bh, q_block) of a tile index: persistent_tile's order (reference.persistent_tile), or
+    without middles_last the first order, an odd Tr's middle block paired in place."""
+    if middles_last or not causal:
+        return persistent_tile(tile, Tr, bh_count, causal)
+    bh, r = divmod(tile, Tr)
     return bh, Tr - 1 - r // 2 if r % 2 == 0 else r // 2
 
 

@@ -16,6 +16,8 @@ from tileattn.reference import (
     packed_tile_schedule,
     paged_kv,
     persistent_schedule,
+    persistent_tile,
+    sorted_tail_start,
     variants_q_range,
     varlen_kv_blocks,
 )
@@ -468,13 +470,8 @@ def test_persistent_schedule_covers_every_tile_once(Tr, bh_count, sms, causal, s
     schedule = persistent_schedule(Tr, bh_count, ctas, causal, sorted_tail)
     assert sorted(t for cta in schedule for t in cta) == [(b, q) for b in range(bh_count) for q in range(Tr)]
     if causal and sorted_tail:
-        rounds = (T + 1) // 2 // ctas - sorted_tail
-        t0 = 2 * rounds * ctas if rounds > 0 else 0
-        tail = [t for cta in persistent_schedule(Tr, bh_count, ctas, True) for t in cta]  # (for the pairs' map)
-        W = Tr - 1 if Tr % 2 else Tr
-        paired = lambda t: (t - W * bh_count, Tr // 2) if W < Tr and t >= W * bh_count else (
-            t // W, Tr - 1 - t % W // 2 if t % W % 2 == 0 else t % W // 2)  # fmt: skip
-        tail = sorted((paired(t) for t in range(t0, T)), key=lambda x: -x[1])
+        t0 = sorted_tail_start(T, ctas, sorted_tail)
+        tail = sorted((persistent_tile(t, Tr, bh_count, True) for t in range(t0, T)), key=lambda x: -x[1])
         assert [_sorted_tail_tile(k, t0, Tr, bh_count) for k in range(T - t0)] == tail
 
 

@@ -45,10 +45,15 @@ def compiled_in_parallel():
     compile_in_parallel(jobs, disassemble=jobs)
 
 
+def _plain_causal(D):
+    """The plain causal rung that v3.8 and v3.9 build on at this head dim: v3.7's three consumers
+    at D=64, v3.6 at D=128."""
+    return VERSIONS["v3.7" if D == 64 else "v3.6"]
+
+
 def _plain_causal_job(dtype, D, causal):
-    """(file, name expression, arch) of the plain causal kernel that v3.8 and v3.9 build on at this
-    head dim: v3.7's three consumers at D=64, v3.6 at D=128 (on Hopper: their tiles)."""
-    plain = VERSIONS["v3.7" if D == 64 else "v3.6"]
+    """(file, name expression, arch) of _plain_causal's kernel (on Hopper: its tiles)."""
+    plain = _plain_causal(D)
     return plain.file, plain.name_expression(dtype, D, causal, 90), "sm_90a"
 
 
@@ -107,7 +112,7 @@ def test_window_kernel_is_plain_causal_with_a_left_edge(compiled_in_parallel, dt
     dozen ISETP / FSEL a copy of the loop, no FFMA a score)."""
     _, sass = compile_entry_spill_free(V3_9_WINDOW, dtype, D, causal)
     assert "BAR.RED.AND" in sass and "MUFU.TANH" not in sass
-    assert VERSIONS["v3.7" if D == 64 else "v3.6"].tile(D, 90) == V3_9_WINDOW.tiles[D]
+    assert _plain_causal(D).tile(D, 90) == V3_9_WINDOW.tiles[D]
     base = _plain_causal_sass(dtype, D, causal)
     assert sass.count("HGMMA") == base.count("HGMMA")
     assert sass.count("MUFU.EX2") == base.count("MUFU.EX2")

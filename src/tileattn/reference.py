@@ -395,25 +395,38 @@ def packed_tile_schedule(
     return schedule
 
 
+def persistent_tile(tile: int, Tr: int, bh_count: int, causal: bool) -> tuple[int, int]:
+    """csrc/common.cuh persistent_tile (its default order): the (bh, Q block) of tile number
+    `tile` of the persistent walk.  Causal: a head's Q blocks in pairs from both ends (Tr - 1, 0,
+    Tr - 2, 1, ...), its middle block, for odd Tr, after every head's pairs."""
+    if not causal:
+        return divmod(tile, Tr)
+    W = Tr - 1 if Tr % 2 else Tr
+    if W < Tr and tile >= W * bh_count:
+        return tile - W * bh_count, Tr // 2
+    bh, r = divmod(tile, W)
+    return bh, Tr - 1 - r // 2 if r % 2 == 0 else r // 2
+
+
+def sorted_tail_start(T: int, ctas: int, sorted_tail: int) -> int:
+    """csrc/common.cuh sorted_tail_start: the first tile of the sorted tail (a whole round of pairs
+    before it), for TILEATTN_SORTED_TAIL=sorted_tail."""
+    rounds = (T + 1) // 2 // ctas - sorted_tail
+    return 2 * rounds * ctas if rounds > 0 else 0
+
+
 def persistent_schedule(
     Tr: int, bh_count: int, ctas: int, causal: bool, sorted_tail: int = 0
 ) -> list[list[tuple[int, int]]]:
-    """The persistent rungs' tiles (csrc/common.cuh persistent_tile, v3_3_wgmma.cu
-    v3_3_for_my_tiles), CTA by CTA: the (bh, Q block) each of `ctas` CTAs takes, in its order.
-    Tiles blockIdx.x, + ctas, ... (in pairs under the causal mask: a head's Q blocks from both ends,
-    its middle block, for odd Tr, after every head's pairs); with sorted_tail = R (the experiment
+    """The persistent rungs' tiles (persistent_tile's order, v3_3_wgmma.cu v3_3_for_my_tiles), CTA
+    by CTA: the (bh, Q block) each of `ctas` CTAs takes, in its order.  Tiles blockIdx.x, + ctas,
+    ... (in pairs under the causal mask); with sorted_tail = R (the experiment
     TILEATTN_SORTED_TAIL=R, causal) the pairs stop R rounds before the end and the rest go one at
     a time, the most keys first, dealt to the CTAs in a snake."""
     T = Tr * bh_count
-    W = Tr - 1 if Tr % 2 else Tr
 
     def paired(t):
-        if not causal:
-            return divmod(t, Tr)
-        if W < Tr and t >= W * bh_count:
-            return t - W * bh_count, Tr // 2
-        bh, r = divmod(t, W)
-        return bh, Tr - 1 - r // 2 if r % 2 == 0 else r // 2
+        return persistent_tile(t, Tr, bh_count, causal)
 
     if not (causal and sorted_tail):
         U = 2 if causal else 1
@@ -421,8 +434,7 @@ def persistent_schedule(
             [paired(t) for u in range(c, -(-T // U), ctas) for t in range(u * U, min(T, u * U + U))]
             for c in range(ctas)
         ]
-    rounds = (T + 1) // 2 // ctas - sorted_tail
-    t0 = 2 * rounds * ctas if rounds > 0 else 0
+    t0 = sorted_tail_start(T, ctas, sorted_tail)
     # The tail from t0 in decreasing Q block order (common.cuh sorted_tail_tile, written out).
     tail = sorted((paired(t) for t in range(t0, T)), key=lambda x: -x[1])
     out = []

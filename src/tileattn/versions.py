@@ -868,6 +868,10 @@ V3_7_VARIANTS = dataclasses.replace(
     summary="v3.7's three consumer warpgroups with the score variants (dense calls with ALiBi alone at D=64)",
 )
 
+# The plain causal kernels' tiles, which v3.8 and v3.9 (the plain causal kernel with one variant)
+# keep: v3.7's three consumer warpgroups at D = 64, v3.6's (128, 128) at D = 128.
+_PLAIN_CAUSAL_TILES = {64: _V3_7.tiles[64], 128: _V3_6.tiles[128]}
+
 # Causal ALiBi alone on the tensor core (csrc/v3_8_alibi_mma.cu): the plain causal kernels' walk,
 # v3.7's tile at D = 64 and v3.6's at D = 128, with the key term as one more k16 step of S;
 # serving.attention_variants takes it for dense causal calls with ALiBi and no other variant.
@@ -876,7 +880,7 @@ V3_8_ALIBI = dataclasses.replace(
     name="v3.8_alibi",
     file="v3_8_alibi_mma.cu",
     kernel="v3_8_alibi_fwd",
-    tiles={64: _V3_7.tiles[64], 128: _V3_6.tiles[128]},
+    tiles=_PLAIN_CAUSAL_TILES,
     causal_variants=(True,),
     spill_bytes=_V3_7.spill_bytes,
     summary="causal ALiBi's key term as one more k16 step of S = Q K^T (a constant key table against the "
@@ -892,7 +896,7 @@ V3_9_WINDOW = dataclasses.replace(
     name="v3.9_window",
     file="v3_9_window.cu",
     kernel="v3_9_window_fwd",
-    tiles={64: _V3_7.tiles[64], 128: _V3_6.tiles[128]},  # plain causal's tiles: v3.7's three consumers at D=64
+    tiles=_PLAIN_CAUSAL_TILES,
     causal_variants=(True,),
     summary="a causal sliding window alone on plain causal's kernel: blocks left of the window skipped, the left "
     "edge masked on the blocks that cross it, the speculative softmax elsewhere (dense calls)",

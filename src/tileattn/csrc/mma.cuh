@@ -572,6 +572,18 @@ __device__ __forceinline__ bool window_edge(const ScoreVariants& var, int kv_sta
          (var.right >= 0 && kv_start + Bc - 1 > var.first_pos + var.right);
 }
 
+// The window's mask of one K/V block's fragment S (keys kv_start .. kv_start + Bc - 1): keys
+// outside lo[r] .. hi[r] of this thread's row r (rows g and g + 8) get -inf.
+template <int NS>
+__device__ __forceinline__ void fragment_mask_keys_outside(float (&S)[NS], const int (&lo)[2], const int (&hi)[2],
+                                                           int kv_start, int t) {
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    const int r = (i % 4) / 2, key = kv_start + (i / 4) * 8 + 2 * t + (i & 1);
+    if (key < lo[r] || key > hi[r]) S[i] = TILEATTN_NEG_INF;
+  }
+}
+
 // Apply the variants to one K/V block's fragment S (keys kv_start .. kv_start + Bc - 1, this
 // thread's rows pos[0], pos[1]), before fragment_online_softmax masks causality and Nk.  The
 // window's mask runs only on the blocks that cross an edge (the others are inside for every
@@ -600,11 +612,7 @@ __device__ __forceinline__ void fragment_variants(float (&S)[NS], const ScoreVar
     const int lo[2] = {var.left >= 0 ? var.pos[0] - var.left : kv_start, var.left >= 0 ? var.pos[1] - var.left : kv_start};
     const int hi[2] = {var.right >= 0 ? var.pos[0] + var.right : kv_start + Bc,
                        var.right >= 0 ? var.pos[1] + var.right : kv_start + Bc};
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int r = (i % 4) / 2, key = kv_start + (i / 4) * 8 + 2 * t + (i & 1);
-      if (key < lo[r] || key > hi[r]) S[i] = TILEATTN_NEG_INF;
-    }
+    fragment_mask_keys_outside(S, lo, hi, kv_start, t);
   }
 }
 
@@ -618,11 +626,8 @@ template <int NS>
 __device__ __forceinline__ void fragment_window_left(float (&S)[NS], const ScoreVariants& var, int kv_start, int t) {
   if (window_left_edge(var, kv_start)) {
     const int lo[2] = {var.pos[0] - var.left, var.pos[1] - var.left};
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int key = kv_start + (i / 4) * 8 + 2 * t + (i & 1);
-      if (key < lo[(i % 4) / 2]) S[i] = TILEATTN_NEG_INF;
-    }
+    const int hi[2] = {0x7fffffff, 0x7fffffff};  // (no right edge: the comparison folds away)
+    fragment_mask_keys_outside(S, lo, hi, kv_start, t);
   }
 }
 

@@ -18,7 +18,11 @@
 // computed at 192 x 128 is 0.971x plain causal's (0.985x at 128 x 128) and 11.7% of the blocks
 // take the mask (6.0% under plain causal): about 0.95x of plain causal is the estimate.  (v3.7's
 // variants kernel ran the window 0.94x as fast as v3.6's at 15eef2d; it pays for softcap's and
-// ALiBi's branches on every block.)  Not yet timed: not the default (version="v3.9").
+// ALiBi's branches on every block.)  Measured on an H100 (scripts/variants_probe.py, bf16 B=2
+// H=16 N=8192, a 4096-key window; bench/results/sweeps/window_v3_9_probe_997296a_h100.log):
+// 0.508 / 0.693 ms at D = 64 / 128 against the variants kernel's 0.512 / 0.704, i.e. 0.88x /
+// 0.91x of plain causal at the same work, short of the estimate; the default for a causal window
+// alone since (serving._packed_path).
 #include "v3_3_wgmma.cu"
 
 namespace tileattn {
