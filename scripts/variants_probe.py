@@ -6,11 +6,13 @@ switch in the CUDA sources; the kernel cache keys on the options, so every build
 `--version v3.8|v3.7|v3.6|v3.3|v3.1` runs the variants on that rung's kernel (default: the dispatch's), and
 `--tile D=Br,Bc` (repeatable) runs v3.6's variants kernel at another tile.  `--backward` times the
 backward instead: plain causal on the default rung and on bwd_v2, and each variant on
-bwd_v2_variants (the same shapes; the forward's O and lse made once).
+bwd_v2_variants (the same shapes; the forward's O and lse made once).  `--only REGEX` times the rows
+whose names it finds, after plain causal, and skips the error checks.
 """
 
 import argparse
 import dataclasses
+import re
 
 import torch
 
@@ -21,6 +23,7 @@ parser.add_argument("--define", action="append", default=[], help="NAME[=VALUE],
 parser.add_argument("--version", default=None, help="the variants' rung (flash_attn_func's version=)")
 parser.add_argument("--tile", action="append", default=[], help="D=Br,Bc: v3.6's variants kernel at another tile")
 parser.add_argument("--backward", action="store_true", help="time the backward (bwd_v2_variants) instead")
+parser.add_argument("--only", default=None, help="a regex: time only the rows it finds (and skip the error checks)")
 args = parser.parse_args()
 _nvrtc.EXPERIMENT_DEFINES[:] = args.define
 if _nvrtc.EXPERIMENT_DEFINES:
@@ -93,9 +96,10 @@ if args.backward:
     backward_probe()
     raise SystemExit
 for D in (64, 128):
-    for name, kw in (("plain", {}), ("softcap 5", dict(softcap=5.0)), ("softcap 50", dict(softcap=50.0)),
-                     ("alibi", dict(alibi=True)), ("alibi + softcap 5", dict(alibi=True, softcap=5.0)),
-                     ("window 300 + softcap 5", dict(window=(300, 0), softcap=5.0))):  # fmt: skip
+    checks = (("plain", {}), ("softcap 5", dict(softcap=5.0)), ("softcap 50", dict(softcap=50.0)),
+              ("alibi", dict(alibi=True)), ("alibi + softcap 5", dict(alibi=True, softcap=5.0)),
+              ("window 300 + softcap 5", dict(window=(300, 0), softcap=5.0)))  # fmt: skip
+    for name, kw in () if args.only else checks:
         o_err, lse_err = max_error(D, **kw)
         print(f"D={D} causal {name}: max |error| vs float64 O {o_err:.2e}, lse {lse_err:.2e}")
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -126,5 +130,7 @@ for D in (64, 128):
     }
     print(f"D={D} plain causal {base:.3f} ms")
     for name, f in rows.items():
+        if args.only and not re.search(args.only, name):
+            continue
         ms = t(f)
         print(f"  {name:50s} {ms:.3f} ms  {base / ms:.3f}x of plain causal time")

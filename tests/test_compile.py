@@ -277,13 +277,39 @@ def test_trace_diagnostic_compiles(name, D, monkeypatch):
     assert b"tileattn_trace" in cubin.data
 
 
-@pytest.mark.parametrize("name,D", [("v3.7", 64)])
+def assert_setmaxnreg_fits_the_pool(cubin):
+    """A warp-specialised kernel's producer gives registers back (setmaxnreg.dec, SASS
+    USETMAXREG.DEALLOC.CTAPOOL) and its consumer warpgroups take them (USETMAXREG.TRY_ALLOC): the
+    pool is the CTA's own allocation, the launch's registers a thread times its threads, not the
+    register file.  A consumer asking for more than the pool holds waits for ever (the sorted
+    tail's first GPU run hung so: a 32-register producer beside two 240-register consumers is 512
+    a thread of each warpgroup, the pool 3 x 168 = 504)."""
+    sass = _nvrtc.sass(cubin)
+    dealloc = {int(x, 16) for x in re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL (0x[0-9a-f]+)", sass)}
+    alloc = {int(x, 16) for x in re.findall(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL \w+, (0x[0-9a-f]+)", sass)}
+    if not dealloc and not alloc:
+        return None
+    assert len(dealloc) == 1 and len(alloc) == 1, (dealloc, alloc)
+    warpgroups = _params.block_threads(cubin.data, cubin.lowered_name) // 128
+    producer, consumer = dealloc.pop(), alloc.pop()
+    pool = cubin.resources["registers"] * warpgroups
+    assert producer + (warpgroups - 1) * consumer <= pool, (cubin.lowered_name, producer, consumer, pool)
+    return producer, consumer
+
+
+@pytest.mark.parametrize("name,D,causal", [i for i in INSTANCES if "USETMAXREG" in MUST_HAVE.get(i[0], [])], ids=str)
+def test_setmaxnreg_fits_the_pool(name, D, causal):
+    assert assert_setmaxnreg_fits_the_pool(compiled(name, D, causal, "sm_90a")) is not None
+
+
+@pytest.mark.parametrize("name,D", [("v3.7", 64), ("v3.6", 128)])
 def test_sorted_tail_experiment_compiles(name, D, monkeypatch):
     """The sorted tail of the causal walk (TILEATTN_DEFINES=TILEATTN_SORTED_TAIL=2, csrc/common.cuh;
-    scripts/experiments.sh sortedtail): the rung it would help most (v3.7, 192-row tiles)
-    compiles with it spill-free (its producer gets 32 registers) with its tile's body once (as
-    many HGMMA as the default build: one call site of the tile in the walk).  (v3.5-v3.9 were all
-    spill-free under it with NVRTC 13.0, bench/NOTES.md; one rung here keeps CI's minutes.)"""
+    scripts/experiments.sh sortedtail): v3.7 (192-row tiles, the rung it would help most) and
+    v3.6 (128-row tiles) compile with it spill-free (the producer gets 32 registers, two consumers
+    232 each: the CTA's pool) with the tile's body once (as many HGMMA as the default build: one
+    call site of the tile in the walk).  (v3.5-v3.9 were all spill-free under it with NVRTC 13.0,
+    bench/NOTES.md; two rungs here keep CI's minutes.)"""
     e = VERSIONS[name]
     default = _nvrtc.sass(compiled(name, D, True, "sm_90a"))
     monkeypatch.setattr(_nvrtc, "EXPERIMENT_DEFINES", ["TILEATTN_SORTED_TAIL=2"])
@@ -292,3 +318,4 @@ def test_sorted_tail_experiment_compiles(name, D, monkeypatch):
     assert res["stack_bytes"] == 0 and res["spill_stores"] == 0, res
     assert not cubin.wgmma_serialized
     assert _nvrtc.sass(cubin).count("HGMMA") == default.count("HGMMA")
+    assert assert_setmaxnreg_fits_the_pool(cubin)[0] == 32

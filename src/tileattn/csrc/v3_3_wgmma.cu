@@ -38,17 +38,23 @@ namespace tileattn {
 
 constexpr int V3_3_WG = 128;              // threads per warpgroup
 // The producer only issues copies.  Under TILEATTN_SORTED_TAIL (common.cuh) its walk takes more
-// registers than 24 (the tail's tile arithmetic spilled 8-16 bytes there); 32 leaves the
-// consumers' share (240 for two warpgroups, 160 for three) as it is.
+// registers than 24 (the tail's tile arithmetic spilled 8-16 bytes there).
 constexpr int V3_3_PRODUCER_REGS = TILEATTN_SORTED_TAIL ? 32 : 24;
 // The block: a producer warpgroup and Br / 64 consumer warpgroups of 64 query rows (Br = 128;
 // Br = 192 in v3.7: registered at D = 64; D = 128 fits at Bc = 64 only, for tile sweeps).  The
-// consumers share what the producer gives back of the register file (65536 / 128 a thread of
-// each warpgroup), in setmaxnreg's steps of 8: two get 240 each, three 160.
+// consumers share what the producer gives back, in setmaxnreg's steps of 8, of the CTA's pool:
+// the registers the launch gave each thread (65536 / threads, down to a multiple of 8: 168 for
+// three warpgroups, 128 for four) times the warpgroups, not the whole register file (384 threads
+// leave 1,024 registers unallocated).  A consumer's setmaxnreg.inc waits until the pool holds
+// what it asks for, so asking more than the pool has hangs the CTA: two consumers get 240 each
+// beside a 24-register producer (24 + 2 x 240 = 3 x 168) but 232 beside 32, three get 160.
 __host__ __device__ constexpr int v3_3_threads(int Br) { return V3_3_WG * (1 + Br / 64); }
+__host__ __device__ constexpr int v3_3_launch_regs(int Br) { return 65536 / v3_3_threads(Br) / 8 * 8; }
 __host__ __device__ constexpr int v3_3_consumer_regs(int Br) {
-  return (65536 / V3_3_WG - V3_3_PRODUCER_REGS) / (Br / 64) / 8 * 8;
+  return (v3_3_launch_regs(Br) * (1 + Br / 64) - V3_3_PRODUCER_REGS) / (Br / 64) / 8 * 8;
 }
+static_assert(v3_3_consumer_regs(128) == (TILEATTN_SORTED_TAIL ? 232 : 240) && v3_3_consumer_regs(192) == 160,
+              "the consumers' registers (the pool: v3_3_launch_regs)");
 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
 // (16-bit, 64-column panels), then 9 mbarriers (Q; K and V full x2; K and V empty x2); the
