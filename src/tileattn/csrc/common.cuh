@@ -145,20 +145,29 @@ __device__ __forceinline__ int q_block() { return CAUSAL ? gridDim.x - 1 - block
 struct TileIndex {
   int bh, q_block;
 };
-// The experiment TILEATTN_SORTED_TAIL=R (causal, not the default): the pairs stop R rounds of
-// units before the end, at a whole round (every CTA has had the same pairs, so the same work), and
-// the tiles left, from tail_start on, go one at a time, the most keys first, dealt to the CTAs in
-// a snake (CTA 0 .. G - 1, then G - 1 .. 0, ...): a greedy longest-first packing of the tail
-// instead of a last round of pairs that leaves some CTAs idle.  A model of the schedule
-// (reference.persistent_schedule, scripts/schedule_model.py) puts the busiest CTA at 1.03-1.16x
-// the ideal makespan with the pairs alone (v3.7 at N = 8192 B*H = 32: 1.155) and 1.004-1.018x with
-// R = 2.  The tail's tile k (its k-th largest Q block) comes from sorted_tail_tile.
-#ifndef TILEATTN_SORTED_TAIL
-#define TILEATTN_SORTED_TAIL 0
+// The sorted tail (causal, R > 0): the pairs stop R rounds of units before the end, at a whole
+// round (every CTA has had the same pairs, so the same work), and the tiles left, from tail_start
+// on, go one at a time, the most keys first, dealt to the CTAs in a snake (CTA 0 .. G - 1, then
+// G - 1 .. 0, ...): a greedy longest-first packing of the tail instead of a last round of pairs
+// that leaves some CTAs idle.  A model of the schedule (reference.persistent_schedule,
+// scripts/schedule_model.py) puts the busiest CTA at 1.03-1.16x the ideal makespan with the pairs
+// alone (v3.7 at N = 8192 B*H = 32: 1.155) and 1.004-1.018x with R = 2.  Measured (H100, bf16
+// causal, one call, bench/NOTES.md): v3.7's 192-row tiles at D = 64 1.0x / 1.036x / 1.031x faster
+// at N = 4096 / 8192 / 32768, so R = 2 is their default; v3.6's 128-row tiles 0.97x at N = 1024
+// and 1.004-1.017x above (its two consumers give up 8 registers each for the producer's walk), so
+// R = 0 there.  TILEATTN_SORTED_TAIL_128 / _192 (TILEATTN_DEFINES) set R for an experiment.
+#ifndef TILEATTN_SORTED_TAIL_128
+#define TILEATTN_SORTED_TAIL_128 0
 #endif
+#ifndef TILEATTN_SORTED_TAIL_192
+#define TILEATTN_SORTED_TAIL_192 2
+#endif
+__host__ __device__ constexpr int sorted_tail_rounds(int Br) {
+  return Br == 192 ? TILEATTN_SORTED_TAIL_192 : TILEATTN_SORTED_TAIL_128;
+}
 // The first tile of the sorted tail (even: a pair boundary), for G = gridDim.x CTAs over T tiles.
-__device__ __forceinline__ int sorted_tail_start(int T, int G) {
-  const int rounds = (T + 1) / 2 / G - TILEATTN_SORTED_TAIL;
+__device__ __forceinline__ int sorted_tail_start(int T, int G, int R) {
+  const int rounds = (T + 1) / 2 / G - R;
   return rounds > 0 ? 2 * rounds * G : 0;
 }
 // Tile k of the tail from t0 (persistent order) in decreasing Q block order.  The tail holds, in
@@ -189,13 +198,13 @@ __device__ __forceinline__ TileIndex sorted_tail_tile(int k, int t0, int Tr, int
   k -= band;
   return {h0 + 1 + k % nw, j0 - 1 - k / nw};
 }
-template <bool CAUSAL>
+template <bool CAUSAL, int R = 0>
 __device__ __forceinline__ TileIndex persistent_tile(int tile, int Tr, int bh_count) {
   if (!CAUSAL) return {tile / Tr, tile % Tr};
-#if TILEATTN_SORTED_TAIL
-  const int t0 = sorted_tail_start(Tr * bh_count, gridDim.x);
-  if (tile >= t0) return sorted_tail_tile(tile - t0, t0, Tr, bh_count);
-#endif
+  if constexpr (R > 0) {
+    const int t0 = sorted_tail_start(Tr * bh_count, gridDim.x, R);
+    if (tile >= t0) return sorted_tail_tile(tile - t0, t0, Tr, bh_count);
+  }
   const int W = Tr % 2 == 1 ? Tr - 1 : Tr;  // a head's tiles in pairs
   if (W < Tr && tile >= W * bh_count) return {tile - W * bh_count, Tr / 2};
   const int bh = tile / W, r = tile % W;

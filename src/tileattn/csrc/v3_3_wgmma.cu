@@ -37,9 +37,9 @@
 namespace tileattn {
 
 constexpr int V3_3_WG = 128;              // threads per warpgroup
-// The producer only issues copies.  Under TILEATTN_SORTED_TAIL (common.cuh) its walk takes more
-// registers than 24 (the tail's tile arithmetic spilled 8-16 bytes there).
-constexpr int V3_3_PRODUCER_REGS = TILEATTN_SORTED_TAIL ? 32 : 24;
+// The producer only issues copies.  With the sorted tail (common.cuh sorted_tail_rounds) its walk
+// takes more registers than 24 (the tail's tile arithmetic spilled 8-16 bytes there).
+__host__ __device__ constexpr int v3_3_producer_regs(int Br) { return sorted_tail_rounds(Br) > 0 ? 32 : 24; }
 // The block: a producer warpgroup and Br / 64 consumer warpgroups of 64 query rows (Br = 128;
 // Br = 192 in v3.7: registered at D = 64; D = 128 fits at Bc = 64 only, for tile sweeps).  The
 // consumers share what the producer gives back, in setmaxnreg's steps of 8, of the CTA's pool:
@@ -47,13 +47,14 @@ constexpr int V3_3_PRODUCER_REGS = TILEATTN_SORTED_TAIL ? 32 : 24;
 // three warpgroups, 128 for four) times the warpgroups, not the whole register file (384 threads
 // leave 1,024 registers unallocated).  A consumer's setmaxnreg.inc waits until the pool holds
 // what it asks for, so asking more than the pool has hangs the CTA: two consumers get 240 each
-// beside a 24-register producer (24 + 2 x 240 = 3 x 168) but 232 beside 32, three get 160.
+// beside a 24-register producer (24 + 2 x 240 = 3 x 168) but 232 beside 32; three get 160 beside
+// either (32 + 3 x 160 = 4 x 128).
 __host__ __device__ constexpr int v3_3_threads(int Br) { return V3_3_WG * (1 + Br / 64); }
 __host__ __device__ constexpr int v3_3_launch_regs(int Br) { return 65536 / v3_3_threads(Br) / 8 * 8; }
 __host__ __device__ constexpr int v3_3_consumer_regs(int Br) {
-  return (v3_3_launch_regs(Br) * (1 + Br / 64) - V3_3_PRODUCER_REGS) / (Br / 64) / 8 * 8;
+  return (v3_3_launch_regs(Br) * (1 + Br / 64) - v3_3_producer_regs(Br)) / (Br / 64) / 8 * 8;
 }
-static_assert(v3_3_consumer_regs(128) == (TILEATTN_SORTED_TAIL ? 232 : 240) && v3_3_consumer_regs(192) == 160,
+static_assert(v3_3_consumer_regs(128) == (sorted_tail_rounds(128) ? 232 : 240) && v3_3_consumer_regs(192) == 160,
               "the consumers' registers (the pool: v3_3_launch_regs)");
 
 // Shared memory (versions.py sizes it): Q [Br][D], then two stages of K [Bc][D] and V [Bc][D]
@@ -201,20 +202,19 @@ __device__ __forceinline__ void alibi_slope_fragment(unsigned (&a)[4], float slo
   a[2] = a[3] = 0u;
 }
 
-template <bool PERSISTENT, bool CAUSAL, typename TileAt, typename F>
+template <bool PERSISTENT, bool CAUSAL, int R, typename TileAt, typename F>
 __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int total, const V33Tile& w0, F& f,
                                                   bool warp_uniform) {
   if constexpr (PERSISTENT) {
     constexpr int U = CAUSAL ? 2 : 1;
     int c0 = 0, i = 0;
-#if TILEATTN_SORTED_TAIL
-    if constexpr (CAUSAL) {  // pairs up to the sorted tail (common.cuh), then its tiles in a snake
+    if constexpr (CAUSAL && R > 0) {  // pairs up to the sorted tail (common.cuh), then its tiles in a snake
       // One loop and one call of f (three calls inlined the tile's body three times).  The pairs
       // end at a whole round: this CTA's first 2 * rounds tiles are its units' pairs.
       // (G, t0 and the pairs' count are found again each tile: kept live across the tile's body
       // they spilled 4-16 bytes.)
       for (int n = 0;; ++n) {
-        const int G = gridDim.x, t0 = sorted_tail_start(total, G), pair_tiles = t0 / G;
+        const int G = gridDim.x, t0 = sorted_tail_start(total, G, R), pair_tiles = t0 / G;
         int tile;
         if (n < pair_tiles) {
           tile = (blockIdx.x + n / 2 * G) * 2 + n % 2;
@@ -230,7 +230,6 @@ __device__ __forceinline__ void v3_3_for_my_tiles(const TileAt& tile_at, int tot
       }
       return;
     }
-#endif
     for (int unit = blockIdx.x; unit * U < total; unit += gridDim.x) {
       for (int tile = unit * U; tile < min(total, unit * U + U); ++tile, ++i) {
         const auto w = tile_at(tile);
@@ -304,7 +303,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
   auto tile_at = [&](int tile) {
     V33Tile w{0, 0, 0, 0, Nq, Nk, causal_offset, 0, 0, 0, false};
     if constexpr (PERSISTENT) {
-      const TileIndex ti = persistent_tile<CAUSAL>(tile, Tr, bh_count);
+      const TileIndex ti = persistent_tile<CAUSAL, sorted_tail_rounds(Br)>(tile, Tr, bh_count);
       w.bh = ti.bh;
       w.qb = ti.q_block;
     } else {
@@ -345,7 +344,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
 
   if (threadIdx.x < V3_3_WG) {
     // ---------------- producer: one thread issues every copy ----------------
-    setmaxnreg_dec<V3_3_PRODUCER_REGS>();
+    setmaxnreg_dec<v3_3_producer_regs(Br)>();
     if (threadIdx.x != 0) return;
     // One tile.  c0: this CTA's K/V blocks before it (stage c0 + n of block n); i: its tiles before it.
     auto produce_tile = [&](const V33Tile& w, const int c0, const int i) {
@@ -380,7 +379,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
       }
       trace_clock(i, 3, 2);
     };
-    v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, produce_tile, false);
+    v3_3_for_my_tiles<PERSISTENT, CAUSAL, sorted_tail_rounds(Br)>(tile_at, Tr * bh_count, w0, produce_tile, false);
     return;
   }
 
@@ -725,7 +724,7 @@ __device__ __forceinline__ void v3_3_body(TILEATTN_FWD_PARAMS(T), const TmaMaps*
     if (tracer) trace_clock(i, cwg, 5);
   };
 #undef kv_block
-  v3_3_for_my_tiles<PERSISTENT, CAUSAL>(tile_at, Tr * bh_count, w0, consume_tile, true);
+  v3_3_for_my_tiles<PERSISTENT, CAUSAL, sorted_tail_rounds(Br)>(tile_at, Tr * bh_count, w0, consume_tile, true);
   if constexpr (STAGE_O) {  // the last tile's copies read the stage: it must outlive them
     if (lane == 0) bulk_wait_read<0>();
   }
