@@ -5,7 +5,7 @@
 #     bash scripts/experiments.sh mma         (the default: issue 13's H200 suite, ~4 min a dtype)
 #     bash scripts/experiments.sh suites      (then: hf, fp8, the hf model's shapes; ~8 min)
 #     bash scripts/experiments.sh fp8tile     (FP8 at D=128 on three consumer warpgroups; ~2 min)
-#     bash scripts/experiments.sh sortedtail  (the causal walk's tail sorted, TILEATTN_SORTED_TAIL=2; ~6 min)
+#     bash scripts/experiments.sh sortedtail  (the causal walk's tail sorted on 128-row tiles; ~4 min)
 #     bash scripts/experiments.sh window
 #     bash scripts/experiments.sh alibi
 # mma: `bench --suite mma --versions v3.6 v3.7 --steady --dtype $DTYPES` (default bfloat16; one
@@ -21,16 +21,13 @@
 # 192 x 128 it spills 144 bytes), and 128 x 64 for the block width alone, beside the default
 # (128 x 128; 128 x 192 without a mask from LONG_KEYS): scripts/fp8_probe.py's kernel times and
 # O's error against float64 of the e4m3 values.  Issue 13 asks FP8 for 1.4x our bf16 (1.29x).
-# sortedtail (its first run, 4d65020, hung: v3.6's consumers asked for 240 registers beside a
-# 32-register producer, more than the CTA's pool; now 232, test_compile's pool check):
-# the persistent causal walk with its last two rounds as single tiles, the most keys
-# first, dealt in a snake (csrc/common.cuh, TILEATTN_SORTED_TAIL; the model: the busiest CTA from
-# 1.031-1.155x the ideal to 1.004-1.018x).  The persistent rungs' causal GPU tests under the
-# define, then fwd_probe's causal rows and variants_probe (B*H = 32: v3.7's 1.155x) in the
-# default build and under the define, in that order, one process each.  Under a window the pairs
-# are not equal work and the model wants every tile sorted (TILEATTN_SORTED_TAIL=1000000: the
-# window's 1.06-1.29x to 1.001-1.027x, at the cost of L2 locality): a second call,
-#     SORTED_TAIL=TILEATTN_SORTED_TAIL=1000000 bash scripts/experiments.sh sortedtail
+# sortedtail: the causal walk's sorted tail (csrc/common.cuh sorted_tail_rounds; measured at
+# 7747ebd: +3.1-3.6% for 192-row tiles at N = 8192 / 32768, their default since d6314b6; -3% for
+# 128-row tiles at N = 1024, off there) as an experiment on the 128-row tiles
+# (TILEATTN_SORTED_TAIL_128=2): fwd_probe's causal rows and variants_probe's window rows in the
+# default build and under the define, every tile sorted for the window, then the persistent
+# rungs' causal GPU tests under the define.  (Its first run, 4d65020, hung: v3.6's consumers
+# asked for 240 registers beside a 32-register producer, more than the CTA's pool.)
 # window: v3.9 (a causal window alone on plain causal's kernel and tiles, built in the forty-first
 # session, the default since the forty-second: 160 passed, racecheck 0 hazards, 1-2% faster than the
 # variants kernel at 997296a): its float64 GPU tests, the racecheck of a sample, then
@@ -105,7 +102,7 @@ if [[ " $which " == *" fp8tile "* ]]; then
   done
 fi
 if [[ " $which " == *" sortedtail "* ]]; then
-  ST=${SORTED_TAIL:-TILEATTN_SORTED_TAIL=2}
+  ST=${SORTED_TAIL:-TILEATTN_SORTED_TAIL_128=2}
   # both builds' persistent kernels first, in parallel (the tests compile one kernel at a time)
   python3 -m tileattn compile --jobs 8 --versions v3.6 v3.7 v3.9_window > /dev/null 2>&1 &
   TILEATTN_DEFINES=$ST python3 -m tileattn compile --jobs 8 --versions v3.6 v3.7 v3.9_window > /dev/null 2>&1
@@ -118,8 +115,8 @@ if [[ " $which " == *" sortedtail "* ]]; then
     TILEATTN_DEFINES="$d" timeout 120 python3 scripts/variants_probe.py --only "window 4096$" 2>&1 | grep -E "plain causal|window" | log
   done
   # under a window the pairs are not equal work: every tile sorted (the model: 1.29x -> 1.005x at D=64)
-  echo "== variants_probe, defines 'TILEATTN_SORTED_TAIL=1000000'" | log
-  TILEATTN_DEFINES=TILEATTN_SORTED_TAIL=1000000 timeout 120 python3 scripts/variants_probe.py --only "window 4096$" 2>&1 \
+  echo "== variants_probe, every tile sorted" | log
+  TILEATTN_DEFINES="TILEATTN_SORTED_TAIL_128=1000000 TILEATTN_SORTED_TAIL_192=1000000" timeout 120 python3 scripts/variants_probe.py --only "window 4096$" 2>&1 \
     | grep -E "plain causal|window" | log
   echo "== GPU tests under $ST" | log
   TILEATTN_DEFINES=$ST pytest_gpu 150 tests/test_gpu.py -k "(v3.6 or v3.7) and (persistent_many or awkward or nq_ne_nk or gqa or many_heads or jumps)"

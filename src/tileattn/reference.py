@@ -410,7 +410,7 @@ def persistent_tile(tile: int, Tr: int, bh_count: int, causal: bool) -> tuple[in
 
 def sorted_tail_start(T: int, ctas: int, sorted_tail: int) -> int:
     """csrc/common.cuh sorted_tail_start: the first tile of the sorted tail (a whole round of pairs
-    before it), for TILEATTN_SORTED_TAIL=sorted_tail."""
+    before it), for common.cuh sorted_tail_rounds = sorted_tail."""
     rounds = (T + 1) // 2 // ctas - sorted_tail
     return 2 * rounds * ctas if rounds > 0 else 0
 
@@ -420,9 +420,9 @@ def persistent_schedule(
 ) -> list[list[tuple[int, int]]]:
     """The persistent rungs' tiles (persistent_tile's order, v3_3_wgmma.cu v3_3_for_my_tiles), CTA
     by CTA: the (bh, Q block) each of `ctas` CTAs takes, in its order.  Tiles blockIdx.x, + ctas,
-    ... (in pairs under the causal mask); with sorted_tail = R (the experiment
-    TILEATTN_SORTED_TAIL=R, causal) the pairs stop R rounds before the end and the rest go one at
-    a time, the most keys first, dealt to the CTAs in a snake."""
+    ... (in pairs under the causal mask); with sorted_tail = R (causal; common.cuh
+    sorted_tail_rounds: 2 for 192-row tiles) the pairs stop R rounds before the end and the rest
+    go one at a time, the most keys first, dealt to the CTAs in a snake."""
     T = Tr * bh_count
 
     def paired(t):
