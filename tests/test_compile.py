@@ -302,6 +302,26 @@ def test_setmaxnreg_fits_the_pool(name, D, causal):
     assert assert_setmaxnreg_fits_the_pool(compiled(name, D, causal, "sm_90a")) is not None
 
 
+def _warp_specialised_entry_jobs():
+    """One instantiation a head dim (first dtype, causal where it has it) of every sm_90a kernel
+    outside the ladder: the tile height, which sets the warpgroups, follows the head dim."""
+    return [
+        (e.file, e.name_expression(e.dtypes[0], D, e.causal_variants[-1]), "sm_90a")
+        for e in KERNEL_ENTRIES.values()
+        if e.arch_specific
+        for D in e.head_dims
+    ]
+
+
+def test_setmaxnreg_fits_the_pool_outside_the_ladder():
+    """The same check for the backward, FP8, packed and variants kernels: each that hands registers
+    over (bwd_v4-v6, v3.3-v3.9's kernels) asks the pool for no more than it holds."""
+    jobs = _warp_specialised_entry_jobs()
+    compile_in_parallel(jobs)
+    handed_over = [job for job in jobs if assert_setmaxnreg_fits_the_pool(_nvrtc.compile_kernel(*job)) is not None]
+    assert len(handed_over) >= 20, handed_over  # (a regex that stopped matching would pass every kernel)
+
+
 def test_sorted_tail_registers():
     """The sorted tail of the causal walk (csrc/common.cuh sorted_tail_rounds): v3.7's 192-row tiles
     take it by default, their producer with 32 registers (the tail's arithmetic spilled in 24) and

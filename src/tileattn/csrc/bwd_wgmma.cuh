@@ -100,7 +100,9 @@ __device__ __forceinline__ void bwd_tail_finish(TailTile tile, int tail_segments
 }
 
 // The warp-specialised rungs (bwd_v4_ws.cu, bwd_v6_dsplit.cu): the producer warpgroup keeps 24
-// registers a thread, the two consumer warpgroups 240 (24 + 2 x 240 <= 512: 65536 / 128 threads).
+// registers a thread, the two consumer warpgroups 240: 24 + 2 x 240 = 504, the CTA's pool (3
+// warpgroups x the 168 a thread of a 384-thread launch; setmaxnreg.inc asking more would wait
+// for ever: test_compile.py's pool check).
 constexpr int BWD_V4_PRODUCER_REGS = 24;   // one warp issues copies and moves 2 x Br floats a block
 constexpr int BWD_V4_CONSUMER_REGS = 240;
 
