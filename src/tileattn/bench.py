@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import _nvrtc, api
+from . import _nvrtc, api, fp8
 from .versions import VERSIONS
 
 # The ceilings the "% of ceiling" column divides by: the H100/H200 SXM datasheet's non-tensor FP32
@@ -504,6 +504,11 @@ def overhead(calls: int = 3000, repeats: int = 5) -> list[dict]:
             ),
             "torch.add_": lambda: q.add_(0),
         }
+        if D in fp8.V3_5_FP8.tiles:  # FP8 (v3.5): its descale table, V^T's copy and maps each call
+            (q8, dq), (k8, dk), (v8, dv) = (fp8.quantize_e4m3(t) for t in (q, k, v))
+            fns["tileattn.flash_attn_func (e4m3)"] = lambda: api.flash_attn_func(
+                q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv
+            )
         backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
         for name in backends:
             fns[name] = lambda: sdpa(qt, kt, vt, is_causal=causal)
