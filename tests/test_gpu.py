@@ -190,6 +190,21 @@ def test_persistent_many_tiles_per_cta(version, D, Nq, Nk, causal):
     _check(Case(version, B=3, H=37, Nq=Nq, Nk=Nk, D=D, causal=causal, dtype="bfloat16"))
 
 
+@pytest.mark.parametrize(
+    "B,H,N",
+    [
+        (1, 3, 2000),  # 17 units on 17 CTAs: no whole round of pairs before the tail, every tile sorted
+        (5, 29, 2100),  # Tr = 11: the tail starts inside a head's pairs and ends with every middle block
+        (10, 100, 500),  # Tr = 3: the pairs end before the tail, which holds middle blocks only
+    ],
+)
+def test_sorted_tail_covers_every_tile(B, H, N):
+    """v3.7's causal walk with its sorted tail (csrc/common.cuh sorted_tail_rounds, R = 2 for
+    192-row tiles) at shapes that take each branch of sorted_tail_tile on a 132-SM GPU; the output
+    is NaN-poisoned, so a tile the walk skipped or took twice shows against float64."""
+    _check(Case("v3.7", B=B, H=H, Nq=N, D=64, causal="bottom_right", dtype="bfloat16"))
+
+
 @pytest.mark.parametrize("version,D", [("v3.6", 64), ("v3.6", 128), ("v3.6", 256), ("v3.6_wide", 128), ("v3.7", 64)])
 def test_o_stage_falls_back_on_unaligned_out(version, D):
     """The persistent rungs copy O out of a shared-memory stage by tensor stores, whose map takes a
