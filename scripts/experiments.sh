@@ -76,6 +76,8 @@ if [[ " $which " == *" alibi "* ]]; then
 fi
 if [[ " $which " == *" mma "* ]]; then
   python3 -m tileattn compile --jobs 16 --versions v3.6 v3.7 > /dev/null 2>&1
+  echo "== the persistent walks' GPU tests (v3.7's sorted tail since d6314b6)" | log
+  pytest_gpu 90 tests/test_gpu.py -k "sorted_tail or persistent_many"
   for dt in ${DTYPES:-bfloat16}; do
     echo "== mma suite, $dt" | log
     timeout 500 python3 -m tileattn bench --suite mma --versions v3.6 v3.7 --steady --dtype $dt \
