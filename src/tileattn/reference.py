@@ -424,22 +424,18 @@ def persistent_schedule(
     sorted_tail_rounds: 2 for 192-row tiles) the pairs stop R rounds before the end and the rest
     go one at a time, the most keys first, dealt to the CTAs in a snake."""
     T = Tr * bh_count
-
-    def paired(t):
-        return persistent_tile(t, Tr, bh_count, causal)
-
-    if not (causal and sorted_tail):
-        U = 2 if causal else 1
-        return [
-            [paired(t) for u in range(c, -(-T // U), ctas) for t in range(u * U, min(T, u * U + U))]
-            for c in range(ctas)
-        ]
-    t0 = sorted_tail_start(T, ctas, sorted_tail)
+    U = 2 if causal else 1
+    # Without a sorted tail the tail is empty (t0 = T) and the units run to the end.
+    t0 = sorted_tail_start(T, ctas, sorted_tail) if causal and sorted_tail else T
     # The tail from t0 in decreasing Q block order (common.cuh sorted_tail_tile, written out).
-    tail = sorted((paired(t) for t in range(t0, T)), key=lambda x: -x[1])
+    tail = sorted((persistent_tile(t, Tr, bh_count, causal) for t in range(t0, T)), key=lambda x: -x[1])
     out = []
     for c in range(ctas):
-        tiles = [paired(t) for u in range(c, t0 // 2, ctas) for t in (2 * u, 2 * u + 1)]
+        tiles = [
+            persistent_tile(t, Tr, bh_count, causal)
+            for u in range(c, -(-t0 // U), ctas)
+            for t in range(u * U, min(t0, u * U + U))
+        ]
         r = 0
         while (k := r * ctas + (c if r % 2 == 0 else ctas - 1 - c)) < T - t0:
             tiles.append(tail[k])

@@ -154,9 +154,9 @@ struct TileIndex {
 // alone (v3.7 at N = 8192 B*H = 32: 1.155) and 1.004-1.018x with R = 2.  Measured (H100, bf16
 // causal, one call, bench/NOTES.md): v3.7's 192-row tiles at D = 64 1.0x / 1.036x / 1.031x faster
 // at N = 4096 / 8192 / 32768 (H200: 1.010x / 1.033x / 1.025x at N = 2048 / 8192 / 32768), so
-// R = 2 is their default; v3.6's 128-row tiles 0.97x at N = 1024
-// and 1.004-1.017x above (its two consumers give up 8 registers each for the producer's walk), so
-// R = 0 there.  TILEATTN_SORTED_TAIL_128 / _192 (TILEATTN_DEFINES) set R for an experiment.
+// R = 2 is their default; v3.6's 128-row tiles 0.97x at N = 1024 and 1.004-1.017x above (its two
+// consumers give up 8 registers each for the producer's walk), so R = 0 there.
+// TILEATTN_SORTED_TAIL_128 / _192 (TILEATTN_DEFINES) set R for an experiment.
 #ifndef TILEATTN_SORTED_TAIL_128
 #define TILEATTN_SORTED_TAIL_128 0
 #endif

@@ -9,8 +9,9 @@
 //    FlashAttention-3 chooses at D <= 64): a third warpgroup's GEMMs are ready to issue while
 //    the other two run their softmax, and every K/V block loaded feeds 1.5x the rows.
 //  * 512 threads: the consumers get 160 registers each (32 + 3 * 160 = 512, the CTA's pool; the
-//    producer keeps 32 for the causal walk's sorted tail, common.cuh), enough at D = 64 (S 64, O 32, P 32 registers); at D = 128 a 192 x 128
-//    tile spills 232 bytes, a 192 x 64 tile none (NVRTC 13.0; not yet timed).
+//    producer keeps 32 for the causal walk's sorted tail, common.cuh), enough at D = 64 (S 64,
+//    O 32, P 32 registers); at D = 128 a 192 x 128 tile spills 232 bytes, a 192 x 64 tile none
+//    (NVRTC 13.0; not yet timed).
 //  * No ping-pong (it orders two warpgroups); the main loop's P V wait stays pinned behind the
 //    exponentials, as in v3.3 at D = 64.
 //  * Everything else is v3.6: persistent CTAs over persistent_tile's order, the K/V pipeline
