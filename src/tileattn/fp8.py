@@ -186,59 +186,110 @@ def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, de
     """O (bf16, q's layout) and lse ((B, H, Nq) float32, or None) of e4m3 q, k, v in ``layout``.
     descales: (descale_q, descale_k, descale_v) as flash_attn_func takes them.  out / lse: buffers
     to write (the tests hand in NaN-poisoned ones).  vt: V already as v_transposed made it (the
-    benchmark times the kernel without the copy)."""
+    benchmark times the kernel without the copy).
+
+    As api._forward's prepared calls: a call whose shapes, strides, devices and options were seen
+    before (and whose pointers are 16-byte aligned) goes straight to its _Launch, skipping the
+    checks and arithmetic that cannot change; the descales are checked on every call."""
+    key = None
+    if out is None and lse is None and vt is None:
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.get_device(), k.get_device(),
+               v.get_device(), softmax_scale, causal, layout, with_lse)  # fmt: skip
+        call = _CALLS.get(key)
+        if call is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+            return call.run(q, k, v, descales)
     _, (B, H, Nq, D), qs, (_, H_kv, Nk, _), ks, _, device_index = api._validate(q, k, v, None, None, layout)
     cc = api._nvrtc.device_arch(device_index)
     if not V3_5_FP8.runs_on(cc[0] * 10 + cc[1]):
         raise ValueError(
             f"float8_e4m3fn inputs run on sm_90 (Hopper's 8-bit wgmma, v3.5); this GPU is sm_{cc[0]}{cc[1]}"
         )
-    table = _descale_table(*descales, B, H_kv, q.device)
-    no_work = B * H * Nq == 0 or Nk == 0
-    out_shape = api._out_shape(B, H, Nq, D, layout)
-    out, lse = api._outputs(out, lse, out_shape, torch.bfloat16, (B, H, Nq), with_lse, q.device, no_work)
-    if no_work:
-        return out, lse
+    if B * H * Nq == 0 or Nk == 0:
+        _descale_table(*descales, B, H_kv, q.device)  # (checked all the same)
+        return api._outputs(out, lse, api._out_shape(B, H, Nq, D, layout), torch.bfloat16, (B, H, Nq), with_lse,
+                            q.device, True)  # fmt: skip
     # 16-byte rows: TMA reads q and k, the V^T copy reads v by 16-byte loads (a view that breaks
     # that is copied once, into fresh memory, as the other paths do).
     if not all(api._rows_aligned(t, api._bhnd(t, layout)[1]) for t in (q, k) + (() if vt is not None else (v,))):
+        key = None
         q, k, v = api._aligned_copies((q, k, v), layout)
         qs, ks = api._bhnd(q, layout)[1], api._bhnd(k, layout)[1]
-    if vt is None:
-        vt = v_transposed(api._heads_view(v, v, v, layout)[0])
-    entry = kernel_entry(D, causal is not None, Nk)
-    kern = api.entry_kernel(entry.name, "float8_e4m3fn", D, causal is not None, device_index)
-    Br, Bc = entry.tiles[D]
-    maps = _tensor_maps(q, k, vt, (B, H, Nq, D), qs, (B, H_kv, Nk, D), ks, Br, Bc)
-    os_ = api._bhnd(out, layout)[1]
-    offset = 0 if causal != "bottom_right" else Nk - Nq
-    stream = api._current_stream(device_index)
-    # Persistent (v3.6's walk), the kernel reading B * H from bh_count.
-    Tr, BH = -(-Nq // Br), B * H
-    args = [
-        q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0,
-        Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], *vt.stride()[:3], *os_[:3], softmax_scale, offset, 0,
-        *_params.room(descale=table.data_ptr(), bh_count=BH),
-    ]  # fmt: skip
-    kern.launch(stream, api.persistent_ctas(Tr, BH, causal is not None, device_index), 1, args, maps)
-    return out, lse
+    call = _Launch((B, H, Nq, D, H_kv, Nk), qs, ks, softmax_scale, causal, layout, with_lse, device_index)
+    if key is not None:
+        if len(_CALLS) >= 1024:
+            _CALLS.clear()
+        _CALLS[key] = call
+    return call.run(q, k, v, descales, out, lse, vt)
 
 
-def _tensor_maps(q, k, vt, q_shape, qs, k_shape, ks, Br: int, Bc: int) -> bytes:
+class _Launch:
+    """One prepared FP8 call: v3.5's kernel for the shape, its grid and the template of its
+    arguments; each run fills in the pointers, the descale table and O's strides, and looks up
+    the tensor maps by pointer (the caching allocator hands V^T's copy the same memory call after
+    call, so the maps are encoded once per set of buffers)."""
+
+    def __init__(self, dims, qs, ks, softmax_scale, causal, layout, with_lse, device_index):
+        B, H, Nq, D, H_kv, Nk = dims
+        entry = kernel_entry(D, causal is not None, Nk)
+        self.kern = api.entry_kernel(entry.name, "float8_e4m3fn", D, causal is not None, device_index)
+        self.Br, self.Bc = entry.tiles[D]
+        self.B, self.H_kv, self.layout, self.device_index = B, H_kv, layout, device_index
+        self.q_layout, self.k_layout = ((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks)
+        self.out_shape, self.lse_shape, self.with_lse = api._out_shape(B, H, Nq, D, layout), (B, H, Nq), with_lse
+        # Persistent (v3.6's walk), the kernel reading B * H from bh_count.
+        Tr, BH = -(-Nq // self.Br), B * H
+        self.grid = api.persistent_ctas(Tr, BH, causal is not None, device_index)
+        offset = 0 if causal != "bottom_right" else Nk - Nq
+        # fmt: off
+        self.args = [0, 0, 0, 0, 0, 0, Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], 0, 0, 0, 0, 0, 0, softmax_scale,
+                     offset, 0, *_params.room(descale=0, bh_count=BH)]
+        # fmt: on
+        self.maps: dict[tuple[int, int, int], bytes] = {}
+
+    def run(self, q, k, v, descales, out=None, lse=None, vt=None):
+        table = _descale_table(*descales, self.B, self.H_kv, q.device)
+        out, lse = api._outputs(out, lse, self.out_shape, torch.bfloat16, self.lse_shape, self.with_lse, q.device,
+                                False)  # fmt: skip
+        if vt is None:
+            vt = v_transposed(api._heads_view(v, v, v, self.layout)[0])
+        ptrs = q.data_ptr(), k.data_ptr(), vt.data_ptr()
+        maps = self.maps.get(ptrs)
+        if maps is None:
+            if len(self.maps) >= 64:
+                self.maps.clear()
+            maps = self.maps[ptrs] = _tensor_maps(*ptrs, self.q_layout, self.k_layout, (vt.shape, vt.stride()),
+                                                  self.Br, self.Bc)  # fmt: skip
+        args = self.args.copy()
+        args[0:5] = *ptrs, out.data_ptr(), 0 if lse is None else lse.data_ptr()
+        args[_VT_STRIDES] = vt.stride()[:3]
+        args[_O_STRIDES] = api._bhnd(out, self.layout)[1][:3]
+        args[_DESCALE] = table.data_ptr()
+        self.kern.launch(api._current_stream(self.device_index), self.grid, 1, args, maps)
+        return out, lse
+
+
+_CALLS: dict[tuple, _Launch] = {}
+_FIELDS = [name for name, _ in _params.FWD_FIELDS]
+_VT_STRIDES = slice(_FIELDS.index("v_sb"), _FIELDS.index("v_sn") + 1)  # (v's strides carry V^T's)
+_O_STRIDES = slice(_FIELDS.index("o_sb"), _FIELDS.index("o_sn") + 1)
+_DESCALE = _FIELDS.index("descale")
+
+
+def _tensor_maps(q_ptr, k_ptr, vt_ptr, q_layout, k_layout, vt_layout, Br: int, Bc: int) -> bytes:
     """v3.5's TmaMaps: q and k as (B, H, N, D / 2) 16-bit tensors (the copy engine moves bytes; as
     16-bit columns the boxes and swizzles are v3.3's: min(D, 128) bytes wide, the 128-byte swizzle,
     or the 64-byte one at D = 64) with Br and Bc rows, then V^T (B, H_kv, D, Nk_pad / 2) with boxes
     of 128 key bytes x D rows (a panel, the 128-byte swizzle; Bc / 128 of them a K/V block; 64 bytes
     and the 64-byte swizzle where Bc is no multiple of 128); maps 3..5 (v3.3's narrow
-    panels) repeat them, unused."""
-    D = q_shape[3]
+    panels) repeat them, unused.  Layouts: (shape, strides in elements) in (B, H, N, D) order."""
+    D = q_layout[0][3]
     cols = min(D, 128) // 2
     vt_panel = 128 if Bc % 128 == 0 else 64  # key bytes a V^T panel (v3_3_wgmma.cu's VT_PANEL)
-    half = lambda shape: (*shape[:3], shape[3] // 2)
+    half = lambda layout: ((*layout[0][:3], layout[0][3] // 2), layout[1])
     maps = [
-        api.tensor_map(q.data_ptr(), (half(q_shape), qs), "bfloat16", 1, (cols, Br)),
-        api.tensor_map(k.data_ptr(), (half(k_shape), ks), "bfloat16", 1, (cols, Bc)),
-        api.tensor_map(vt.data_ptr(), (half(vt.shape), vt.stride()), "bfloat16", 1, (vt_panel // 2, D)),
+        api.tensor_map(q_ptr, half(q_layout), "bfloat16", 1, (cols, Br)),
+        api.tensor_map(k_ptr, half(k_layout), "bfloat16", 1, (cols, Bc)),
+        api.tensor_map(vt_ptr, half(vt_layout), "bfloat16", 1, (vt_panel // 2, D)),
     ]
     return b"".join(maps * 2)
 
