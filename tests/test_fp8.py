@@ -320,6 +320,7 @@ def test_long_calls_without_a_mask_take_the_wide_blocks(monkeypatch):
     from tileattn.versions import LONG_KEYS
 
     names = []
+    fp8._CALLS.clear()  # (a prepared call would skip the lookup)
     entry_kernel = fp8.api.entry_kernel
     monkeypatch.setattr(fp8.api, "entry_kernel", lambda name, *a: names.append(name) or entry_kernel(name, *a))
     for D, Nk, causal, name in (
@@ -331,7 +332,7 @@ def test_long_calls_without_a_mask_take_the_wide_blocks(monkeypatch):
         names.clear()
         (q8, dq), (k8, dk), (v8, dv) = (fp8.quantize_e4m3(torch.randn(1, n, 2, D, device="cuda")) for n in (5, Nk, Nk))
         fp8.attention(q8, k8, v8, D**-0.5, causal, "bnhd", (dq, dk, dv), False)
-        assert names[-1] == name, (D, Nk, causal, names)
+        assert [n for n in names if n != V3_5_VT.name][-1] == name, (D, Nk, causal, names)
 
 
 @pytest.mark.gpu
@@ -419,9 +420,10 @@ def test_prepared_call_matches_the_first():
     gen = torch.Generator(device="cuda").manual_seed(3)
     B, N, H, H_kv, D = 2, 300, 4, 2, 64
 
-    def inputs():
+    def inputs():  # q8, dq, k8, dk, v8, dv (a factor per (batch, KV head))
         x = [torch.randn(B, N, h, D, device="cuda", generator=gen) for h in (H, H_kv, H_kv)]
-        return [t for pair in (fp8.quantize_e4m3(t) for t in x) for t in pair]  # q8, dq, k8, dk, v8, dv
+        q8, k8, v8, descales = fp8.quantize_attention_inputs(*x)
+        return q8, descales["descale_q"], k8, descales["descale_k"], v8, descales["descale_v"]
 
     def first_path(q8, k8, v8, descales):  # (an out buffer: never the prepared launch)
         out = torch.full((B, N, H, D), math.nan, device="cuda", dtype=torch.bfloat16)
