@@ -2,15 +2,16 @@
 # Device calls for what changed and has not yet run on a GPU in its committed form (bench/NOTES.md,
 # "Next session"), one call each, about 3-4 minutes on an H100.  Installs nothing.  Writes
 # $OUT/experiments.log (tee'd as it goes: a call cut short at its time limit still returns it).
-#     bash scripts/experiments.sh mma         (the default: issue 13's H200 suite, ~4 min a dtype)
+#     bash scripts/experiments.sh mma         (the default: issue 13's H200 suite, ~8-9 min for both dtypes)
+#     bash scripts/experiments.sh ncu         (issue 13's short rows by ncu beside cuDNN / bf16, ~4 min)
 #     bash scripts/experiments.sh suites      (then: hf, fp8, the hf model's shapes; ~8 min)
 #     bash scripts/experiments.sh sortedtail  (the causal walk's tail sorted on 128-row tiles; ~4 min)
 #     bash scripts/experiments.sh window
 #     bash scripts/experiments.sh alibi
-# mma: `bench --suite mma --versions v3.6 v3.7 --steady --dtype $DTYPES` (default bfloat16; one
-# call a dtype: DTYPES=float16 for the second), $OUT/<dtype>/mma.json, merged afterwards with
-# scripts/merge_results.py into bench/results/mma_steady.json.  Issue 13 asks for this suite on an
-# H200; the last H200 run (291f0e7) predates the speculative softmax.
+# mma: `bench --suite mma --versions v3.6 v3.7 --steady --dtype $DTYPES` (default both dtypes in
+# one file, $OUT/mma.json: bench/results/mma_steady.json on an H200, then `python -m tileattn
+# report`).  Issue 13 asks for this suite on an H200; the last H200 run (291f0e7) predates the
+# speculative softmax and the sorted tail.
 # suites: `bench --suite hf --steady` (with the model's time without attention), `--suite fp8
 # --steady`, then scripts/fwd_probe.py at the hf model's attention (D=64, H=32:8, causal, B*N =
 # 16384) under the default dispatch, v3.6 and v3.7: at B=8 N=2048 the hf suite timed tileattn's
@@ -72,11 +73,20 @@ if [[ " $which " == *" mma "* ]]; then
   python3 -m tileattn compile --jobs 16 --versions v3.6 v3.7 > /dev/null 2>&1
   echo "== the persistent walks' GPU tests (v3.7's sorted tail since d6314b6)" | log
   pytest_gpu 90 tests/test_gpu.py -k "sorted_tail or persistent_many"
-  for dt in ${DTYPES:-bfloat16}; do
-    echo "== mma suite, $dt" | log
-    timeout 500 python3 -m tileattn bench --suite mma --versions v3.6 v3.7 --steady --dtype $dt \
-      --out-dir "$OUT/$dt" 2>&1 | grep -E "^\| $dt \|.*(1024|8192) \|" | log
-  done
+  DTYPES=${DTYPES:-bfloat16 float16}
+  echo "== mma suite, $DTYPES" | log
+  # shellcheck disable=SC2086
+  timeout 520 python3 -m tileattn bench --suite mma --versions v3.6 v3.7 --steady --dtype $DTYPES \
+    --out-dir "$OUT" 2>&1 | grep -E "^\| (bfloat16|float16) \|.*(1024|8192) \|" | log
+fi
+if [[ " $which " == *" ncu "* ]]; then
+  # issue 13's short rows at the head: D=64 N=1024 causal (v3.6) and D=64 N=8192 causal (v3.7, the
+  # hf model's attention) beside cuDNN, FP8 D=128 (v3.5) beside bf16 (v3.6); one launch each
+  python3 -m tileattn compile --jobs 16 --versions v3.5 v3.6 v3.7 > /dev/null 2>&1
+  timeout 400 bash scripts/ncu_pipes.sh "v3_6_fwd v3.6 64 32 16 1024 causal" "cudnn sdpa_cudnn 64 32 16 1024 causal" \
+    "v3_7_fwd v3.7 64 4 16 8192 causal" "cudnn sdpa_cudnn 64 4 16 8192 causal" \
+    "v3_5_fwd v3.5 128" "v3_6_fwd v3.6 128" > "$OUT/ncu_shortfalls.txt" 2>&1
+  grep -E "===|time_duration|inst_executed.sum|issue_active|hmma|xu" "$OUT/ncu_shortfalls.txt" | log
 fi
 if [[ " $which " == *" suites "* ]]; then
   for suite in hf fp8; do
