@@ -396,6 +396,30 @@ def test_v_transpose_kernel_matches_torch(Nk, D):
     assert torch.equal(vt, fp8._v_transposed_torch(v))
 
 
+def test_descale_table_forms():
+    """fp8._descale_table (on the CPU: the same torch calls): None is 1; numbers alone give one
+    cached table (no host-to-device copy a call); numbers beside tensors become filled columns;
+    a one-element tensor is one factor for every (batch, KV head); bad factors raise by name."""
+    B, H_kv, cpu = 2, 3, torch.device("cpu")
+    ones = fp8._descale_table(None, None, None, B, H_kv, cpu)
+    assert torch.equal(ones, torch.ones(B * H_kv, 3)) and ones is fp8._descale_table(None, None, None, B, H_kv, cpu)
+    numbers = fp8._descale_table(0.5, None, 2, B, H_kv, cpu)
+    assert torch.equal(numbers, torch.tensor([[0.5, 1.0, 2.0]]).expand(B * H_kv, 3))
+    assert numbers is fp8._descale_table(0.5, 1.0, 2.0, B, H_kv, cpu)
+    dq = torch.arange(B * H_kv, dtype=torch.float32).view(B, H_kv)
+    mixed = fp8._descale_table(dq, 0.25, torch.tensor([3.0]), B, H_kv, cpu)
+    assert mixed.shape == (B * H_kv, 3) and mixed.is_contiguous()
+    assert torch.equal(mixed, torch.stack([dq.reshape(-1), torch.full((6,), 0.25), torch.full((6,), 3.0)], 1))
+    for bad, exc, match in (
+        ((True, None, None), TypeError, "descale_q must be None, a finite number"),
+        ((None, math.nan, None), TypeError, "descale_k must be None, a finite number"),
+        ((None, None, dq.double()), TypeError, "descale_v must be float32"),
+        ((torch.ones(3, 2), None, None), ValueError, r"descale_q must have shape \(B, H_kv\) = \(2, 3\)"),
+    ):
+        with pytest.raises(exc, match=match):
+            fp8._descale_table(*bad, B, H_kv, cpu)
+
+
 @pytest.mark.gpu
 def test_public_function_and_lse():
     """flash_attn_func: bf16 O in q's layout, lse on request, descale factors as keywords; the

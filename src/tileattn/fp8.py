@@ -129,30 +129,39 @@ def _rotation(D: int, seed: int, device, dtype) -> torch.Tensor:
 
 
 def _descale_table(descale_q, descale_k, descale_v, B: int, H_kv: int, device) -> torch.Tensor:
-    """The kernel's descale field: float32 [B * H_kv][3] (q's, k's, v's factor per (batch, KV head))."""
-    if descale_q is None and descale_k is None and descale_v is None:
-        return _ones(B * H_kv, device)
-    cols = []
+    """The kernel's descale field: float32 [B * H_kv][3] (q's, k's, v's factor per (batch, KV head)).
+    Factors given as numbers (or None: 1) never travel from the host per call: a table of numbers
+    alone is made once and cached (a Python number made into a CUDA tensor each call would be a
+    copy that waits for the GPU), a number beside tensors becomes a filled column on the device."""
+    rows, factors = B * H_kv, []
     for name, d in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v)):
         if d is None:
             d = 1.0
         if not isinstance(d, torch.Tensor):
             if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
                 raise TypeError(f"{name} must be None, a finite number or a float32 tensor, got {d!r}")
-            d = torch.tensor(float(d), device=device)
+            d = float(d)
         elif d.dtype != torch.float32:
             raise TypeError(f"{name} must be float32, got {d.dtype}")
         elif d.device != device:
             raise ValueError(f"{name} is on {d.device} but q is on {device}")
         elif d.numel() != 1 and tuple(d.shape) != (B, H_kv):
             raise ValueError(f"{name} must have shape (B, H_kv) = ({B}, {H_kv}) or one element, got {tuple(d.shape)}")
-        cols.append(d.reshape(-1).expand(B * H_kv) if d.numel() == 1 else d.reshape(B * H_kv))
+        factors.append(d)
+    if not any(isinstance(d, torch.Tensor) for d in factors):
+        return _constant_table(rows, tuple(factors), device)
+    cols = [
+        torch.full((rows,), d, dtype=torch.float32, device=device) if not isinstance(d, torch.Tensor)
+        else d.reshape(-1).expand(rows) if d.numel() == 1 else d.reshape(rows)
+        for d in factors
+    ]  # fmt: skip
     return torch.stack(cols, dim=1).contiguous()
 
 
 @functools.lru_cache(maxsize=64)
-def _ones(rows: int, device) -> torch.Tensor:
-    return torch.ones(rows, 3, dtype=torch.float32, device=device)
+def _constant_table(rows: int, factors: tuple[float, float, float], device) -> torch.Tensor:
+    """A descale table of the same three factors in every row (read only by the kernel)."""
+    return torch.tensor(factors, dtype=torch.float32, device=device).expand(rows, 3).contiguous()
 
 
 def check_inputs(q, k, v, version, precision) -> None:
