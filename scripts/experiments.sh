@@ -5,7 +5,6 @@
 #     bash scripts/experiments.sh mma         (the default: issue 13's H200 suite, ~8-9 min for both dtypes)
 #     bash scripts/experiments.sh ncu         (issue 13's short rows by ncu beside cuDNN / bf16, ~4 min)
 #     bash scripts/experiments.sh suites      (then: hf, fp8, the hf model's shapes; ~8 min)
-#     bash scripts/experiments.sh sortedtail  (the causal walk's tail sorted on 128-row tiles; ~4 min)
 #     bash scripts/experiments.sh window
 #     bash scripts/experiments.sh alibi
 # mma: `bench --suite mma --versions v3.6 v3.7 --steady --dtype $DTYPES` (default both dtypes in
@@ -16,13 +15,6 @@
 # --steady`, then scripts/fwd_probe.py at the hf model's attention (D=64, H=32:8, causal, B*N =
 # 16384) under the default dispatch, v3.6 and v3.7: at B=8 N=2048 the hf suite timed tileattn's
 # attention at 0.94x cuDNN's (H100, 997296a), where the dispatch takes v3.7 (SHORT_CAUSAL_ROWS).
-# sortedtail: the causal walk's sorted tail (csrc/common.cuh sorted_tail_rounds; measured at
-# 7747ebd: +3.1-3.6% for 192-row tiles at N = 8192 / 32768, their default since d6314b6; -3% for
-# 128-row tiles at N = 1024, off there) as an experiment on the 128-row tiles
-# (TILEATTN_SORTED_TAIL_128=2): fwd_probe's causal rows and variants_probe's window rows in the
-# default build and under the define, every tile sorted for the window, then the persistent
-# rungs' causal GPU tests under the define.  (Its first run, 4d65020, hung: v3.6's consumers
-# asked for 240 registers beside a 32-register producer, more than the CTA's pool.)
 # window: v3.9 (a causal window alone on plain causal's kernel and tiles, built in the forty-first
 # session, the default since the forty-second: 160 passed, racecheck 0 hazards, 1-2% faster than the
 # variants kernel at 997296a): its float64 GPU tests, the racecheck of a sample, then
@@ -98,25 +90,4 @@ if [[ " $which " == *" suites "* ]]; then
     timeout 90 python3 scripts/fwd_probe.py --headdim 64 --seqlen 1024 2048 4096 8192 --heads 32 --kv-heads 8 \
       --tokens 16384 --causal 1 $([[ $version != default ]] && echo --version $version) 2>&1 | grep "D=" | log
   done
-fi
-if [[ " $which " == *" sortedtail "* ]]; then
-  ST=${SORTED_TAIL:-TILEATTN_SORTED_TAIL_128=2}
-  # both builds' persistent kernels first, in parallel (the tests compile one kernel at a time)
-  python3 -m tileattn compile --jobs 8 --versions v3.6 v3.7 v3.9_window > /dev/null 2>&1 &
-  TILEATTN_DEFINES=$ST python3 -m tileattn compile --jobs 8 --versions v3.6 v3.7 v3.9_window > /dev/null 2>&1
-  wait
-  for d in "" $ST; do
-    echo "== fwd_probe, causal, defines '${d}'" | log
-    TILEATTN_DEFINES="$d" timeout 120 python3 scripts/fwd_probe.py --headdim 64 128 --seqlen 1024 4096 8192 32768 \
-      --causal 1 2>&1 | grep "D=" | log
-    echo "== variants_probe, defines '${d}'" | log
-    TILEATTN_DEFINES="$d" timeout 120 python3 scripts/variants_probe.py --only "window 4096$" 2>&1 | grep -E "plain causal|window" | log
-  done
-  # under a window the pairs are not equal work: every tile sorted (the model: 1.29x -> 1.005x at D=64)
-  echo "== variants_probe, every tile sorted" | log
-  TILEATTN_DEFINES="TILEATTN_SORTED_TAIL_128=1000000 TILEATTN_SORTED_TAIL_192=1000000" timeout 120 python3 scripts/variants_probe.py --only "window 4096$" 2>&1 \
-    | grep -E "plain causal|window" | log
-  echo "== GPU tests under $ST" | log
-  TILEATTN_DEFINES=$ST pytest_gpu 150 tests/test_gpu.py -k "(v3.6 or v3.7) and (persistent_many or awkward or nq_ne_nk or gqa or many_heads or jumps)"
-  TILEATTN_DEFINES=$ST pytest_gpu 90 tests/test_variants.py -k "window_plain_kernel and 2000-2000-300 or alibi_mma_matches and 300-457"
 fi

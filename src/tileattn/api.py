@@ -879,14 +879,22 @@ def _forward(
         with_lse,
     )
     if cacheable:
-        if len(_CALLS) >= _CALLS_MAX:  # many shapes (e.g. every decode length): start over
-            _CALLS.clear()
-        _CALLS[key] = call
+        remember(_CALLS, key, call, _CALLS_MAX)
     return call.run(q, k, v, q_ptr, k_ptr, v_ptr, out, lse)
 
 
 _CALLS: dict[tuple, _Launch] = {}
-_CALLS_MAX = 4096
+_CALLS_MAX = 4096  # prepared calls kept (api's and fp8's)
+_MAPS_MAX = 64  # tensor-map sets a prepared call keeps, by pointers
+
+
+def remember(cache: dict, key, value, limit: int):
+    """cache[key] = value, returned; a cache already holding ``limit`` entries starts over first
+    (many shapes, e.g. every decode length, or many buffers)."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 class _Launch:
@@ -938,13 +946,12 @@ class _Launch:
     def _maps(self, ptrs: tuple[int, ...], layouts, esize: int) -> bytes:
         """The TMA descriptors of q, k, v at these pointers (layouts: their (shape, strides) and
         the dtype), and of O at a fourth one (self.o_layout's), built once per pointers seen; at
-        most 64 kept."""
+        most _MAPS_MAX kept."""
         maps = self.maps.get(ptrs)
         if maps is None:
-            if len(self.maps) >= 64:
-                self.maps.clear()
             o = (ptrs[3], self.o_layout) if len(ptrs) == 4 else None
-            maps = self.maps[ptrs] = _tensor_maps(*ptrs[:3], *layouts, esize, self.plan.Br, self.plan.Bc, o=o)
+            maps = _tensor_maps(*ptrs[:3], *layouts, esize, self.plan.Br, self.plan.Bc, o=o)
+            remember(self.maps, ptrs, maps, _MAPS_MAX)
         return maps
 
     def run(self, q, k, v, q_ptr: int, k_ptr: int, v_ptr: int, out=None, lse=None):

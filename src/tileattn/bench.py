@@ -504,7 +504,7 @@ def overhead(calls: int = 3000, repeats: int = 5) -> list[dict]:
             ),
             "torch.add_": lambda: q.add_(0),
         }
-        if D in fp8.V3_5_FP8.tiles:  # FP8 (v3.5): its descale table, V^T's copy and maps each call
+        if D in fp8.V3_5_FP8.tiles:  # FP8 (v3.5): a prepared call, with its descale table and V^T's copy
             (q8, dq), (k8, dk), (v8, dv) = (fp8.quantize_e4m3(t) for t in (q, k, v))
             fns["tileattn.flash_attn_func (e4m3)"] = lambda: api.flash_attn_func(
                 q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv

@@ -225,9 +225,7 @@ def attention(q, k, v, softmax_scale: float, causal: str | None, layout: str, de
         qs, ks = api._bhnd(q, layout)[1], api._bhnd(k, layout)[1]
     call = _Launch((B, H, Nq, D, H_kv, Nk), qs, ks, softmax_scale, causal, layout, with_lse, device_index)
     if key is not None:
-        if len(_CALLS) >= 1024:
-            _CALLS.clear()
-        _CALLS[key] = call
+        api.remember(_CALLS, key, call, api._CALLS_MAX)
     return call.run(q, k, v, descales, out, lse, vt)
 
 
@@ -264,10 +262,8 @@ class _Launch:
         ptrs = q.data_ptr(), k.data_ptr(), vt.data_ptr()
         maps = self.maps.get(ptrs)
         if maps is None:
-            if len(self.maps) >= 64:
-                self.maps.clear()
-            maps = self.maps[ptrs] = _tensor_maps(*ptrs, self.q_layout, self.k_layout, (vt.shape, vt.stride()),
-                                                  self.Br, self.Bc)  # fmt: skip
+            maps = _tensor_maps(*ptrs, self.q_layout, self.k_layout, (vt.shape, vt.stride()), self.Br, self.Bc)
+            api.remember(self.maps, ptrs, maps, api._MAPS_MAX)
         args = self.args.copy()
         args[0:5] = *ptrs, out.data_ptr(), 0 if lse is None else lse.data_ptr()
         args[_VT_STRIDES] = vt.stride()[:3]
