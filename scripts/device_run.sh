@@ -17,8 +17,8 @@ stages=${*:-compile tests check profile sanitize fuzz bench}
 SANITIZERS=${SANITIZERS:-memcheck racecheck synccheck initcheck}
 SANITIZE_ARGS=${SANITIZE_ARGS:-}  # "--backward" / "--serving": those cases instead of the forward's
 SUITES=${SUITES:-ladder_fp32}  # which `bench --suite` to run
-# e.g. TEST_FILES="tests/test_backward.py tests/test_distributed.py tests/test_fp8.py tests/test_gpu.py",
-# then TEST_FILES="tests/test_serving.py tests/test_variants.py tests/test_varlen.py"
+TEST_FILES=${TEST_FILES:-tests/}  # e.g. TEST_FILES=tests/test_fp8.py for one file
+TEST_WORKERS=${TEST_WORKERS:-8}    # pytest-xdist processes sharing the GPU (the image has xdist)
 BENCH_ARGS=${BENCH_ARGS:-}      # e.g. "--seqlen 8192 --headdim 64 128"
 FUZZ_CASES=${FUZZ_CASES:-10000}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-3600}  # seconds for the GPU tests: a hang fails the stage instead of the call
@@ -39,10 +39,11 @@ python3 -m tileattn info > "$LOGS/info.log" 2>&1; head -4 "$LOGS/info.log"
 has compile && stage compile compile.log python3 -m tileattn compile --jobs 16
 # faulthandler_timeout: a test still running after 120 s prints every thread's stack (it found a
 # hang in the packed path at 2826a65 that a bare timeout would only have shown as a stopped count).
-# TEST_FILES: the whole suite (3562 GPU tests at 70427a3) no longer fits one call with the compile
-# (76% in 470 s on an H100); two calls: the files up to test_gpu.py, then the rest.
+# TEST_WORKERS: one process left the GPU idle between small cases (76% of the 3562 tests in 470 s on
+# an H100 at 70427a3); eight pytest-xdist workers ran all of them in 234 s at dc890ce.  The kernel
+# cache is safe to share (atomic writes, one compile per key across processes).
 # shellcheck disable=SC2086
-has tests && stage tests pytest.log timeout "$TESTS_TIMEOUT" python3 -m pytest -q -m gpu ${TEST_FILES:-tests/} -p no:cacheprovider \
+has tests && stage tests pytest.log timeout "$TESTS_TIMEOUT" python3 -m pytest -q -m gpu -n "$TEST_WORKERS" $TEST_FILES -p no:cacheprovider \
   -o faulthandler_timeout=120
 has check && stage check check.log python3 -m tileattn check
 has profile && stage profile profile.log python3 scripts/profile_overhead.py
