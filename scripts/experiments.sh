@@ -2,15 +2,15 @@
 # Device calls for what changed and has not yet run on a GPU in its committed form (bench/NOTES.md,
 # "Next session"), one call each, about 3-4 minutes on an H100.  Installs nothing.  Writes
 # $OUT/experiments.log (tee'd as it goes: a call cut short at its time limit still returns it).
-#     bash scripts/experiments.sh mma         (the default: issue 13's H200 suite, ~8-9 min for both dtypes)
-#     bash scripts/experiments.sh ncu         (issue 13's short rows by ncu beside cuDNN / bf16, ~4 min)
+#     bash scripts/experiments.sh mma         (the default: issue 13's H200 suite, ~4.5 min a dtype)
+#     bash scripts/experiments.sh ncu         (issue 13's short rows by ncu beside cuDNN / bf16, ~1 min)
 #     bash scripts/experiments.sh suites      (then: hf, fp8, the hf model's shapes; ~8 min)
 #     bash scripts/experiments.sh window
 #     bash scripts/experiments.sh alibi
-# mma: `bench --suite mma --versions v3.6 v3.7 --steady --dtype $DTYPES` (default both dtypes in
-# one file, $OUT/mma.json: bench/results/mma_steady.json on an H200, then `python -m tileattn
-# report`).  Issue 13 asks for this suite on an H200; the last H200 run (291f0e7) predates the
-# speculative softmax and the sorted tail.
+# mma: `bench --suite mma --versions v3.6 v3.7 --steady --dtype D` for each D in $DTYPES (default
+# bfloat16 float16), merged into $OUT/mma.json: bench/results/mma_steady.json on an H200, then
+# `python -m tileattn report`.  Issue 13 asks for this suite on an H200; the last H200 run
+# (291f0e7) predates the speculative softmax and the sorted tail.
 # suites: `bench --suite hf --steady` (with the model's time without attention), `--suite fp8
 # --steady`, then scripts/fwd_probe.py at the hf model's attention (D=64, H=32:8, causal, B*N =
 # 16384) under the default dispatch, v3.6 and v3.7: at B=8 N=2048 the hf suite timed tileattn's
@@ -63,13 +63,15 @@ if [[ " $which " == *" alibi "* ]]; then
 fi
 if [[ " $which " == *" mma "* ]]; then
   python3 -m tileattn compile --jobs 16 --versions v3.6 v3.7 > /dev/null 2>&1
-  echo "== the persistent walks' GPU tests (v3.7's sorted tail since d6314b6)" | log
-  pytest_gpu 90 tests/test_gpu.py -k "sorted_tail or persistent_many"
-  DTYPES=${DTYPES:-bfloat16 float16}
-  echo "== mma suite, $DTYPES" | log
-  # shellcheck disable=SC2086
-  timeout 520 python3 -m tileattn bench --suite mma --versions v3.6 v3.7 --steady --dtype $DTYPES \
-    --out-dir "$OUT" 2>&1 | grep -E "^\| (bfloat16|float16) \|.*(1024|8192) \|" | log
+  # One dtype at a time into $OUT/<dtype>/mma.json (about 4.5 min each on an H200), so a call cut
+  # short at its limit still returns the first; both present -> merged into $OUT/mma.json.
+  for dtype in ${DTYPES:-bfloat16 float16}; do
+    echo "== mma suite, $dtype" | log
+    timeout "${MMA_TIMEOUT:-285}" python3 -m tileattn bench --suite mma --versions v3.6 v3.7 --steady --dtype "$dtype" \
+      --out-dir "$OUT/$dtype" 2>&1 | grep -E "^\| $dtype \|.*(1024|8192) \|" | log
+  done
+  [[ -f $OUT/bfloat16/mma.json && -f $OUT/float16/mma.json ]] && python3 scripts/merge_results.py "$OUT/mma.json" \
+    "$OUT/bfloat16/mma.json" "$OUT/float16/mma.json" > /dev/null && echo "== merged: $OUT/mma.json" | log
 fi
 if [[ " $which " == *" ncu "* ]]; then
   # issue 13's short rows at the head: D=64 N=1024 causal (v3.6) and D=64 N=8192 causal (v3.7, the
