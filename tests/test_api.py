@@ -568,3 +568,18 @@ def test_outputs_helper_allocates_or_keeps_and_fills_empty_calls():
     assert (out == 0).all() and (lse == float("-inf")).all()
     _, lse = api._outputs(None, None, (1, 1, 8), torch.float16, (1, 1), True, "cpu", True)
     assert lse.dtype == torch.float32 and (lse == float("-inf")).all()
+
+
+def test_forward_args_in_field_order():
+    """_params.fwd_args, the forward fields of every launch outside the ladder's plans too (FP8,
+    the packed serving kernels): one value per FWD_ARGS field, each where its name says."""
+    from tileattn import _params
+
+    strides = [(10 * i + 1, 10 * i + 2, 10 * i + 3, 1) for i in range(4)]  # q, k, v, O (a 4th entry ignored)
+    args = _params.fwd_args(300, 457, 8, 2, strides, 0.125, 7, ptrs=(1, 2, 3, 4, 5, 6), bh_offset=9)
+    got = dict(zip((name for name, _ in _params.FWD_ARGS), args, strict=True))
+    assert got == dict(
+        q=1, k=2, v=3, o=4, lse=5, workspace=6, Nq=300, Nk=457, H=8, h_per_kv=4,
+        q_sb=1, q_sh=2, q_sn=3, k_sb=11, k_sh=12, k_sn=13, v_sb=21, v_sh=22, v_sn=23, o_sb=31, o_sh=32, o_sn=33,
+        softmax_scale=0.125, causal_offset=7, bh_offset=9,
+    )  # fmt: skip

@@ -71,6 +71,14 @@ FWD_ROOM: list[tuple[str, str, object]] = [
 FWD_FIELDS = FWD_ARGS + [(name, code) for name, code, _ in FWD_ROOM]
 
 
+def fwd_args(Nq, Nk, H, H_kv, strides, softmax_scale, causal_offset, ptrs=(0,) * 6, bh_offset=0) -> list:
+    """The forward fields in FWD_ARGS order: the pointers q, k, v, o, lse, workspace (zeros in a
+    prepared call's template, filled in per call), the sizes, then q's, k's, v's and O's (batch,
+    head, row) strides (``strides``: four sequences, their first three entries taken), the scale
+    and the two offsets."""
+    return [*ptrs, Nq, Nk, H, H // H_kv, *(x for s in strides for x in s[:3]), softmax_scale, causal_offset, bh_offset]
+
+
 def room(**values) -> list:
     """The room fields' values in order: those named, the rest "off".  The kernels launched outside
     the plans (FP8, the packed and variants kernels) build their forward fields with it, so a

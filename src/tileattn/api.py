@@ -888,13 +888,12 @@ _CALLS_MAX = 4096  # prepared calls kept (api's and fp8's)
 _MAPS_MAX = 64  # tensor-map sets a prepared call keeps, by pointers
 
 
-def remember(cache: dict, key, value, limit: int):
-    """cache[key] = value, returned; a cache already holding ``limit`` entries starts over first
+def remember(cache: dict, key, value, limit: int) -> None:
+    """cache[key] = value; a cache already holding ``limit`` entries starts over first
     (many shapes, e.g. every decode length, or many buffers)."""
     if len(cache) >= limit:
         cache.clear()
     cache[key] = value
-    return value
 
 
 class _Launch:
@@ -908,10 +907,7 @@ class _Launch:
         self.lse_shape = (B, H, Nq)
         self.workspace_numel = B * H * Nq * plan.workspace_per_row
         # The forward fields of TILEATTN_FWD_PARAMS (_params.FWD_ARGS order); pointers at 0..5.
-        # fmt: off
-        self.args = [0, 0, 0, 0, 0, 0, Nq, Nk, H, H // H_kv, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
-                     vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], softmax_scale, offset, 0]
-        # fmt: on
+        self.args = _params.fwd_args(Nq, Nk, H, H_kv, strides, softmax_scale, offset)
         # The TMA rungs' descriptors depend on the pointers too: built once per (q, k, v) seen.
         self.maps_layout = (((B, H, Nq, D), qs), ((B, H_kv, Nk, D), ks), ((B, H_kv, Nk, D), vs), dtype)
         if plan.split_amax_offset is not None:  # 3xFP16 (v2.4, v2.5): fp16 halves of these operands (_split_blocks)

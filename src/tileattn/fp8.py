@@ -247,10 +247,9 @@ class _Launch:
         Tr, BH = -(-Nq // self.Br), B * H
         self.grid = api.persistent_ctas(Tr, BH, causal is not None, device_index)
         offset = 0 if causal != "bottom_right" else Nk - Nq
-        # fmt: off
-        self.args = [0, 0, 0, 0, 0, 0, Nq, Nk, H, H // H_kv, *qs[:3], *ks[:3], 0, 0, 0, 0, 0, 0, softmax_scale,
-                     offset, 0, *_params.room(descale=0, bh_count=BH)]
-        # fmt: on
+        # V^T's and O's strides, like the pointers, are filled in per call
+        self.args = _params.fwd_args(Nq, Nk, H, H_kv, (qs, ks, (0, 0, 0), (0, 0, 0)), softmax_scale, offset)
+        self.args += _params.room(descale=0, bh_count=BH)
         self.maps: dict[tuple[int, int, int], bytes] = {}
 
     def run(self, q, k, v, descales, out=None, lse=None, vt=None):

@@ -522,9 +522,9 @@ def _launch_packed(
         BH, Tr = H, Nq // Br + grid[0]  # tiles of csrc/common.cuh's packed_tile, by heads
     else:
         BH, Tr = grid[0] * H, -(-grid[1] // Br)
+    ptrs = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0
     args = lambda off: [
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), ptr(lse), 0,
-        Nq, Nk, H, H // H_kv, *(x for s in strides for x in s), scale, causal_offset, off,
+        *_params.fwd_args(Nq, Nk, H, H_kv, strides, scale, causal_offset, ptrs, off),
         *_params.room(
             cu_seqlens_q=ptr(cu_seqlens[0]), cu_seqlens_k=ptr(cu_seqlens[1]), window_left=window[0],
             window_right=window[1], softcap=softcap, bottom_right=int(bottom_right), alibi_slopes=ptr(alibi_slopes),
